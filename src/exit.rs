@@ -1,0 +1,102 @@
+//! Exit classes of the command line (sysexits), one per kind of refused start.
+//!
+//! systemd's `RestartPreventExitStatus=` lists the non-retryable ones, so a
+//! code must never change meaning. Every module error that can end the
+//! process maps itself to one of these through [`Classify`].
+
+use std::fmt;
+
+/// The outcome classes a `taskgate` process can exit with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitClass {
+    /// Unknown flag, missing argument (64).
+    Usage,
+    /// The database failed validation: corruption, future or unversioned
+    /// schema, an undecodable payload, a pragma that read back wrong (65).
+    DatabaseInvalid,
+    /// An I/O error or a failed recovery, including a full disk (74).
+    Io,
+    /// Another process holds the lifetime lock of the state directory (75).
+    LockHeld,
+    /// An unsafe path or permission on the state directory or its files (77).
+    UnsafePath,
+    /// Invalid configuration: unknown key, relative path, bound out of range (78).
+    Config,
+}
+
+impl ExitClass {
+    pub fn code(self) -> u8 {
+        match self {
+            ExitClass::Usage => 64,
+            ExitClass::DatabaseInvalid => 65,
+            ExitClass::Io => 74,
+            ExitClass::LockHeld => 75,
+            ExitClass::UnsafePath => 77,
+            ExitClass::Config => 78,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ExitClass::Usage => "usage error",
+            ExitClass::DatabaseInvalid => "database validation failed",
+            ExitClass::Io => "I/O or recovery failure",
+            ExitClass::LockHeld => "ownership lock held",
+            ExitClass::UnsafePath => "unsafe path or permissions",
+            ExitClass::Config => "invalid configuration",
+        }
+    }
+}
+
+impl fmt::Display for ExitClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (exit {})", self.label(), self.code())
+    }
+}
+
+/// Implemented by every error that can refuse a start.
+pub trait Classify {
+    fn exit_class(&self) -> ExitClass;
+}
+
+/// A refused start or command: its class and one line saying what was wrong
+/// and what to do. `main` prints it as the process's last word.
+#[derive(Debug)]
+pub struct Refusal {
+    pub class: ExitClass,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(class: ExitClass, message: impl Into<String>) -> Self {
+        Refusal {
+            class,
+            message: message.into(),
+        }
+    }
+
+    /// The single line printed on stderr (and sent as systemd STATUS=).
+    pub fn line(&self) -> String {
+        // One line, whatever the underlying error carried.
+        let flat: String = self
+            .message
+            .chars()
+            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+            .collect();
+        format!("taskgate: refused: {}: {}", self.class, flat)
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+impl<E: Classify + fmt::Display> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        Refusal::new(e.exit_class(), e.to_string())
+    }
+}

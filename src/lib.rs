@@ -1,0 +1,15 @@
+//! taskgate: a durable MCP Tasks daemon backed by SQLite.
+//!
+//! See docs/ARCHITECTURE.md for the map of modules and their rules.
+
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod http;
+pub mod logging;
+pub mod service;
+pub mod startup;
+pub mod state_dir;
+pub mod store;
+pub mod testhooks;
+pub mod wire;

@@ -1,0 +1,314 @@
+//! The private state directory: its safety checks and the lifetime lock.
+//!
+//! The directory is resolved once (systemd's `DynamicUser=` makes
+//! `$STATE_DIRECTORY` a symlink into `/var/lib/private/`); after that no
+//! symlink is followed. Everything here refuses with exit 77, except a lock
+//! held by another process (75).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::exit::{Classify, ExitClass};
+
+pub const DB_FILE: &str = "tasks.db";
+pub const WAL_FILE: &str = "tasks.db-wal";
+pub const SHM_FILE: &str = "tasks.db-shm";
+pub const LOCK_FILE: &str = "tasks.lock";
+/// The files whose safety is checked before anything is opened.
+pub const CHECKED_FILES: [&str; 4] = [DB_FILE, WAL_FILE, SHM_FILE, LOCK_FILE];
+
+const GROUP_OTHER_BITS: u32 = 0o077;
+const GROUP_OTHER_WRITE: u32 = 0o022;
+const STICKY: u32 = 0o1000;
+
+#[derive(Debug, Error)]
+pub enum PathError {
+    #[error(
+        "{path}: the state directory does not exist; provision it with `install -d -m 700 {path}` owned by the service user"
+    )]
+    Missing { path: PathBuf },
+    #[error(
+        "{path}: cannot inspect: {source}; check that the path exists and is reachable by this user"
+    )]
+    Inspect { path: PathBuf, source: io::Error },
+    #[error("{path}: cannot create the default state directory: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("{path}: not a directory; point the state directory at a private directory")]
+    NotADirectory { path: PathBuf },
+    #[error(
+        "{path}: owned by uid {found}, not by this process's uid {expected}; chown it to the service user"
+    )]
+    WrongOwner {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("{path}: mode {mode:04o} gives group/other access; run `chmod {fix:o} {path}`")]
+    GroupOtherAccess { path: PathBuf, mode: u32, fix: u32 },
+    #[error(
+        "{path}: untrusted ancestor of the state directory ({why}); use a directory whose every parent is owned by root or this user and not writable by others"
+    )]
+    UntrustedAncestor { path: PathBuf, why: String },
+    #[error("{path}: is a symbolic link; the store's files must be regular files, never links")]
+    Symlink { path: PathBuf },
+    #[error("{path}: not a regular file; remove it or move the state directory")]
+    NotRegular { path: PathBuf },
+    #[error(
+        "{path}: has {links} hard links; the store's files must have exactly one, so copy it to a fresh file (cp --no-preserve=links) and remove the other links"
+    )]
+    HardLinked { path: PathBuf, links: u64 },
+}
+
+impl Classify for PathError {
+    fn exit_class(&self) -> ExitClass {
+        ExitClass::UnsafePath
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum LockError {
+    #[error(
+        "{path}: the lifetime lock is held by another process{holder}; only one process may serve a state directory: stop the other one (never delete the lock file)"
+    )]
+    Held { path: PathBuf, holder: String },
+    #[error(transparent)]
+    Unsafe(#[from] PathError),
+    #[error("{path}: cannot open or lock: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+impl Classify for LockError {
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            LockError::Held { .. } => ExitClass::LockHeld,
+            LockError::Unsafe(_) => ExitClass::UnsafePath,
+            LockError::Io { .. } => ExitClass::Io,
+        }
+    }
+}
+
+/// A state directory whose path was resolved once and found private.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    path: PathBuf,
+}
+
+fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+fn lstat(path: &Path) -> Result<fs::Metadata, PathError> {
+    fs::symlink_metadata(path).map_err(|source| PathError::Inspect {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl StateDir {
+    /// Resolves `requested` once and checks it and its ancestors.
+    ///
+    /// With `create_if_missing` (the XDG default only) a missing directory is
+    /// created with mode 0700, parents included.
+    pub fn open(requested: &Path, create_if_missing: bool) -> Result<StateDir, PathError> {
+        if create_if_missing && fs::symlink_metadata(requested).is_err() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(requested)
+                .map_err(|source| PathError::Create {
+                    path: requested.to_path_buf(),
+                    source,
+                })?;
+        }
+        let path = match fs::canonicalize(requested) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(PathError::Missing {
+                    path: requested.to_path_buf(),
+                });
+            }
+            Err(source) => {
+                return Err(PathError::Inspect {
+                    path: requested.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        let me = euid();
+        let meta = lstat(&path)?;
+        if !meta.is_dir() {
+            return Err(PathError::NotADirectory { path });
+        }
+        if meta.uid() != me {
+            return Err(PathError::WrongOwner {
+                path,
+                found: meta.uid(),
+                expected: me,
+            });
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & GROUP_OTHER_BITS != 0 {
+            return Err(PathError::GroupOtherAccess {
+                path,
+                mode,
+                fix: 0o700,
+            });
+        }
+        for ancestor in path.ancestors().skip(1) {
+            check_ancestor(ancestor, me)?;
+        }
+        Ok(StateDir { path })
+    }
+
+    /// A state directory that `check` found missing is not an error when
+    /// `serve` would create it; this tells the two apart.
+    pub fn exists(requested: &Path) -> bool {
+        fs::symlink_metadata(requested).is_ok()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.file(DB_FILE)
+    }
+
+    /// Checks the store's files that exist: regular, one link, ours, private.
+    pub fn check_files(&self) -> Result<(), PathError> {
+        let me = euid();
+        for name in CHECKED_FILES {
+            let path = self.file(name);
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(source) => return Err(PathError::Inspect { path, source }),
+            };
+            check_private_file(&path, &meta, me)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the exclusive lifetime lock on `tasks.lock`, without waiting.
+    pub fn lock(&self) -> Result<LifetimeLock, LockError> {
+        let path = self.file(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|source| {
+                if source.raw_os_error() == Some(libc::ELOOP) {
+                    LockError::Unsafe(PathError::Symlink { path: path.clone() })
+                } else {
+                    LockError::Io {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let meta = file.metadata().map_err(|source| LockError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        check_private_file(&path, &meta, euid())?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                let holder = match text.trim().parse::<u32>() {
+                    Ok(pid) => format!(" (pid {pid})"),
+                    Err(_) => String::new(),
+                };
+                return Err(LockError::Held { path, holder });
+            }
+            Err(fs::TryLockError::Error(source)) => return Err(LockError::Io { path, source }),
+        }
+        // The pid is only a hint for the message above; the lock is the flock.
+        let _ = file
+            .set_len(0)
+            .and_then(|_| file.rewind())
+            .and_then(|_| writeln!(file, "{}", std::process::id()));
+        Ok(LifetimeLock { _file: file, path })
+    }
+}
+
+fn check_ancestor(path: &Path, me: u32) -> Result<(), PathError> {
+    let meta = lstat(path)?;
+    let uid = meta.uid();
+    if uid != 0 && uid != me {
+        return Err(PathError::UntrustedAncestor {
+            path: path.to_path_buf(),
+            why: format!("owned by uid {uid}"),
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_WRITE != 0 && !(uid == 0 && mode & STICKY != 0) {
+        return Err(PathError::UntrustedAncestor {
+            path: path.to_path_buf(),
+            why: format!(
+                "mode {mode:04o} is writable by group/other and not a root-owned sticky directory"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_private_file(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), PathError> {
+    let path = path.to_path_buf();
+    if meta.file_type().is_symlink() {
+        return Err(PathError::Symlink { path });
+    }
+    if !meta.is_file() {
+        return Err(PathError::NotRegular { path });
+    }
+    if meta.nlink() != 1 {
+        return Err(PathError::HardLinked {
+            path,
+            links: meta.nlink(),
+        });
+    }
+    if meta.uid() != me {
+        return Err(PathError::WrongOwner {
+            path,
+            found: meta.uid(),
+            expected: me,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_BITS != 0 {
+        return Err(PathError::GroupOtherAccess {
+            path,
+            mode,
+            fix: 0o600,
+        });
+    }
+    Ok(())
+}
+
+/// The exclusive lock on `tasks.lock`, held until dropped (process exit).
+/// The file itself is never deleted: deleting it would let a second process
+/// lock a new inode while the first still serves.
+#[derive(Debug)]
+pub struct LifetimeLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl LifetimeLock {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}

@@ -1,0 +1,485 @@
+//! Opening the database: pragmas and their read-back, schema versions and
+//! migrations, the integrity check, payload decoding, and restart recovery.
+//!
+//! Nothing here writes to a database it is about to refuse: pragmas that
+//! persist in the file are only set on a pristine file, every validation
+//! runs before the first write, and checkpoint-on-close is off so closing a
+//! refused database cannot move WAL frames into it.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+
+use super::{OpenError, StoreOptions, now_ms, records};
+use crate::testhooks;
+
+/// The schema version this build writes and serves.
+pub const SCHEMA_VERSION: i64 = 2;
+
+pub(crate) const PAGE_SIZE: i64 = 4096;
+pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 256;
+pub(crate) const JOURNAL_SIZE_LIMIT_BYTES: i64 = 1024 * 1024;
+
+/// Version 1: generic tasks with an optional creation reference.
+const V1_DDL: &str = "
+CREATE TABLE tasks (
+    id               TEXT    PRIMARY KEY NOT NULL,
+    owner            BLOB    NOT NULL CHECK (length(owner) = 32),
+    reference        BLOB    CHECK (reference IS NULL OR length(reference) = 32),
+    request          BLOB    CHECK (request IS NULL OR length(request) = 32),
+    status           TEXT    NOT NULL CHECK (status IN ('working','input_required','completed','failed','cancelled')),
+    status_message   TEXT,
+    created_ms       INTEGER NOT NULL,
+    updated_ms       INTEGER NOT NULL,
+    expires_ms       INTEGER NOT NULL,
+    poll_interval_ms INTEGER NOT NULL,
+    payload          BLOB,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE UNIQUE INDEX tasks_owner_reference ON tasks (owner, reference) WHERE reference IS NOT NULL;
+CREATE INDEX tasks_expires ON tasks (expires_ms);
+PRAGMA user_version = 1;
+";
+
+/// Version 2 adds the optional approval-proposal reference (spec 002), in
+/// two statements the migration runs in one transaction.
+const V2_ADD_PROPOSAL: &str = "ALTER TABLE tasks ADD COLUMN proposal TEXT";
+const V2_PROPOSAL_INDEX: &str = "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL";
+
+/// What opening for service did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// A pristine file was initialised.
+    pub initialized: bool,
+    pub migrated_from: Option<i64>,
+    /// Nonterminal tasks failed by restart recovery.
+    pub recovered: u64,
+    pub retained: u64,
+    pub unexpired: u64,
+}
+
+/// What `taskgate check` found, without writing anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckReport {
+    /// No database file yet: serve will create it.
+    Missing,
+    /// An empty file (an interrupted first start): serve will initialise it.
+    Pristine,
+    /// A valid database; serve would migrate it when `version` is older.
+    Valid {
+        version: i64,
+        retained: u64,
+        unexpired: u64,
+        /// Tasks serve would fail as interrupted.
+        nonterminal: u64,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Serve,
+    ReadOnly,
+}
+
+/// Maps an SQLite error met at startup to its refusal class.
+fn refusal(path: &Path, during: &'static str, version: i64, e: rusqlite::Error) -> OpenError {
+    let path = path.to_path_buf();
+    let code = e.sqlite_error_code();
+    match code {
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => OpenError::Corrupt {
+            path,
+            detail: e.to_string(),
+        },
+        Some(
+            ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly
+            | ErrorCode::PermissionDenied
+            | ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::OutOfMemory,
+        ) => OpenError::Io {
+            path,
+            during,
+            detail: e.to_string(),
+        },
+        _ => OpenError::SchemaMismatch {
+            path,
+            version,
+            detail: format!("{during}: {e}"),
+        },
+    }
+}
+
+fn pragma_mismatch(
+    path: &Path,
+    name: &'static str,
+    expected: impl ToString,
+    found: impl ToString,
+    hint: &'static str,
+) -> OpenError {
+    OpenError::Pragma {
+        path: path.to_path_buf(),
+        name,
+        expected: expected.to_string(),
+        found: found.to_string(),
+        hint,
+    }
+}
+
+/// Sets the per-connection pragmas and reads every one back.
+fn apply_pragmas(
+    conn: &Connection,
+    path: &Path,
+    pristine: bool,
+    max_pages: u64,
+) -> Result<(), OpenError> {
+    let err = |e| refusal(path, "setting pragmas", 0, e);
+    // Closing a database we refuse must not checkpoint WAL frames into it;
+    // a clean shutdown turns this back off after its own checkpoint.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .map_err(err)?;
+    if pristine {
+        // These two persist in the file, so they are set only on an empty one.
+        conn.pragma_update(None, "page_size", PAGE_SIZE)
+            .map_err(err)?;
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(pragma_mismatch(path, "journal_mode", "wal", mode, ""));
+        }
+    }
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .map_err(err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(pragma_mismatch(
+            path,
+            "journal_mode",
+            "wal",
+            mode,
+            " (taskgate only writes WAL databases)",
+        ));
+    }
+    let page_size: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .map_err(err)?;
+    if page_size != PAGE_SIZE {
+        return Err(pragma_mismatch(path, "page_size", PAGE_SIZE, page_size, ""));
+    }
+
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(err)?;
+    let sync: i64 = conn
+        .query_row("PRAGMA synchronous", [], |r| r.get(0))
+        .map_err(err)?;
+    if sync != 2 {
+        return Err(pragma_mismatch(path, "synchronous", "2 (FULL)", sync, ""));
+    }
+
+    let pages: i64 = conn
+        .query_row(&format!("PRAGMA max_page_count = {max_pages}"), [], |r| {
+            r.get(0)
+        })
+        .map_err(err)?;
+    let read: i64 = conn
+        .query_row("PRAGMA max_page_count", [], |r| r.get(0))
+        .map_err(err)?;
+    if pages != max_pages as i64 || read != max_pages as i64 {
+        return Err(pragma_mismatch(
+            path,
+            "max_page_count",
+            max_pages,
+            read,
+            " (the database is larger than store.max_db_pages allows; raise it)",
+        ));
+    }
+
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)
+        .map_err(err)?;
+    let ac: i64 = conn
+        .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+        .map_err(err)?;
+    if ac != WAL_AUTOCHECKPOINT_PAGES {
+        return Err(pragma_mismatch(
+            path,
+            "wal_autocheckpoint",
+            WAL_AUTOCHECKPOINT_PAGES,
+            ac,
+            "",
+        ));
+    }
+
+    let jsl: i64 = conn
+        .query_row(
+            &format!("PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT_BYTES}"),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(err)?;
+    if jsl != JOURNAL_SIZE_LIMIT_BYTES {
+        return Err(pragma_mismatch(
+            path,
+            "journal_size_limit",
+            JOURNAL_SIZE_LIMIT_BYTES,
+            jsl,
+            "",
+        ));
+    }
+
+    // Zero busy waiting: the lifetime lock means no other writer exists, so
+    // a busy database is an error to report, not a reason to wait.
+    conn.busy_timeout(Duration::ZERO).map_err(err)?;
+    let bt: i64 = conn
+        .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
+        .map_err(err)?;
+    if bt != 0 {
+        return Err(pragma_mismatch(path, "busy_timeout", 0, bt, ""));
+    }
+
+    // Hardening with no effect on the file: no functions from the schema,
+    // and stricter cell checks so corruption is found rather than followed.
+    conn.pragma_update(None, "trusted_schema", false)
+        .map_err(err)?;
+    conn.pragma_update(None, "cell_size_check", true)
+        .map_err(err)?;
+    Ok(())
+}
+
+/// `(user_version, number of schema objects)`.
+fn classify(conn: &Connection, path: &Path) -> Result<(i64, i64), OpenError> {
+    let err = |e| refusal(path, "reading the schema version", 0, e);
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(err)?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(err)?;
+    Ok((version, objects))
+}
+
+fn integrity_check(conn: &Connection, path: &Path, version: i64) -> Result<(), OpenError> {
+    let mut stmt = conn
+        .prepare("PRAGMA integrity_check(3)")
+        .map_err(|e| refusal(path, "checking integrity", version, e))?;
+    let lines: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| refusal(path, "checking integrity", version, e))?;
+    if lines.len() == 1 && lines[0] == "ok" {
+        Ok(())
+    } else {
+        Err(OpenError::Corrupt {
+            path: path.to_path_buf(),
+            detail: format!("integrity_check: {}", lines.join("; ")),
+        })
+    }
+}
+
+/// Checks that the columns this version must have are there.
+fn verify_shape(conn: &Connection, path: &Path, version: i64) -> Result<(), OpenError> {
+    let extra = if version >= 2 { ", proposal" } else { "" };
+    conn.prepare(&format!(
+        "SELECT {}, owner, reference, request{extra} FROM tasks LIMIT 0",
+        records::COLUMNS
+    ))
+    .map(|_| ())
+    .map_err(|e| refusal(path, "checking the schema", version, e))
+}
+
+fn decode_all(conn: &Connection, path: &Path, version: i64) -> Result<u64, OpenError> {
+    match records::decode_all(conn).map_err(|e| refusal(path, "decoding payloads", version, e))? {
+        Ok(n) => Ok(n),
+        Err((task, detail)) => Err(OpenError::Undecodable {
+            path: path.to_path_buf(),
+            task,
+            detail,
+        }),
+    }
+}
+
+fn in_transaction(
+    conn: &Connection,
+    path: &Path,
+    during: &'static str,
+    version: i64,
+    body: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> Result<(), OpenError> {
+    let run = || -> rusqlite::Result<()> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        body(conn)?;
+        conn.execute_batch("COMMIT")
+    };
+    run().map_err(|e| {
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        refusal(path, during, version, e)
+    })
+}
+
+fn initialize(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    in_transaction(conn, path, "initialising the schema", 0, |c| {
+        c.execute_batch(V1_DDL)?;
+        migrate_v1_to_v2(c)
+    })
+}
+
+fn migrate_v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(V2_ADD_PROPOSAL)?;
+    testhooks::crash_point(testhooks::CRASH_MID_MIGRATION);
+    conn.execute_batch(V2_PROPOSAL_INDEX)?;
+    conn.pragma_update(None, "user_version", 2)
+}
+
+fn counts(conn: &Connection, path: &Path, version: i64) -> Result<(u64, u64), OpenError> {
+    let err = |e| refusal(path, "counting tasks", version, e);
+    let retained = records::count_all(conn).map_err(err)?;
+    let expired = records::count_expired(conn, now_ms()).map_err(err)?;
+    Ok((retained, retained.saturating_sub(expired)))
+}
+
+/// Refuses versions this build cannot serve.
+fn check_version(path: &Path, version: i64, objects: i64) -> Result<(), OpenError> {
+    if version == 0 && objects > 0 {
+        return Err(OpenError::Unversioned {
+            path: path.to_path_buf(),
+        });
+    }
+    if !(0..=SCHEMA_VERSION).contains(&version) {
+        return Err(OpenError::FutureVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}
+
+fn open_connection(path: &Path, access: Access) -> Result<Connection, OpenError> {
+    let flags = match access {
+        Access::Serve => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        Access::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
+    } | OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    Connection::open_with_flags(path, flags).map_err(|e| refusal(path, "opening", 0, e))
+}
+
+/// Creates the empty database file 0600 before SQLite sees it: SQLite gives
+/// its -wal and -shm files the database file's mode.
+fn create_private_file(path: &Path) -> Result<(), OpenError> {
+    let io = |e: std::io::Error| OpenError::Io {
+        path: path.to_path_buf(),
+        during: "creating the database file",
+        detail: e.to_string(),
+    };
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
+}
+
+fn file_len(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|m| m.len())
+}
+
+/// Opens for service: validates, initialises or migrates, then recovers.
+/// Returns the connection and the number of rows it holds.
+pub(crate) fn open_for_serving(
+    options: &StoreOptions,
+) -> Result<(Connection, OpenReport, u64), OpenError> {
+    let path = options.db_path.as_path();
+    let len = file_len(path);
+    if len.is_none() {
+        create_private_file(path)?;
+    }
+    let empty_file = len.unwrap_or(0) == 0;
+    let conn = open_connection(path, Access::Serve)?;
+    apply_pragmas(&conn, path, empty_file, options.max_db_pages)?;
+    let (version, objects) = classify(&conn, path)?;
+    check_version(path, version, objects)?;
+
+    let mut report = OpenReport {
+        initialized: false,
+        migrated_from: None,
+        recovered: 0,
+        retained: 0,
+        unexpired: 0,
+    };
+    if version == 0 {
+        // Pristine: no schema objects at all. Left by an interrupted first
+        // start; we hold the lifetime lock, so finishing it is safe.
+        initialize(&conn, path)?;
+        report.initialized = true;
+    } else {
+        integrity_check(&conn, path, version)?;
+        verify_shape(&conn, path, version)?;
+        decode_all(&conn, path, version)?;
+        if version == 1 {
+            in_transaction(&conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
+            report.migrated_from = Some(1);
+        }
+    }
+    verify_shape(&conn, path, SCHEMA_VERSION)?;
+
+    let mut recovered = 0;
+    in_transaction(
+        &conn,
+        path,
+        "recovering interrupted tasks",
+        SCHEMA_VERSION,
+        |c| {
+            recovered = records::fail_nonterminal(c, now_ms())?;
+            Ok(())
+        },
+    )?;
+    report.recovered = recovered;
+    let (retained, unexpired) = counts(&conn, path, SCHEMA_VERSION)?;
+    report.retained = retained;
+    report.unexpired = unexpired;
+    Ok((conn, report, retained))
+}
+
+/// Runs every validation of opening without writing: for `taskgate check`.
+pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
+    match file_len(db_path) {
+        None => return Ok(CheckReport::Missing),
+        Some(0) => return Ok(CheckReport::Pristine),
+        Some(_) => {}
+    }
+    let conn = open_connection(db_path, Access::ReadOnly)?;
+    apply_pragmas(&conn, db_path, false, max_db_pages)?;
+    let (version, objects) = classify(&conn, db_path)?;
+    check_version(db_path, version, objects)?;
+    if version == 0 {
+        return Ok(CheckReport::Pristine);
+    }
+    integrity_check(&conn, db_path, version)?;
+    verify_shape(&conn, db_path, version)?;
+    decode_all(&conn, db_path, version)?;
+    let nonterminal = records::count_nonterminal(&conn)
+        .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
+    let (retained, unexpired) = counts(&conn, db_path, version)?;
+    Ok(CheckReport::Valid {
+        version,
+        retained,
+        unexpired,
+        nonterminal,
+    })
+}

@@ -1,0 +1,606 @@
+//! The store thread: the only owner of the SQLite connection.
+//!
+//! It takes commands from the bounded queue in batches. Reads are answered
+//! at once. Writes of one batch share one transaction (group commit), each
+//! under its own savepoint so one failure does not fail the others, and
+//! every writer is answered only after COMMIT returned. An uncertain I/O
+//! error or corruption latches the service disabled: nothing is retried and
+//! nothing afterwards is acknowledged.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, ErrorCode};
+
+use super::schema::{self, OpenReport};
+use super::{
+    CapacityKind, CheckpointReport, Command, Created, MAX_BATCH, NewTask, OpenError, Reply,
+    SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreOptions, StoreStats, TaskId, TaskRecord,
+    now_ms, records,
+};
+
+/// Pages of headroom below `max_page_count` within which SQLITE_FULL is
+/// blamed on the page cap rather than the filesystem: more than the largest
+/// batch can need (256 terminal payloads of 16 KiB plus index pages).
+const PAGE_CAP_MARGIN: u64 = 2048;
+
+pub(super) fn run(
+    options: StoreOptions,
+    rx: Receiver<Command>,
+    shared: Arc<Shared>,
+    ready: mpsc::Sender<Result<OpenReport, OpenError>>,
+) {
+    let (conn, report, rows) = match schema::open_for_serving(&options) {
+        Ok(opened) => opened,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(report));
+    let now = Instant::now();
+    let mut worker = Worker {
+        conn: Some(conn),
+        rows,
+        next_sweep: now + SWEEP_INTERVAL,
+        next_checkpoint: now + options.checkpoint_interval,
+        options,
+        shared,
+    };
+    worker.serve(rx);
+}
+
+/// How a failed SQLite call is treated.
+enum Severity {
+    /// SQLITE_FULL: a capacity error; reads and cleanup go on.
+    Full,
+    /// I/O error or corruption: the service latches disabled.
+    Fatal,
+    /// Anything else: that command fails.
+    Other,
+}
+
+fn severity(e: &rusqlite::Error) -> Severity {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull) => Severity::Full,
+        Some(ErrorCode::SystemIoFailure | ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+            Severity::Fatal
+        }
+        _ => Severity::Other,
+    }
+}
+
+/// The reply channel of a write, whatever it returns.
+enum WriteReply {
+    Create(Reply<Created>),
+    Record(Reply<Option<TaskRecord>>),
+}
+
+enum WriteOk {
+    Create(Created),
+    Record(Option<TaskRecord>),
+}
+
+impl WriteReply {
+    fn fail(self, e: StoreError) {
+        match self {
+            WriteReply::Create(r) => drop(r.send(Err(e))),
+            WriteReply::Record(r) => drop(r.send(Err(e))),
+        }
+    }
+
+    fn answer(self, ok: WriteOk) {
+        match (self, ok) {
+            (WriteReply::Create(r), WriteOk::Create(c)) => drop(r.send(Ok(c))),
+            (WriteReply::Record(r), WriteOk::Record(t)) => drop(r.send(Ok(t))),
+            (reply, _) => reply.fail(StoreError::Internal("mismatched reply".into())),
+        }
+    }
+}
+
+/// A write command's work, separated from its reply channel.
+enum Write {
+    Create(NewTask),
+    Finish {
+        id: TaskId,
+        status: super::TaskStatus,
+        message: Option<String>,
+        payload: Option<Vec<u8>>,
+    },
+    RequestCancel {
+        id: TaskId,
+        owner: super::Digest,
+    },
+}
+
+/// Why one write inside the batch failed.
+enum ApplyError {
+    /// A refusal decided by taskgate (capacity, conflict): the savepoint is
+    /// rolled back and the batch goes on.
+    Refused(StoreError),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for ApplyError {
+    fn from(e: rusqlite::Error) -> Self {
+        ApplyError::Sql(e)
+    }
+}
+
+struct Worker {
+    /// `None` only after close.
+    conn: Option<Connection>,
+    /// Rows in the table as of the last commit.
+    rows: u64,
+    next_sweep: Instant,
+    next_checkpoint: Instant,
+    options: StoreOptions,
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    fn conn(&self) -> &Connection {
+        // Only `close` takes the connection, and it ends the loop.
+        self.conn.as_ref().expect("connection used after close")
+    }
+
+    fn serve(&mut self, rx: Receiver<Command>) {
+        loop {
+            self.wait_while_stalled();
+            let deadline = self.next_sweep.min(self.next_checkpoint);
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let mut batch = Vec::new();
+            match rx.recv_timeout(wait) {
+                Ok(cmd) => {
+                    batch.push(cmd);
+                    while batch.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(cmd) => batch.push(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.close(None);
+                    return;
+                }
+            }
+            let shutdown = self.process(batch);
+            self.run_timers();
+            self.shared.progress.fetch_add(1, Ordering::Relaxed);
+            if let Some(reply) = shutdown {
+                self.close(Some(reply));
+                return;
+            }
+        }
+    }
+
+    fn wait_while_stalled(&self) {
+        if let Some(file) = &self.options.stall_file {
+            while file.exists() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    fn disabled(&self) -> Option<StoreError> {
+        self.shared
+            .disabled_reason()
+            .map(|reason| StoreError::Disabled { reason })
+    }
+
+    /// Latches the service disabled and returns the error for the caller
+    /// whose operation met it.
+    fn latch(&self, e: &rusqlite::Error, during: &str, uncertain: bool) -> StoreError {
+        let reason = format!("{during}: {e}");
+        self.shared.latch(reason.clone());
+        if uncertain {
+            StoreError::Uncertain { detail: reason }
+        } else {
+            StoreError::Disabled { reason }
+        }
+    }
+
+    /// Maps an SQLite error met outside a write transaction.
+    fn fail(&self, e: rusqlite::Error, during: &str) -> StoreError {
+        match severity(&e) {
+            Severity::Full => StoreError::Capacity(self.full_kind()),
+            Severity::Fatal => self.latch(&e, during, false),
+            Severity::Other => StoreError::Internal(format!("{during}: {e}")),
+        }
+    }
+
+    /// Both a full filesystem and the page cap give SQLITE_FULL; only at the
+    /// page cap is cleanup sure to keep working, so tell them apart.
+    fn full_kind(&self) -> CapacityKind {
+        let pages = self
+            .conn()
+            .query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0))
+            .unwrap_or(0)
+            .max(0) as u64;
+        if pages + PAGE_CAP_MARGIN >= self.options.max_db_pages {
+            CapacityKind::PageCap {
+                pages: self.options.max_db_pages,
+            }
+        } else {
+            CapacityKind::DiskFull
+        }
+    }
+
+    fn process(&mut self, batch: Vec<Command>) -> Option<Reply<()>> {
+        let mut writes = Vec::new();
+        let mut maintenance = Vec::new();
+        let mut shutdown = None;
+        for cmd in batch {
+            match cmd {
+                Command::Ping { reply } => drop(reply.send(Ok(()))),
+                Command::Get { id, owner, reply } => {
+                    let r = match self.disabled() {
+                        Some(e) => Err(e),
+                        None => records::find_owned(self.conn(), &id, &owner, now_ms())
+                            .map_err(|e| self.fail(e, "reading a task")),
+                    };
+                    let _ = reply.send(r);
+                }
+                Command::Stats { reply } => {
+                    let _ = reply.send(self.stats());
+                }
+                Command::Create { new, reply } => {
+                    writes.push((Write::Create(new), WriteReply::Create(reply)))
+                }
+                Command::Finish {
+                    id,
+                    status,
+                    message,
+                    payload,
+                    reply,
+                } => writes.push((
+                    Write::Finish {
+                        id,
+                        status,
+                        message,
+                        payload,
+                    },
+                    WriteReply::Record(reply),
+                )),
+                Command::RequestCancel { id, owner, reply } => writes.push((
+                    Write::RequestCancel { id, owner },
+                    WriteReply::Record(reply),
+                )),
+                cmd @ (Command::Sweep { .. } | Command::Checkpoint { .. }) => maintenance.push(cmd),
+                Command::Shutdown { reply } => shutdown = Some(reply),
+            }
+        }
+        if !writes.is_empty() {
+            self.commit(writes);
+        }
+        for cmd in maintenance {
+            match cmd {
+                Command::Sweep { reply } => {
+                    let _ = reply.send(self.sweep());
+                }
+                Command::Checkpoint { reply } => {
+                    let _ = reply.send(self.checkpoint());
+                }
+                _ => {}
+            }
+        }
+        shutdown
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        if let Some(e) = self.disabled() {
+            return Err(e);
+        }
+        let expired = records::count_expired(self.conn(), now_ms())
+            .map_err(|e| self.fail(e, "counting tasks"))?;
+        Ok(StoreStats {
+            retained: self.rows,
+            unexpired: self.rows.saturating_sub(expired),
+        })
+    }
+
+    /// One group commit: every write of the batch in one transaction.
+    fn commit(&mut self, writes: Vec<(Write, WriteReply)>) {
+        if let Some(e) = self.disabled() {
+            writes.into_iter().for_each(|(_, r)| r.fail(e.clone()));
+            return;
+        }
+        let now = now_ms();
+        if let Err(e) = self.conn().execute_batch("BEGIN IMMEDIATE") {
+            let err = self.fail(e, "beginning a transaction");
+            writes.into_iter().for_each(|(_, r)| r.fail(err.clone()));
+            return;
+        }
+        let mut delta: i64 = 0;
+        let mut done: Vec<(WriteReply, WriteOk)> = Vec::with_capacity(writes.len());
+
+        if writes.iter().any(|(w, _)| matches!(w, Write::Create(_))) {
+            // Creation clears some expired rows on the way (bounded).
+            match self.in_savepoint(|c| records::delete_expired(c, now, SWEEP_BATCH)) {
+                Ok(n) => delta -= n as i64,
+                Err(e) => {
+                    if let Some(err) = self.abort_if_lost(&e, "clearing expired tasks") {
+                        writes.into_iter().for_each(|(_, r)| r.fail(err.clone()));
+                        return;
+                    }
+                }
+            }
+        }
+
+        let mut rest = writes.into_iter();
+        while let Some((write, reply)) = rest.next() {
+            let outcome = self.in_savepoint_apply(&write, now, self.rows as i64 + delta);
+            match outcome {
+                Ok((ok, d)) => {
+                    delta += d;
+                    done.push((reply, ok));
+                }
+                Err(ApplyError::Refused(e)) => reply.fail(e),
+                Err(ApplyError::Sql(e)) => {
+                    if let Some(err) = self.abort_if_lost(&e, "writing a task") {
+                        // The whole transaction is gone: nobody in it may
+                        // hear success.
+                        reply.fail(err.clone());
+                        done.into_iter().for_each(|(r, _)| r.fail(err.clone()));
+                        rest.for_each(|(_, r)| r.fail(err.clone()));
+                        return;
+                    }
+                    reply.fail(match severity(&e) {
+                        Severity::Full => StoreError::Capacity(self.full_kind()),
+                        _ => StoreError::Internal(format!("writing a task: {e}")),
+                    });
+                }
+            }
+        }
+
+        match self.conn().execute_batch("COMMIT") {
+            Ok(()) => {
+                self.rows = (self.rows as i64 + delta).max(0) as u64;
+                done.into_iter().for_each(|(r, ok)| r.answer(ok));
+            }
+            Err(e) => {
+                let err = match severity(&e) {
+                    // COMMIT itself failed with an I/O error: it may or may
+                    // not be on disk. Never retried, never a success.
+                    Severity::Fatal => self.latch(&e, "committing", true),
+                    Severity::Full => StoreError::Capacity(self.full_kind()),
+                    Severity::Other => StoreError::Internal(format!("committing: {e}")),
+                };
+                if !self.conn().is_autocommit()
+                    && let Err(rb) = self.conn().execute_batch("ROLLBACK")
+                    && matches!(severity(&rb), Severity::Fatal)
+                {
+                    self.latch(&rb, "rolling back", true);
+                }
+                done.into_iter().for_each(|(r, _)| r.fail(err.clone()));
+            }
+        }
+    }
+
+    /// After a failed statement inside the batch transaction: when the error
+    /// is fatal, or SQLite rolled the whole transaction back, returns the
+    /// error every member of the batch gets. `None` means only the failed
+    /// savepoint is lost.
+    fn abort_if_lost(&self, e: &rusqlite::Error, during: &str) -> Option<StoreError> {
+        let conn = self.conn();
+        match severity(e) {
+            Severity::Fatal => {
+                let err = self.latch(e, during, false);
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Some(err)
+            }
+            _ if conn.is_autocommit() => Some(match severity(e) {
+                Severity::Full => StoreError::Capacity(self.full_kind()),
+                _ => StoreError::Internal(format!("{during}: {e}")),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Runs `body` under a savepoint, rolling back to it on error.
+    fn in_savepoint<T>(
+        &self,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let conn = self.conn();
+        conn.execute_batch("SAVEPOINT w")?;
+        match body(conn) {
+            Ok(v) => {
+                conn.execute_batch("RELEASE w")?;
+                Ok(v)
+            }
+            Err(e) => {
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK TO w; RELEASE w");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn in_savepoint_apply(
+        &self,
+        write: &Write,
+        now: i64,
+        rows: i64,
+    ) -> Result<(WriteOk, i64), ApplyError> {
+        let mut refusal = None;
+        let result = self.in_savepoint(|c| match self.apply(c, write, now, rows) {
+            Ok(v) => Ok(Some(v)),
+            Err(ApplyError::Refused(e)) => {
+                refusal = Some(e);
+                // Any error rolls the savepoint back; this one is ours.
+                Err(rusqlite::Error::QueryReturnedNoRows)
+            }
+            Err(ApplyError::Sql(e)) => Err(e),
+        });
+        match (result, refusal) {
+            (_, Some(e)) => Err(ApplyError::Refused(e)),
+            (Ok(Some(v)), None) => Ok(v),
+            (Ok(None), None) => Err(ApplyError::Refused(StoreError::Internal(
+                "write produced no answer".into(),
+            ))),
+            (Err(e), None) => Err(ApplyError::Sql(e)),
+        }
+    }
+
+    fn apply(
+        &self,
+        c: &Connection,
+        write: &Write,
+        now: i64,
+        rows: i64,
+    ) -> Result<(WriteOk, i64), ApplyError> {
+        match write {
+            Write::Create(new) => self.create(c, new, now, rows),
+            Write::Finish {
+                id,
+                status,
+                message,
+                payload,
+            } => {
+                let r =
+                    records::finish(c, id, *status, message.as_deref(), payload.as_deref(), now)?;
+                Ok((WriteOk::Record(r), 0))
+            }
+            Write::RequestCancel { id, owner } => {
+                let r = records::request_cancel(c, id, owner, now)?;
+                Ok((WriteOk::Record(r), 0))
+            }
+        }
+    }
+
+    fn create(
+        &self,
+        c: &Connection,
+        new: &NewTask,
+        now: i64,
+        rows: i64,
+    ) -> Result<(WriteOk, i64), ApplyError> {
+        let mut delta = 0;
+        let existing = match &new.reference {
+            Some(reference) => records::find_by_reference(c, &new.owner, reference, now)?,
+            None => None,
+        };
+        if let Some(found) = existing {
+            if !found.expired {
+                let same = found.request.as_deref() == new.request.as_ref().map(|d| &d.0[..]);
+                return if same {
+                    Ok((WriteOk::Create(Created::Existing(found.record)), 0))
+                } else {
+                    Err(ApplyError::Refused(StoreError::Conflict))
+                };
+            }
+            // An expired task no longer holds its reference.
+            records::delete(c, &found.record.id)?;
+            delta -= 1;
+        }
+        let limit = self.options.max_live_tasks;
+        let rows = (rows + delta).max(0) as u64;
+        if rows >= limit {
+            // Expired rows awaiting cleanup do not count against the limit.
+            let live = rows.saturating_sub(records::count_expired(c, now)?);
+            if live >= limit {
+                return Err(ApplyError::Refused(StoreError::Capacity(
+                    CapacityKind::LiveTasks { limit },
+                )));
+            }
+        }
+        let id = TaskId::generate().map_err(|e| {
+            ApplyError::Refused(StoreError::Internal(format!("random source: {e}")))
+        })?;
+        let record = records::insert(c, &id, new, now)?;
+        Ok((WriteOk::Create(Created::New(record)), delta + 1))
+    }
+
+    fn sweep(&mut self) -> Result<u64, StoreError> {
+        if let Some(e) = self.disabled() {
+            return Err(e);
+        }
+        match records::delete_expired(self.conn(), now_ms(), SWEEP_BATCH) {
+            Ok(n) => {
+                self.rows = self.rows.saturating_sub(n);
+                if n > 0 {
+                    tracing::debug!(deleted = n, "expired tasks swept");
+                }
+                Ok(n)
+            }
+            Err(e) => Err(self.fail(e, "sweeping expired tasks")),
+        }
+    }
+
+    fn checkpoint(&self) -> Result<CheckpointReport, StoreError> {
+        if let Some(e) = self.disabled() {
+            return Err(e);
+        }
+        self.conn()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok(CheckpointReport {
+                    busy: r.get::<_, i64>(0)? != 0,
+                    wal_frames: r.get(1)?,
+                    checkpointed_frames: r.get(2)?,
+                })
+            })
+            .map_err(|e| self.fail(e, "checkpointing"))
+    }
+
+    fn run_timers(&mut self) {
+        let now = Instant::now();
+        if now >= self.next_sweep {
+            self.next_sweep = now + SWEEP_INTERVAL;
+            if self.disabled().is_none()
+                && let Err(e) = self.sweep()
+            {
+                tracing::warn!(error = %e, "expiry sweep failed");
+            }
+        }
+        if now >= self.next_checkpoint {
+            self.next_checkpoint = now + self.options.checkpoint_interval;
+            if self.disabled().is_none()
+                && let Err(e) = self.checkpoint()
+            {
+                tracing::warn!(error = %e, "periodic checkpoint failed");
+            }
+        }
+    }
+
+    /// Clean close: a TRUNCATE checkpoint, then closing with
+    /// checkpoint-on-close back on so the -wal and -shm files go away. A
+    /// disabled store is closed without touching the file again.
+    fn close(&mut self, reply: Option<Reply<()>>) {
+        let mut result = Ok(());
+        if self.disabled().is_none() {
+            match self.checkpoint() {
+                Ok(r) => tracing::info!(
+                    wal_frames = r.wal_frames,
+                    checkpointed = r.checkpointed_frames,
+                    "final checkpoint done"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "final checkpoint failed");
+                    result = Err(e);
+                }
+            }
+            if result.is_ok() {
+                let _ = self
+                    .conn()
+                    .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false);
+            }
+        }
+        if let Some(conn) = self.conn.take()
+            && let Err((_, e)) = conn.close()
+        {
+            tracing::warn!(error = %e, "closing the database failed");
+        }
+        if let Some(reply) = reply {
+            let _ = reply.send(result);
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Test-only fault hooks, read from the environment.
+//!
+//! Debug builds always honour them; release builds only when compiled with
+//! the `test-hooks` feature, which no shipped package enables. They let the
+//! system tests hang the store thread (to prove the watchdog stops) and crash
+//! between migration statements (to prove the migration is atomic) without
+//! touching the code paths a real run takes.
+
+use std::path::PathBuf;
+
+/// While this file exists, the store thread stops taking commands.
+pub const STALL_FILE_ENV: &str = "TASKGATE_TEST_STALL_FILE";
+/// Names a crash point at which the process aborts (SIGABRT, no cleanup).
+pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
+
+/// The crash point between the two statements of the v1 → v2 migration.
+pub const CRASH_MID_MIGRATION: &str = "mid-migration";
+
+pub const fn compiled_in() -> bool {
+    cfg!(any(debug_assertions, feature = "test-hooks"))
+}
+
+/// The stall file named in the environment, when hooks are compiled in.
+pub fn stall_file() -> Option<PathBuf> {
+    if !compiled_in() {
+        return None;
+    }
+    std::env::var_os(STALL_FILE_ENV).map(PathBuf::from)
+}
+
+/// Aborts the process when the environment names this crash point.
+pub fn crash_point(name: &str) {
+    if compiled_in() && std::env::var(CRASH_AT_ENV).is_ok_and(|v| v == name) {
+        eprintln!("taskgate: test hook: aborting at crash point {name}");
+        std::process::abort();
+    }
+}
