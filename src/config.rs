@@ -422,8 +422,11 @@ fn merge_into(base: &mut toml::Table, over: toml::Table) {
 fn invalid_toml(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
     let origin = match e.span() {
         Some(span) => {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("{origin}: line {line}")
+            let start = span.start.min(text.len());
+            let line = text[..start].matches('\n').count() + 1;
+            // Quote the line so the key is named even in a type error.
+            let quoted = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("{origin}: line {line} `{quoted}`")
         }
         None => origin.to_string(),
     };

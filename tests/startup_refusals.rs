@@ -1,0 +1,473 @@
+//! Every refused start, produced for real against the real binary: each
+//! exits with its own code and one line naming the problem, and leaves the
+//! database bytes as they were.
+
+mod common;
+
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Runs `check` and `serve` on `dir`; both must refuse with `code`, print
+/// one line containing every `needles`, and leave tasks.db unchanged.
+fn assert_refused(dir: &Path, extra: &[&str], code: i32, needles: &[&str]) {
+    let db = dir.join("tasks.db");
+    let before = sha256_file(&db);
+    let dir_s = dir.to_str().unwrap();
+    for sub in ["check", "serve"] {
+        let mut args = vec![sub, "--state-dir", dir_s];
+        if sub == "serve" {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        args.extend(extra);
+        let out = taskgate(&args, &[("HOME", "/nonexistent")]);
+        let line = one_line_stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{sub}: {line}");
+        assert!(line.starts_with("taskgate: refused: "), "{line}");
+        assert!(line.contains(&format!("(exit {code})")), "{line}");
+        for n in needles {
+            assert!(line.contains(n), "{sub}: {line:?} lacks {n:?}");
+        }
+        assert_eq!(sha256_file(&db), before, "{sub} changed the database bytes");
+    }
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn chown(p: &Path, uid: u32) {
+    nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+}
+
+fn valid_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    populate(&dir, 6);
+    (root, dir)
+}
+
+#[test]
+fn a_valid_store_passes_check() {
+    let (_root, dir) = valid_store();
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("schema 2") && stdout.contains("6 tasks retained"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn group_or_other_bits_on_the_directory() {
+    let (_root, dir) = valid_store();
+    chmod(&dir, 0o750);
+    assert_refused(&dir, &[], 77, &["unsafe path", "mode 0750", "chmod 700"]);
+}
+
+#[test]
+fn group_or_other_bits_on_a_file() {
+    let (_root, dir) = valid_store();
+    chmod(&dir.join("tasks.db"), 0o640);
+    assert_refused(&dir, &[], 77, &["tasks.db", "mode 0640"]);
+}
+
+#[test]
+fn symlinked_database() {
+    let (root, dir) = valid_store();
+    let elsewhere = root.path().join("real.db");
+    std::fs::rename(dir.join("tasks.db"), &elsewhere).unwrap();
+    symlink(&elsewhere, dir.join("tasks.db")).unwrap();
+    let before = sha256_file(&elsewhere);
+    assert_refused(&dir, &[], 77, &["tasks.db", "symbolic link"]);
+    assert_eq!(sha256_file(&elsewhere), before);
+}
+
+#[test]
+fn symlinked_lock_file() {
+    let (root, dir) = valid_store();
+    let target = root.path().join("lock-target");
+    std::fs::write(&target, "").unwrap();
+    std::fs::remove_file(dir.join("tasks.lock")).ok();
+    symlink(&target, dir.join("tasks.lock")).unwrap();
+    assert_refused(&dir, &[], 77, &["tasks.lock", "symbolic link"]);
+}
+
+#[test]
+fn hard_linked_database() {
+    let (root, dir) = valid_store();
+    std::fs::hard_link(dir.join("tasks.db"), root.path().join("other-name")).unwrap();
+    assert_refused(&dir, &[], 77, &["tasks.db", "2 hard links"]);
+}
+
+#[test]
+fn database_owned_by_someone_else() {
+    let (_root, dir) = valid_store();
+    chown(&dir.join("tasks.db"), 4242);
+    assert_refused(&dir, &[], 77, &["tasks.db", "uid 4242"]);
+}
+
+#[test]
+fn directory_owned_by_someone_else() {
+    let (_root, dir) = valid_store();
+    chown(&dir, 4242);
+    assert_refused(&dir, &[], 77, &["uid 4242", "chown"]);
+}
+
+#[test]
+fn untrusted_ancestor_writable_by_others() {
+    let root = private_dir();
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    let dir = state_dir(&open);
+    populate(&dir, 2);
+    chmod(&open, 0o777);
+    assert_refused(&dir, &[], 77, &["untrusted ancestor", "0777"]);
+}
+
+#[test]
+fn sticky_ancestor_must_be_root_owned() {
+    let root = private_dir();
+    let sticky = root.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    let dir = state_dir(&sticky);
+    populate(&dir, 2);
+    chmod(&sticky, 0o1777);
+    // Root-owned and sticky, like /tmp: trusted.
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Sticky but owned by another user: that user could replace our entry.
+    chown(&sticky, 4242);
+    assert_refused(&dir, &[], 77, &["untrusted ancestor", "uid 4242"]);
+}
+
+#[test]
+fn missing_configured_directory() {
+    let root = private_dir();
+    let dir = root.path().join("absent");
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(77));
+    assert!(one_line_stderr(&out).contains("install -d -m 700"));
+}
+
+fn spawn_server(dir: &Path) -> Child {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env_clear()
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Serving once the lock file names its pid.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let want = child.id().to_string();
+    loop {
+        let text = std::fs::read_to_string(dir.join("tasks.lock")).unwrap_or_default();
+        if text.trim() == want {
+            // The store finishes opening right after the lock; give it a moment.
+            std::thread::sleep(Duration::from_millis(300));
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("server exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn second_process_is_refused_by_the_lock() {
+    let (_root, dir) = valid_store();
+    let mut first = spawn_server(&dir);
+    let pid = first.id().to_string();
+    for sub in ["serve", "check"] {
+        let out = taskgate(
+            &[
+                sub,
+                "--state-dir",
+                dir.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+            ][..if sub == "serve" { 5 } else { 3 }],
+            &[],
+        );
+        let line = one_line_stderr(&out);
+        assert_eq!(out.status.code(), Some(75), "{line}");
+        assert!(line.contains("tasks.lock") && line.contains(&pid), "{line}");
+        assert!(line.contains("never delete the lock file"), "{line}");
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(first.wait().unwrap().success());
+    assert!(
+        dir.join("tasks.lock").exists(),
+        "the lock file is never deleted"
+    );
+}
+
+fn with_db(dir: &Path, sql: &str) {
+    let c = rusqlite::Connection::open(dir.join("tasks.db")).unwrap();
+    c.execute_batch(sql).unwrap();
+    c.close().unwrap();
+}
+
+#[test]
+fn future_schema_version() {
+    let (_root, dir) = valid_store();
+    with_db(&dir, "PRAGMA user_version = 99");
+    assert_refused(&dir, &[], 65, &["schema version 99", "newer"]);
+}
+
+#[test]
+fn non_empty_unversioned_database() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    with_db(
+        &dir,
+        "PRAGMA page_size=4096; PRAGMA journal_mode=WAL; CREATE TABLE other(x); INSERT INTO other VALUES (1);",
+    );
+    chmod(&dir.join("tasks.db"), 0o600);
+    assert_refused(&dir, &[], 65, &["without a taskgate schema version"]);
+}
+
+#[test]
+fn corrupted_page() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    populate(&dir, 200);
+    let db = dir.join("tasks.db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    assert!(bytes.len() > 6 * 4096, "need several pages");
+    // Overwrite a whole b-tree page in the middle of the file (header page
+    // untouched), as a torn or misdirected write would.
+    let page = bytes.len() / 4096 / 2;
+    for b in &mut bytes[page * 4096..(page + 1) * 4096] {
+        *b = 0x5a;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    assert_refused(&dir, &[], 65, &["corrupt", "restore a known-good snapshot"]);
+}
+
+#[test]
+fn not_a_database() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    std::fs::write(dir.join("tasks.db"), vec![0x42u8; 8192]).unwrap();
+    chmod(&dir.join("tasks.db"), 0o600);
+    assert_refused(&dir, &[], 65, &["corrupt"]);
+}
+
+#[test]
+fn undecodable_payload() {
+    let (_root, dir) = valid_store();
+    with_db(
+        &dir,
+        "UPDATE tasks SET payload = CAST('{not json' AS BLOB) WHERE rowid = (SELECT min(rowid) FROM tasks WHERE payload IS NOT NULL);",
+    );
+    assert_refused(&dir, &[], 65, &["undecodable payload", "tg-"]);
+}
+
+#[test]
+fn wrong_page_size() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    with_db(
+        &dir,
+        "PRAGMA page_size=1024; PRAGMA journal_mode=WAL; PRAGMA user_version=2; CREATE TABLE t(x);",
+    );
+    chmod(&dir.join("tasks.db"), 0o600);
+    assert_refused(&dir, &[], 65, &["page_size", "1024", "4096"]);
+}
+
+#[test]
+fn rollback_journal_database() {
+    let (_root, dir) = valid_store();
+    with_db(&dir, "PRAGMA journal_mode=DELETE;");
+    assert_refused(&dir, &[], 65, &["journal_mode", "delete"]);
+}
+
+#[test]
+fn database_larger_than_the_page_cap() {
+    let (_root, dir) = valid_store();
+    let root = private_dir();
+    let cfg = root.path().join("c.toml");
+    std::fs::write(&cfg, "[store]\nmax_db_pages = 64\n").unwrap();
+    // Fill past 64 pages first.
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, _) =
+            taskgate::store::Store::open(taskgate::store::StoreOptions::new(dir.join("tasks.db")))
+                .unwrap();
+        for _ in 0..40 {
+            let id = store
+                .create(new_task(86_400_000))
+                .await
+                .unwrap()
+                .record()
+                .id
+                .clone();
+            store
+                .finish(
+                    &id,
+                    taskgate::store::TaskStatus::Completed,
+                    None,
+                    Some(taskgate::store::Outcome::Result(serde_json::json!(
+                        "y".repeat(15000)
+                    ))),
+                )
+                .await
+                .unwrap();
+        }
+        store.shutdown().await.unwrap();
+    });
+    assert_refused(
+        &dir,
+        &["--config", cfg.to_str().unwrap()],
+        65,
+        &["max_page_count", "64"],
+    );
+}
+
+#[test]
+fn bad_configuration() {
+    let (root, dir) = valid_store();
+    let cases: &[(&str, &[&str])] = &[
+        ("[store]\nqueue_dept = 3\n", &["queue_dept", "line 2"]),
+        ("[stor]\n", &["stor"]),
+        (
+            "[store]\nqueue_depth = 0\n",
+            &["store.queue_depth", "out of range"],
+        ),
+        (
+            "[store]\ndirectory = \"relative/dir\"\n",
+            &["store.directory", "relative"],
+        ),
+        ("[server]\nlisten = 5\n", &["listen", "line 2"]),
+        ("this is not toml", &["c.toml"]),
+    ];
+    let cfg = root.path().join("c.toml");
+    for (text, needles) in cases {
+        std::fs::write(&cfg, text).unwrap();
+        assert_refused(&dir, &["--config", cfg.to_str().unwrap()], 78, needles);
+    }
+    // The environment layer is checked the same way, and named.
+    for sub in ["check", "serve"] {
+        let out = taskgate(
+            &[sub, "--state-dir", dir.to_str().unwrap()],
+            &[("TASKGATE_STORE_MAX_LIVE_TASKS", "0")],
+        );
+        assert_eq!(out.status.code(), Some(78));
+        assert!(one_line_stderr(&out).contains("TASKGATE_STORE_MAX_LIVE_TASKS"));
+    }
+    let out = taskgate(
+        &["check", "--state-dir", dir.to_str().unwrap()],
+        &[("TASKGATE_SERVER_LISTEN", "nonsense")],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    assert!(one_line_stderr(&out).contains("server.listen"));
+    let out = taskgate(&["check", "--state-dir", "relative/dir"], &[]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(one_line_stderr(&out).contains("relative"));
+}
+
+#[test]
+fn non_loopback_listen_without_authentication() {
+    let (_root, dir) = valid_store();
+    let before = sha256_file(&dir.join("tasks.db"));
+    let out = taskgate(
+        &[
+            "serve",
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "0.0.0.0:8765",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    assert!(one_line_stderr(&out).contains("not a loopback address"));
+    assert_eq!(sha256_file(&dir.join("tasks.db")), before);
+}
+
+#[test]
+fn unknown_flag_is_a_usage_error() {
+    let out = taskgate(&["serve", "--no-such-flag"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = taskgate(&["--help"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Exit codes"));
+}
+
+#[test]
+fn default_directory_is_created_private() {
+    let root = private_dir();
+    let xdg = root.path().join("xdg");
+    let xdg_s = xdg.to_str().unwrap();
+    // check does not create anything.
+    let out = taskgate(&["check"], &[("XDG_STATE_HOME", xdg_s)]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!xdg.exists());
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_clear()
+        .env("XDG_STATE_HOME", xdg_s)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dir = xdg.join("taskgate");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.join("tasks.lock").exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    for f in ["tasks.db", "tasks.lock"] {
+        let m = std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m, 0o600, "{f}");
+    }
+    // A clean stop checkpointed and removed the WAL sidecars.
+    assert!(!dir.join("tasks.db-wal").exists());
+    assert!(!dir.join("tasks.db-shm").exists());
+}
+
+#[test]
+fn pristine_empty_file_is_initialised() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    std::fs::write(dir.join("tasks.db"), b"").unwrap();
+    chmod(&dir.join("tasks.db"), 0o600);
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("empty"));
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, report) =
+            taskgate::store::Store::open(taskgate::store::StoreOptions::new(dir.join("tasks.db")))
+                .unwrap();
+        assert!(report.initialized);
+        store.shutdown().await.unwrap();
+    });
+}
