@@ -1,0 +1,478 @@
+//! The store's contract, exercised in-process on real SQLite files: the
+//! bounded queue, expiry, the live-task limit, creation references, the
+//! once-only terminal transition, cancel intent and restart recovery.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use taskgate::store::{
+    CapacityKind, Created, Digest, NewTask, Outcome, Store, StoreError, StoreOptions, TaskStatus,
+};
+
+fn open_with(dir: &std::path::Path, f: impl FnOnce(&mut StoreOptions)) -> Store {
+    let mut o = StoreOptions::new(dir.join("tasks.db"));
+    f(&mut o);
+    Store::open(o).unwrap().0
+}
+
+fn physical_rows(dir: &std::path::Path) -> i64 {
+    let c = rusqlite::Connection::open_with_flags(
+        dir.join("tasks.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    c.query_row("SELECT count(*) FROM tasks", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_full_queue_is_refused_at_once_and_queued_commits_survive_their_callers() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let stall = root.path().join("stall");
+    std::fs::write(&stall, "").unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |o| {
+            o.queue_depth = 8;
+            o.stall_file = Some(stall.clone());
+        });
+        // The store thread is stalled: 8 commands fit, the rest are refused.
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..20 {
+            let s = store.clone();
+            set.spawn(async move { s.create(new_task(60_000)).await });
+        }
+        let mut busy = 0;
+        // Busy answers arrive while the thread is still stalled: nobody
+        // waited for queue space.
+        while busy < 12 {
+            match tokio::time::timeout(Duration::from_secs(10), set.join_next()).await {
+                Ok(Some(Ok(Err(StoreError::Busy { depth: 8 })))) => busy += 1,
+                other => panic!("expected an immediate Busy, got {other:?}"),
+            }
+        }
+        assert!(stall.exists());
+        assert_eq!(
+            set.len(),
+            8,
+            "eight admitted callers still wait for their commit"
+        );
+
+        // Callers that go away do not stop or poison their queued commits.
+        set.abort_all();
+        while set.join_next().await.is_some() {}
+        std::fs::remove_file(&stall).unwrap();
+        // The queue drains once the thread resumes.
+        let created = loop {
+            match store.create(new_task(60_000)).await {
+                Err(StoreError::Busy { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+                other => break other.unwrap(),
+            }
+        };
+        assert!(matches!(created, Created::New(_)));
+        let stats = store.stats().await.unwrap();
+        assert_eq!(stats.retained, 9, "8 abandoned + 1 new, all committed");
+        assert!(store.disabled_reason().is_none());
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn concurrent_creations_are_all_committed_and_readable() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let s = store.clone();
+            set.spawn(async move {
+                let mut ids = Vec::new();
+                for _ in 0..10 {
+                    ids.push(
+                        s.create(new_task(60_000))
+                            .await
+                            .unwrap()
+                            .record()
+                            .id
+                            .clone(),
+                    );
+                }
+                ids
+            });
+        }
+        let mut all = Vec::new();
+        while let Some(r) = set.join_next().await {
+            all.extend(r.unwrap());
+        }
+        assert_eq!(all.len(), 640);
+        for id in &all {
+            assert!(store.get(id, &owner()).await.unwrap().is_some());
+        }
+        store.shutdown().await.unwrap();
+    });
+    assert_eq!(physical_rows(&dir), 640);
+}
+
+#[test]
+fn expired_tasks_are_invisible_before_the_sweep() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let t = store.create(new_task(200)).await.unwrap().record().clone();
+        assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Still in the file (the sweep runs each second), but not visible.
+        let before_sweep = physical_rows(&dir);
+        assert_eq!(store.get(&t.id, &owner()).await.unwrap(), None);
+        let stats = store.stats().await.unwrap();
+        assert_eq!(stats.unexpired, 0);
+        assert!(before_sweep == 1 || stats.retained == 0);
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn a_sweep_deletes_at_most_128_rows_and_the_timer_clears_the_rest() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..30 {
+            let s = store.clone();
+            set.spawn(async move {
+                for _ in 0..20 {
+                    s.create(new_task(1500)).await.unwrap();
+                }
+            });
+        }
+        while set.join_next().await.is_some() {}
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        let before = store.stats().await.unwrap();
+        assert_eq!(before.unexpired, 0, "expired rows do not count as live");
+        assert!(before.retained > 256, "{before:?}");
+        let swept = store.sweep_now().await.unwrap();
+        assert_eq!(swept, 128, "one sweep deletes exactly its bound");
+        let after = store.stats().await.unwrap();
+        assert!(after.retained <= before.retained - 128);
+        // The once-a-second timer deletes the rest, 128 at a time.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut last = after.retained;
+        while last > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sweep timer stalled at {last}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = store.stats().await.unwrap().retained;
+            assert!(
+                last - now <= 256,
+                "more than one sweep's worth vanished at once"
+            );
+            last = now;
+        }
+        store.shutdown().await.unwrap();
+    });
+    assert_eq!(physical_rows(&dir), 0);
+}
+
+#[test]
+fn the_live_limit_refuses_creation_until_tasks_expire() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |o| o.max_live_tasks = 10);
+        for _ in 0..10 {
+            store.create(new_task(800)).await.unwrap();
+        }
+        let refused = store.create(new_task(800)).await.unwrap_err();
+        assert_eq!(
+            refused,
+            StoreError::Capacity(CapacityKind::LiveTasks { limit: 10 })
+        );
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        // Expired rows awaiting cleanup do not hold capacity.
+        store.create(new_task(60_000)).await.unwrap();
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn lowering_the_limit_keeps_existing_records_readable() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            ids.push(
+                store
+                    .create(new_task(60_000))
+                    .await
+                    .unwrap()
+                    .record()
+                    .id
+                    .clone(),
+            );
+        }
+        store.shutdown().await.unwrap();
+
+        let store = open_with(&dir, |o| o.max_live_tasks = 5);
+        for id in &ids {
+            let t = store.get(id, &owner()).await.unwrap().unwrap();
+            // Restart recovery failed the working tasks; still readable.
+            assert_eq!(t.status, TaskStatus::Failed);
+        }
+        assert_eq!(
+            store.create(new_task(60_000)).await.unwrap_err(),
+            StoreError::Capacity(CapacityKind::LiveTasks { limit: 5 })
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn creation_references_deduplicate_per_owner_and_conflict_on_other_requests() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let with = |owner: &[u8], reference: &[u8], request: &[u8], ttl| NewTask {
+            owner: Digest::of(owner),
+            reference: Some(Digest::of(reference)),
+            request: Some(Digest::of(request)),
+            ..new_task(ttl)
+        };
+        let first = store
+            .create(with(b"a", b"op-1", b"req", 60_000))
+            .await
+            .unwrap();
+        let Created::New(first) = first else { panic!() };
+        let again = store
+            .create(with(b"a", b"op-1", b"req", 60_000))
+            .await
+            .unwrap();
+        assert_eq!(again, Created::Existing(first.clone()));
+        assert_eq!(
+            store
+                .create(with(b"a", b"op-1", b"other", 60_000))
+                .await
+                .unwrap_err(),
+            StoreError::Conflict
+        );
+        let other_owner = store
+            .create(with(b"b", b"op-1", b"req", 60_000))
+            .await
+            .unwrap();
+        assert!(matches!(other_owner, Created::New(ref r) if r.id != first.id));
+
+        // An expired task releases its reference.
+        let short = store
+            .create(with(b"a", b"op-2", b"req", 150))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let fresh = store
+            .create(with(b"a", b"op-2", b"other", 60_000))
+            .await
+            .unwrap();
+        assert!(matches!(fresh, Created::New(ref r) if r.id != short.record().id));
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn the_terminal_transition_happens_once_and_extends_retention() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let t = store
+            .create(new_task(5_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        let result = Outcome::Result(serde_json::json!({"content": []}));
+        let done = store
+            .finish(&t.id, TaskStatus::Completed, None, Some(result.clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.status, TaskStatus::Completed);
+        assert!(
+            done.expires_ms >= done.updated_ms + 3_600_000,
+            "kept an hour after completion"
+        );
+        assert_eq!(done.ttl_ms(), done.expires_ms - done.created_ms);
+
+        // A later cancel or failure does not replace the first outcome.
+        let late = store
+            .finish(&t.id, TaskStatus::Cancelled, None, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(late.status, TaskStatus::Completed);
+        assert_eq!(late.outcome, Some(result));
+
+        let big = Outcome::Result(serde_json::json!("z".repeat(17 * 1024)));
+        let t2 = store
+            .create(new_task(5_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        assert!(matches!(
+            store
+                .finish(&t2.id, TaskStatus::Completed, None, Some(big))
+                .await,
+            Err(StoreError::PayloadTooLarge { .. })
+        ));
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn cancel_intent_is_owner_scoped_and_ignores_terminal_tasks() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let t = store
+            .create(new_task(60_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        assert_eq!(
+            store
+                .request_cancel(&t.id, &Digest::of(b"stranger"))
+                .await
+                .unwrap(),
+            None
+        );
+        let marked = store
+            .request_cancel(&t.id, &owner())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(marked.cancel_requested);
+        assert_eq!(marked.status, TaskStatus::Working);
+
+        let done = store
+            .create(new_task(60_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        store
+            .finish(
+                &done.id,
+                TaskStatus::Failed,
+                None,
+                Some(Outcome::interrupted()),
+            )
+            .await
+            .unwrap();
+        let after = store
+            .request_cancel(&done.id, &owner())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(after.status, TaskStatus::Failed);
+        assert!(!after.cancel_requested);
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn unknown_expired_and_foreign_ids_look_the_same() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let mine = store
+            .create(new_task(60_000))
+            .await
+            .unwrap()
+            .record()
+            .id
+            .clone();
+        let expiring = store
+            .create(new_task(100))
+            .await
+            .unwrap()
+            .record()
+            .id
+            .clone();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let unknown = taskgate::store::TaskId::generate().unwrap();
+        let foreign = store.get(&mine, &Digest::of(b"stranger")).await;
+        let expired = store.get(&expiring, &owner()).await;
+        let missing = store.get(&unknown, &owner()).await;
+        assert_eq!(foreign, Ok(None));
+        assert_eq!(expired, Ok(None));
+        assert_eq!(missing, Ok(None));
+        store.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn restart_fails_running_tasks_and_keeps_finished_ones() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let running = store
+            .create(new_task(60_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        let finished = store
+            .create(new_task(60_000))
+            .await
+            .unwrap()
+            .record()
+            .clone();
+        let result =
+            Outcome::Result(serde_json::json!({"content": [{"type": "text", "text": "done"}]}));
+        store
+            .finish(
+                &finished.id,
+                TaskStatus::Completed,
+                None,
+                Some(result.clone()),
+            )
+            .await
+            .unwrap();
+        store.shutdown().await.unwrap();
+
+        let (store, report) = Store::open(StoreOptions::new(dir.join("tasks.db"))).unwrap();
+        assert_eq!(report.recovered, 1);
+        let r = store.get(&running.id, &owner()).await.unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Failed);
+        assert_eq!(r.outcome, Some(Outcome::interrupted()));
+        assert!(r.expires_ms >= r.updated_ms + 3_600_000);
+        let f = store.get(&finished.id, &owner()).await.unwrap().unwrap();
+        assert_eq!(f.outcome, Some(result));
+        let ck = store.checkpoint_now().await.unwrap();
+        assert!(!ck.busy);
+        store.shutdown().await.unwrap();
+    });
+}
