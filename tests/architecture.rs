@@ -48,3 +48,18 @@ fn fixed_bounds_keep_their_specified_values() {
     assert_eq!(bounds::MAX_DB_PAGES_DEFAULT, 1_048_576);
     assert_eq!(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT, 60);
 }
+
+/// The configuration file the package installs is the starter file that
+/// `taskgate init` writes: one source for the documented defaults.
+#[test]
+fn packaged_configuration_is_the_starter_file() {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/taskgate.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        shipped,
+        taskgate::config::starter_config(),
+        "regenerate with: taskgate init > packaging/taskgate.toml"
+    );
+}
