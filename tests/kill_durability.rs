@@ -1,0 +1,349 @@
+//! Kill durability: a child process creates tasks under load and prints each
+//! ID once `create` acknowledged it; it is SIGKILLed at a random moment, and
+//! after every kill the database passes `integrity_check` and holds every ID
+//! ever acknowledged. Then the store opens (restart recovery) once more.
+//!
+//! `TASKGATE_KILL_ROUNDS` sets the number of rounds (default 50);
+//! `TASKGATE_KILL_SEED` replays the kill delays of an earlier run.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rusqlite::{Connection, OpenFlags};
+use taskgate::store::{Store, StoreError, StoreOptions};
+
+/// Names the database the child serves; its presence makes `kill_child` run.
+const CHILD_ENV: &str = "TASKGATE_KILL_CHILD_DB";
+const CHILD_TEST: &str = "kill_child";
+const ROUNDS_ENV: &str = "TASKGATE_KILL_ROUNDS";
+const SEED_ENV: &str = "TASKGATE_KILL_SEED";
+const DEFAULT_ROUNDS: u32 = 50;
+/// Concurrent create loops in the child.
+const LOOPS: usize = 16;
+/// Each loop's pause after an acknowledgement. Unpaced, 16 loops commit
+/// some 15 000 tasks a second here and the database outgrows the time
+/// budget (every check and every startup reads all of it); paced, commits
+/// still run back to back in batches of up to 16 writers.
+const PACE: Duration = Duration::from_millis(8);
+/// Long enough that nothing expires (and is swept) during the test.
+const TTL_MS: i64 = 7 * 86_400_000;
+/// Kill delays, in milliseconds after the spawn.
+const MIN_DELAY_MS: u64 = 50;
+const MAX_DELAY_MS: u64 = 1500;
+/// A child not gone this long after SIGKILL fails the test.
+const REAP_TIMEOUT: Duration = Duration::from_secs(10);
+/// A child that was somehow never killed ends itself after this long.
+const CHILD_LIFETIME: Duration = Duration::from_secs(60);
+
+fn options(db: PathBuf) -> StoreOptions {
+    StoreOptions {
+        // Tens of thousands of tasks pile up over the rounds; the
+        // live-task bound is not what this test is about.
+        max_live_tasks: 1_000_000,
+        ..StoreOptions::new(db)
+    }
+}
+
+/// The child's main: a no-op unless the parent set `CHILD_ENV`.
+#[test]
+fn kill_child() {
+    let Some(db) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    // libtest has printed "test kill_child ... " without a newline: end
+    // that line so every protocol line starts a line of its own.
+    say("");
+    let rt = runtime();
+    rt.block_on(async move {
+        let (store, report) = Store::open(options(PathBuf::from(db))).expect("open the store");
+        say(&format!(
+            "open recovered={} retained={}",
+            report.recovered, report.retained
+        ));
+        let mut loops = tokio::task::JoinSet::new();
+        for _ in 0..LOOPS {
+            let store = store.clone();
+            loops.spawn(async move {
+                loop {
+                    match store.create(new_task(TTL_MS)).await {
+                        // Printed only after the commit was acknowledged.
+                        Ok(created) => {
+                            say(&format!("ack {}", created.record().id));
+                            tokio::time::sleep(PACE).await
+                        }
+                        Err(StoreError::Busy { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(1)).await
+                        }
+                        Err(e) => {
+                            say(&format!("err {e}"));
+                            tokio::time::sleep(Duration::from_millis(10)).await
+                        }
+                    }
+                }
+            });
+        }
+        // The loops never end: the parent's SIGKILL ends the process.
+        tokio::select! {
+            ended = loops.join_next() => panic!("a create loop ended: {ended:?}"),
+            () = tokio::time::sleep(CHILD_LIFETIME) => {
+                say("lifetime over");
+                std::process::exit(3);
+            }
+        }
+    });
+}
+
+/// One protocol line, flushed at once (a pipe write under PIPE_BUF bytes is
+/// atomic, so a kill never leaves half a line behind a complete one).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .expect("write to the parent");
+}
+
+/// xorshift64: enough randomness for kill delays, and replayable.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+fn seed() -> u64 {
+    if let Ok(s) = std::env::var(SEED_ENV) {
+        return s.parse().expect("TASKGATE_KILL_SEED must be a u64");
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    // xorshift must not start at zero.
+    (nanos ^ u64::from(std::process::id())) | 1
+}
+
+fn rounds() -> u32 {
+    match std::env::var(ROUNDS_ENV) {
+        Ok(s) => s.parse().expect("TASKGATE_KILL_ROUNDS must be a number"),
+        Err(_) => DEFAULT_ROUNDS,
+    }
+}
+
+fn spawn_child(db: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, db)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the child")
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        buf
+    })
+}
+
+fn kill(child: &Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL the child");
+}
+
+/// Waits for the child to end; one still there after `limit` fails the test.
+fn reap(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("child {} did not end within {limit:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Complete lines only: a trailing fragment without its newline is dropped.
+fn complete_lines(bytes: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut parts: Vec<&str> = text.split('\n').collect();
+    parts.pop(); // the part after the last newline: empty, or incomplete
+    parts.into_iter().map(str::to_string).collect()
+}
+
+/// Integrity and the IDs present, read through a read-only connection so
+/// the file stays exactly as the kill left it for the next child's recovery.
+fn inspect(db: &Path) -> Option<HashSet<String>> {
+    if !db.exists() {
+        return None;
+    }
+    let conn = Connection::open_with_flags(
+        db,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .expect("open the database read-only");
+    let check: Vec<String> = conn
+        .prepare("PRAGMA integrity_check")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(check, vec!["ok".to_string()], "integrity_check");
+    let has_table: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = 'tasks'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    if !has_table {
+        // Killed before the first start finished initialising the schema.
+        return None;
+    }
+    let ids = conn
+        .prepare("SELECT id FROM tasks")
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .collect::<Result<HashSet<_>, _>>()
+        .unwrap();
+    Some(ids)
+}
+
+#[test]
+fn acknowledged_tasks_survive_sigkill() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let started = Instant::now();
+    let rounds = rounds();
+    let seed = seed();
+    println!("kill test: {rounds} rounds, {SEED_ENV}={seed}");
+    let mut rng = XorShift(seed);
+
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let db = dir.join("tasks.db");
+    let mut acked: HashSet<String> = HashSet::new();
+    let mut present: HashSet<String> = HashSet::new();
+    let mut opened_rounds = 0u32;
+
+    for round in 1..=rounds {
+        let delay =
+            Duration::from_millis(MIN_DELAY_MS + rng.next() % (MAX_DELAY_MS - MIN_DELAY_MS + 1));
+        let mut child = spawn_child(&db);
+        let stdout = drain(child.stdout.take().unwrap());
+        let stderr = drain(child.stderr.take().unwrap());
+        std::thread::sleep(delay);
+        let early = child.try_wait().expect("poll the child");
+        kill(&child);
+        let status = reap(&mut child, REAP_TIMEOUT);
+        let out = stdout.join().unwrap();
+        let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
+        assert!(
+            early.is_none(),
+            "round {round}: the child ended before the kill ({status:?}); stderr:\n{err}"
+        );
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "round {round}: {status:?}; stderr:\n{err}"
+        );
+
+        let mut round_acks = 0usize;
+        let mut opened = false;
+        for line in complete_lines(&out) {
+            if let Some(id) = line.strip_prefix("ack ") {
+                assert!(
+                    acked.insert(id.to_string()),
+                    "round {round}: {id} acknowledged twice"
+                );
+                round_acks += 1;
+            } else if let Some(e) = line.strip_prefix("err ") {
+                panic!("round {round}: a create failed under plain load: {e}");
+            } else if line.starts_with("open ") {
+                opened = true;
+            }
+        }
+        opened_rounds += u32::from(opened);
+
+        let checked = Instant::now();
+        let found = inspect(&db);
+        let ids = found.as_ref();
+        let missing: Vec<&String> = acked
+            .iter()
+            .filter(|id| !ids.is_some_and(|ids| ids.contains(*id)))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "round {round} (killed after {delay:?}, {SEED_ENV}={seed}): {} acknowledged IDs missing after the kill, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+        present = found.unwrap_or_default();
+        println!(
+            "round {round:>3}: killed after {:>4} ms, opened={opened}, acked {round_acks:>5}, total acked {:>6}, rows {:>6}, checked in {} ms",
+            delay.as_millis(),
+            acked.len(),
+            present.len(),
+            checked.elapsed().as_millis()
+        );
+    }
+
+    assert!(
+        opened_rounds > 0 && !acked.is_empty(),
+        "the child never got to acknowledge anything: the test proved nothing"
+    );
+    let unacknowledged = present.len() - acked.len();
+    println!(
+        "kill test summary: rounds {rounds}, rounds past open {opened_rounds}, acknowledged {}, committed but unacknowledged {unacknowledged}, rows {}, seed {seed}",
+        acked.len(),
+        present.len()
+    );
+
+    // Startup (validation and restart recovery) passes on what the last kill
+    // left, and nothing acknowledged is lost by it.
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, report) = Store::open(options(db.clone())).expect("startup after the kills");
+        assert_eq!(report.retained, present.len() as u64, "{report:?}");
+        assert_eq!(report.unexpired, present.len() as u64, "{report:?}");
+        let owner = owner();
+        for id in acked.iter().take(100) {
+            let id = taskgate::store::TaskId::parse(id).unwrap();
+            let rec = store.get(&id, &owner).await.unwrap();
+            let rec = rec.unwrap_or_else(|| panic!("{id} not readable after restart"));
+            assert!(
+                rec.status.is_terminal(),
+                "{rec:?}: recovery left it running"
+            );
+        }
+        store.shutdown().await.unwrap();
+        println!("final open: {report:?}");
+    });
+    let after = inspect(&db).expect("tasks table");
+    assert!(acked.is_subset(&after), "acknowledged IDs lost by startup");
+    println!("kill test took {:?}", started.elapsed());
+}
