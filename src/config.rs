@@ -39,6 +39,36 @@ pub mod bounds {
     /// 1,048,576 pages of 4 KiB: the 4 GiB ceiling of spec 002.
     pub const MAX_DB_PAGES_DEFAULT: u64 = 1_048_576;
     pub const MAX_DB_PAGES: RangeInclusive<u64> = 64..=1_048_576;
+
+    pub const MAX_CONNECTIONS_DEFAULT: u64 = 256;
+    pub const MAX_CONNECTIONS: RangeInclusive<u64> = 1..=65_536;
+    pub const MAX_CONCURRENT_REQUESTS_DEFAULT: u64 = 64;
+    pub const MAX_CONCURRENT_REQUESTS: RangeInclusive<u64> = 1..=4096;
+    pub const MAX_REQUEST_BYTES_DEFAULT: u64 = 1024 * 1024;
+    pub const MAX_REQUEST_BYTES: RangeInclusive<u64> = 4096..=16 * 1024 * 1024;
+
+    pub const DEFAULT_TTL_SECS_DEFAULT: u64 = 86_400;
+    pub const DEFAULT_TTL_SECS: RangeInclusive<u64> = 60..=30 * 86_400;
+    pub const POLL_INTERVAL_MS_DEFAULT: u64 = 1000;
+    pub const POLL_INTERVAL_MS: RangeInclusive<u64> = 50..=60_000;
+    pub const MAX_RUNNING_DEFAULT: u64 = 8;
+    pub const MAX_RUNNING: RangeInclusive<u64> = 1..=1024;
+    pub const CANCEL_GRACE_MS_DEFAULT: u64 = 5000;
+    pub const CANCEL_GRACE_MS: RangeInclusive<u64> = 0..=60_000;
+    pub const ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT: u64 = 1024 * 1024 * 1024;
+    pub const ARTIFACTS_MAX_TOTAL_BYTES: RangeInclusive<u64> =
+        1024 * 1024..=64 * 1024 * 1024 * 1024;
+    pub const ARTIFACT_MAX_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+    pub const ARTIFACT_MAX_BYTES: RangeInclusive<u64> = 16 * 1024..=1024 * 1024 * 1024;
+
+    pub const TOOL_TIMEOUT_SECS_DEFAULT: u64 = 300;
+    pub const TOOL_TIMEOUT_SECS: RangeInclusive<u64> = 1..=7 * 86_400;
+    pub const TOOL_MAX_STDOUT_BYTES_DEFAULT: u64 = 1024 * 1024;
+    pub const TOOL_MAX_STDOUT_BYTES: RangeInclusive<u64> = 1..=1024 * 1024 * 1024;
+    pub const TOOL_MAX_STDERR_BYTES_DEFAULT: u64 = 64 * 1024;
+    pub const TOOL_MAX_STDERR_BYTES: RangeInclusive<u64> = 0..=64 * 1024 * 1024;
+    /// Most tools a configuration may declare.
+    pub const MAX_TOOLS: usize = 1024;
 }
 
 #[derive(Debug, Error)]
@@ -113,12 +143,66 @@ pub struct StoreSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub max_connections: usize,
+    pub max_concurrent_requests: usize,
+    pub max_request_bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct TaskSettings {
+    pub default_ttl: Duration,
+    pub poll_interval: Duration,
+    pub max_running: usize,
+    pub cancel_grace: Duration,
+    pub artifacts_max_total_bytes: u64,
+    pub artifact_max_bytes: u64,
+}
+
+/// What a tool does to the world, declared by the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    ReadOnly,
+    IdempotentWrite,
+    NonIdempotentWrite,
+}
+
+/// Whether a tool runs as a background task when the client negotiated Tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMode {
+    Never,
+    Optional,
+    Required,
+}
+
+/// A command tool, validated.
+#[derive(Debug, Clone)]
+pub struct ToolConfig {
+    pub name: String,
+    pub description: String,
+    pub argv: Vec<String>,
+    pub input_schema: serde_json::Value,
+    pub working_dir: Option<PathBuf>,
+    pub env: Vec<String>,
+    pub timeout: Duration,
+    pub max_stdout_bytes: u64,
+    pub max_stderr_bytes: u64,
+    pub effect: Effect,
+    pub task: TaskMode,
+}
+
+#[derive(Debug, Clone)]
 pub struct Config {
     pub config_file: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub state_dir_source: StateDirSource,
-    pub listen: SocketAddr,
+    pub server: ServerSettings,
     pub store: StoreSettings,
+    pub tasks: TaskSettings,
+    pub tools: Vec<ToolConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -128,12 +212,46 @@ struct RawConfig {
     server: RawServer,
     #[serde(default)]
     store: RawStore,
+    #[serde(default)]
+    tasks: RawTasks,
+    #[serde(default)]
+    tool: Vec<RawTool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawServer {
     listen: Option<String>,
+    max_connections: Option<u64>,
+    max_concurrent_requests: Option<u64>,
+    max_request_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTasks {
+    default_ttl_secs: Option<u64>,
+    poll_interval_ms: Option<u64>,
+    max_running: Option<u64>,
+    cancel_grace_ms: Option<u64>,
+    artifacts_max_total_bytes: Option<u64>,
+    artifact_max_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    name: String,
+    description: Option<String>,
+    argv: Vec<String>,
+    input_schema: Option<toml::Table>,
+    working_dir: Option<PathBuf>,
+    env: Option<Vec<String>>,
+    timeout_secs: Option<u64>,
+    max_stdout_bytes: Option<u64>,
+    max_stderr_bytes: Option<u64>,
+    effect: Option<Effect>,
+    task: Option<TaskMode>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -277,12 +395,41 @@ impl Config {
         }
         let (state_dir, state_dir_source) = resolve_state_dir(overrides, env, &raw, &origins)?;
 
+        let server = ServerSettings {
+            listen,
+            max_connections: bounded(
+                "server.max_connections",
+                raw.server.max_connections,
+                bounds::MAX_CONNECTIONS_DEFAULT,
+                bounds::MAX_CONNECTIONS,
+                &origins,
+            )? as usize,
+            max_concurrent_requests: bounded(
+                "server.max_concurrent_requests",
+                raw.server.max_concurrent_requests,
+                bounds::MAX_CONCURRENT_REQUESTS_DEFAULT,
+                bounds::MAX_CONCURRENT_REQUESTS,
+                &origins,
+            )? as usize,
+            max_request_bytes: bounded(
+                "server.max_request_bytes",
+                raw.server.max_request_bytes,
+                bounds::MAX_REQUEST_BYTES_DEFAULT,
+                bounds::MAX_REQUEST_BYTES,
+                &origins,
+            )? as usize,
+        };
+        let tasks = task_settings(&raw.tasks, &origins)?;
+        let tools = tool_settings(raw.tool, &origins)?;
+
         Ok(Config {
             config_file,
             state_dir,
             state_dir_source,
-            listen,
+            server,
             store,
+            tasks,
+            tools,
         })
     }
 }
@@ -318,6 +465,190 @@ fn resolve_state_dir(
         },
     };
     Ok((base.join("taskgate"), StateDirSource::Default))
+}
+
+fn task_settings(raw: &RawTasks, origins: &Origins) -> Result<TaskSettings, ConfigError> {
+    let artifacts_max_total_bytes = bounded(
+        "tasks.artifacts_max_total_bytes",
+        raw.artifacts_max_total_bytes,
+        bounds::ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT,
+        bounds::ARTIFACTS_MAX_TOTAL_BYTES,
+        origins,
+    )?;
+    let artifact_max_bytes = bounded(
+        "tasks.artifact_max_bytes",
+        raw.artifact_max_bytes,
+        bounds::ARTIFACT_MAX_BYTES_DEFAULT,
+        bounds::ARTIFACT_MAX_BYTES.start().to_owned()..=artifacts_max_total_bytes,
+        origins,
+    )?;
+    Ok(TaskSettings {
+        default_ttl: Duration::from_secs(bounded(
+            "tasks.default_ttl_secs",
+            raw.default_ttl_secs,
+            bounds::DEFAULT_TTL_SECS_DEFAULT,
+            bounds::DEFAULT_TTL_SECS,
+            origins,
+        )?),
+        poll_interval: Duration::from_millis(bounded(
+            "tasks.poll_interval_ms",
+            raw.poll_interval_ms,
+            bounds::POLL_INTERVAL_MS_DEFAULT,
+            bounds::POLL_INTERVAL_MS,
+            origins,
+        )?),
+        max_running: bounded(
+            "tasks.max_running",
+            raw.max_running,
+            bounds::MAX_RUNNING_DEFAULT,
+            bounds::MAX_RUNNING,
+            origins,
+        )? as usize,
+        cancel_grace: Duration::from_millis(bounded(
+            "tasks.cancel_grace_ms",
+            raw.cancel_grace_ms,
+            bounds::CANCEL_GRACE_MS_DEFAULT,
+            bounds::CANCEL_GRACE_MS,
+            origins,
+        )?),
+        artifacts_max_total_bytes,
+        artifact_max_bytes,
+    })
+}
+
+/// Tool names the daemon itself serves.
+pub const RESERVED_TOOL_NAMES: &[&str] = &["artifact_read"];
+
+fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn tool_settings(raw: Vec<RawTool>, origins: &Origins) -> Result<Vec<ToolConfig>, ConfigError> {
+    let origin = origins.of("tool");
+    if raw.len() > bounds::MAX_TOOLS {
+        return Err(ConfigError::Invalid {
+            origin,
+            message: format!(
+                "{} tools declared; at most {} are allowed",
+                raw.len(),
+                bounds::MAX_TOOLS
+            ),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut tools = Vec::with_capacity(raw.len());
+    for t in raw {
+        let bad = |message: String| ConfigError::Invalid {
+            origin: format!("{origin}: [[tool]] {:?}", t.name),
+            message,
+        };
+        if !valid_tool_name(&t.name) {
+            return Err(bad(
+                "name must be 1-64 characters of A-Z a-z 0-9 _ - .".into()
+            ));
+        }
+        if RESERVED_TOOL_NAMES.contains(&t.name.as_str()) {
+            return Err(bad("this name is reserved for a built-in tool".into()));
+        }
+        if !seen.insert(t.name.clone()) {
+            return Err(bad("declared twice; tool names must be unique".into()));
+        }
+        match t.argv.first() {
+            Some(program) if Path::new(program).is_absolute() => {}
+            Some(_) => {
+                return Err(bad(
+                    "argv[0] must be an absolute path to the program (no shell, no PATH lookup)"
+                        .into(),
+                ));
+            }
+            None => return Err(bad("argv must name the program to run".into())),
+        }
+        if let Some(dir) = &t.working_dir
+            && !dir.is_absolute()
+        {
+            return Err(bad(format!(
+                "working_dir {dir:?} is a relative path; give an absolute path"
+            )));
+        }
+        let env = t.env.clone().unwrap_or_default();
+        if let Some(name) = env.iter().find(|n| !valid_env_name(n)) {
+            return Err(bad(format!("env entry {name:?} is not a variable name")));
+        }
+        let effect = t.effect.unwrap_or(Effect::NonIdempotentWrite);
+        let task = t.task.unwrap_or(TaskMode::Never);
+        if task != TaskMode::Never && effect == Effect::NonIdempotentWrite {
+            return Err(bad(
+                "a non-idempotent write cannot run as a background task (a restart would leave its effect unknown); declare effect = \"read_only\" or \"idempotent_write\" if that is true, or set task = \"never\"".into(),
+            ));
+        }
+        let input_schema = match t.input_schema.clone() {
+            Some(table) => {
+                serde_json::to_value(table).map_err(|e| bad(format!("input_schema: {e}")))?
+            }
+            None => serde_json::json!({"type": "object"}),
+        };
+        if input_schema.get("type").and_then(|v| v.as_str()) != Some("object") {
+            return Err(bad(
+                "input_schema must describe an object (type = \"object\")".into(),
+            ));
+        }
+        let key = |k: &str| format!("tool.{}.{k}", t.name);
+        let range = |k: &'static str, v: Option<u64>, d: u64, r: RangeInclusive<u64>| {
+            let value = v.unwrap_or(d);
+            if r.contains(&value) {
+                Ok(value)
+            } else {
+                Err(ConfigError::Invalid {
+                    origin: origin.clone(),
+                    message: format!(
+                        "{} = {value} is out of range {}..={}",
+                        key(k),
+                        r.start(),
+                        r.end()
+                    ),
+                })
+            }
+        };
+        tools.push(ToolConfig {
+            timeout: Duration::from_secs(range(
+                "timeout_secs",
+                t.timeout_secs,
+                bounds::TOOL_TIMEOUT_SECS_DEFAULT,
+                bounds::TOOL_TIMEOUT_SECS,
+            )?),
+            max_stdout_bytes: range(
+                "max_stdout_bytes",
+                t.max_stdout_bytes,
+                bounds::TOOL_MAX_STDOUT_BYTES_DEFAULT,
+                bounds::TOOL_MAX_STDOUT_BYTES,
+            )?,
+            max_stderr_bytes: range(
+                "max_stderr_bytes",
+                t.max_stderr_bytes,
+                bounds::TOOL_MAX_STDERR_BYTES_DEFAULT,
+                bounds::TOOL_MAX_STDERR_BYTES,
+            )?,
+            description: t.description.clone().unwrap_or_default(),
+            name: t.name,
+            argv: t.argv,
+            input_schema,
+            working_dir: t.working_dir,
+            env,
+            effect,
+            task,
+        });
+    }
+    Ok(tools)
 }
 
 fn require_absolute(key: &'static str, path: &Path, origin: String) -> Result<(), ConfigError> {
@@ -497,7 +828,7 @@ mod tests {
         assert_eq!(c.state_dir_source, StateDirSource::Default);
         assert_eq!(c.store.queue_depth, 128);
         assert_eq!(c.store.max_db_pages, 1_048_576);
-        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.server.listen.to_string(), DEFAULT_LISTEN);
     }
 
     #[test]
@@ -535,7 +866,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.store.queue_depth, 20);
         assert_eq!(c.store.max_live_tasks, 5);
-        assert_eq!(c.listen.port(), 3);
+        assert_eq!(c.server.listen.port(), 3);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //!
 //! See docs/ARCHITECTURE.md for the map of modules and their rules.
 
+pub mod artifacts;
 pub mod cli;
 pub mod config;
+pub mod exec;
 pub mod exit;
 pub mod http;
 pub mod logging;

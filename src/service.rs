@@ -30,7 +30,7 @@ pub fn notify(states: &[NotifyState<'_>]) {
 /// Runs `taskgate serve` to completion.
 pub fn serve(overrides: &Overrides) -> Result<(), Refusal> {
     let config = Config::load(overrides)?;
-    refuse_unauthenticated_exposure(config.listen)?;
+    refuse_unauthenticated_exposure(config.server.listen)?;
     let claimed = startup::claim(&config)?;
     let options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
     let (store, report) = Store::open(options)?;
@@ -81,12 +81,12 @@ fn refuse_unauthenticated_exposure(addr: SocketAddr) -> Result<(), Refusal> {
 }
 
 async fn run(config: Config, store: Store, state_dir: String) -> Result<(), Refusal> {
-    let listener = TcpListener::bind(config.listen).await.map_err(|e| {
+    let listener = TcpListener::bind(config.server.listen).await.map_err(|e| {
         Refusal::new(
             ExitClass::Io,
             format!(
                 "cannot listen on {}: {e}; choose another address with --listen or server.listen",
-                config.listen
+                config.server.listen
             ),
         )
     })?;

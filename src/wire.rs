@@ -47,11 +47,54 @@ registry! {
     /// A terminal payload exceeded the record limit and could not be spilled.
     RESULT_TOO_LARGE = (-32046, "TG_TASK_RESULT_TOO_LARGE",
         "the tool's result could not be stored in full; the task failed rather than keep a truncated result");
+    /// The tool ran past its configured timeout.
+    TOOL_TIMEOUT = (-32047, "TG_TOOL_TIMEOUT",
+        "the tool ran longer than its timeout and was killed; its effects are unknown");
+    /// The tool wrote more than its configured output cap.
+    TOOL_OUTPUT_LIMIT = (-32048, "TG_TOOL_OUTPUT_LIMIT",
+        "the tool wrote more output than its cap allows and was killed; ask the operator to raise max_stdout_bytes or narrow the call");
+    /// The tool's program could not be started.
+    TOOL_START_FAILED = (-32049, "TG_TOOL_START_FAILED",
+        "the tool's program could not be started; the operator must check its argv and permissions");
+    /// The tool's process was killed by a signal.
+    TOOL_KILLED = (-32050, "TG_TOOL_KILLED",
+        "the tool's process died from a signal; its effects are unknown");
+    /// Talking to the tool's process failed.
+    TOOL_IO = (-32051, "TG_TOOL_IO",
+        "reading the tool's output failed; its effects are unknown");
+    /// Too many requests at once.
+    SERVER_BUSY = (-32052, "TG_SERVER_BUSY",
+        "the server is at its concurrency limit; retry after a short delay");
+    /// An artifact could not be read.
+    ARTIFACT_UNAVAILABLE = (-32053, "TG_ARTIFACT_UNAVAILABLE",
+        "no stored result for this task and caller; it may have expired or the task produced none");
+    /// Arguments that do not satisfy the tool's input schema.
+    INVALID_ARGUMENTS = (-32602, "TG_INVALID_ARGUMENTS",
+        "the arguments do not match the tool's inputSchema; data.location names the offending field");
+    /// A tool name the server does not serve.
+    UNKNOWN_TOOL = (-32602, "TG_UNKNOWN_TOOL",
+        "no tool by this name; call tools/list for the tools this server serves");
 }
 
-/// Looks a code up by number.
+/// Looks a code up by number (the first entry, for shared protocol codes).
 pub fn by_code(code: i64) -> Option<WireCode> {
     ALL.iter().copied().find(|w| w.code == code)
+}
+
+impl WireCode {
+    /// The `data` object every taskgate error carries: its name and help.
+    pub fn data(&self) -> serde_json::Value {
+        serde_json::json!({ "name": self.name, "help": self.help })
+    }
+
+    /// `data` with extra fields merged in.
+    pub fn data_with(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut d = self.data();
+        if let (Some(d), serde_json::Value::Object(extra)) = (d.as_object_mut(), extra) {
+            d.extend(extra);
+        }
+        d
+    }
 }
 
 #[cfg(test)]
@@ -64,7 +107,12 @@ mod tests {
         let mut codes = HashSet::new();
         let mut names = HashSet::new();
         for w in ALL {
-            assert!(codes.insert(w.code), "duplicate code {}", w.code);
+            // The protocol's own codes are shared by several named errors.
+            assert!(
+                w.code == -32602 || codes.insert(w.code),
+                "duplicate code {}",
+                w.code
+            );
             assert!(names.insert(w.name), "duplicate name {}", w.name);
             assert!(w.name.starts_with("TG_"), "{} lacks the TG_ prefix", w.name);
             assert!(

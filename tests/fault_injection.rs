@@ -205,7 +205,14 @@ async fn child_full_filesystem(base: &Path) {
 
     let dir = state_dir(base);
     let db = dir.join("tasks.db");
-    let (store, _) = Store::open(StoreOptions::new(db.clone())).expect("open");
+    // A page cap (1000 pages, 4 MB) just above the 3 MiB filesystem: the
+    // database is "near the cap" when the disk fills, and the error must
+    // still say the disk is full, not tell the operator to raise the cap.
+    let options = StoreOptions {
+        max_db_pages: 1000,
+        ..StoreOptions::new(db.clone())
+    };
+    let (store, _) = Store::open(options).expect("open");
     let mut ids = Vec::new();
     let mut full = None;
     for tag in 0..10_000 {

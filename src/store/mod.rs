@@ -437,6 +437,10 @@ enum Command {
     Stats {
         reply: Reply<StoreStats>,
     },
+    Unexpired {
+        ids: Vec<TaskId>,
+        reply: Reply<Vec<bool>>,
+    },
     Ping {
         reply: Reply<()>,
     },
@@ -604,6 +608,12 @@ impl Store {
         let (id, owner) = (id.clone(), *owner);
         self.call(|reply| Command::RequestCancel { id, owner, reply })
             .await
+    }
+
+    /// For each ID, whether an unexpired task with it exists (any owner):
+    /// how spilled artifacts learn that their task is gone.
+    pub async fn unexpired(&self, ids: Vec<TaskId>) -> Result<Vec<bool>, StoreError> {
+        self.call(|reply| Command::Unexpired { ids, reply }).await
     }
 
     pub async fn stats(&self) -> Result<StoreStats, StoreError> {

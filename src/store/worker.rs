@@ -215,14 +215,24 @@ impl Worker {
     }
 
     /// Both a full filesystem and the page cap give SQLITE_FULL; only at the
-    /// page cap is cleanup sure to keep working, so tell them apart.
+    /// page cap is cleanup sure to keep working, so tell them apart: it is
+    /// the page cap only when the database is near `max_page_count` and the
+    /// filesystem still has room for the largest batch.
     fn full_kind(&self) -> CapacityKind {
         let pages = self
             .conn()
             .query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0))
             .unwrap_or(0)
             .max(0) as u64;
-        if pages + PAGE_CAP_MARGIN >= self.options.max_db_pages {
+        let near_cap = pages + PAGE_CAP_MARGIN >= self.options.max_db_pages;
+        let room = self
+            .options
+            .db_path
+            .parent()
+            .and_then(|dir| nix::sys::statvfs::statvfs(dir).ok())
+            .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+            .unwrap_or(0);
+        if near_cap && room >= PAGE_CAP_MARGIN * schema::PAGE_SIZE as u64 {
             CapacityKind::PageCap {
                 pages: self.options.max_db_pages,
             }
@@ -248,6 +258,22 @@ impl Worker {
                 }
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
+                }
+                Command::Unexpired { ids, reply } => {
+                    let r = match self.disabled() {
+                        Some(e) => Err(e),
+                        None => {
+                            let now = now_ms();
+                            ids.iter()
+                                .map(|id| {
+                                    records::find_unexpired(self.conn(), id, now)
+                                        .map(|r| r.is_some())
+                                })
+                                .collect::<rusqlite::Result<Vec<bool>>>()
+                                .map_err(|e| self.fail(e, "reading tasks"))
+                        }
+                    };
+                    let _ = reply.send(r);
                 }
                 Command::Create { new, reply } => {
                     writes.push((Write::Create(new), WriteReply::Create(reply)))

@@ -1,0 +1,248 @@
+//! Spilled results: a terminal result larger than the 16 KiB record limit
+//! is written whole to `artifacts/<task-id>.json` in the state directory
+//! (0600, fsynced, renamed into place) and the task's stored result points
+//! to it. Artifacts are bound to the task's owner, survive restarts, and go
+//! when their task has expired. Their total size is bounded.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::exit::{Classify, ExitClass};
+use crate::store::{Digest, TaskId};
+
+pub const DIR_NAME: &str = "artifacts";
+
+#[derive(Debug, Error)]
+pub enum ArtifactError {
+    #[error("{path}: {problem}")]
+    Unsafe { path: PathBuf, problem: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "result of {size} bytes exceeds the {limit}-byte artifact limit (tasks.artifact_max_bytes)"
+    )]
+    TooLarge { size: u64, limit: u64 },
+    #[error(
+        "artifact space exhausted: {used} of {limit} bytes in use (tasks.artifacts_max_total_bytes)"
+    )]
+    Full { used: u64, limit: u64 },
+}
+
+impl Classify for ArtifactError {
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            ArtifactError::Unsafe { .. } => ExitClass::UnsafePath,
+            _ => ExitClass::Io,
+        }
+    }
+}
+
+/// The file format: the owner it belongs to and the whole result.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    owner: String,
+    result: serde_json::Value,
+}
+
+#[derive(Debug)]
+pub struct Artifacts {
+    dir: PathBuf,
+    max_one: u64,
+    max_total: u64,
+    used: Mutex<u64>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
+    move |source| ArtifactError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Artifacts {
+    /// Opens (creating 0700 if missing) the artifacts directory inside an
+    /// already checked state directory and counts the bytes in use.
+    pub fn open(
+        state_dir: &Path,
+        max_one: u64,
+        max_total: u64,
+    ) -> Result<Artifacts, ArtifactError> {
+        let dir = state_dir.join(DIR_NAME);
+        match fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(io_err(&dir))?;
+            }
+            Err(e) => return Err(io_err(&dir)(e)),
+            Ok(_) => {}
+        }
+        let meta = fs::symlink_metadata(&dir).map_err(io_err(&dir))?;
+        let me = nix::unistd::geteuid().as_raw();
+        if !meta.is_dir() || meta.file_type().is_symlink() {
+            return Err(ArtifactError::Unsafe {
+                path: dir,
+                problem: "not a directory (a symlink or a file); remove it".into(),
+            });
+        }
+        if meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(ArtifactError::Unsafe {
+                path: dir,
+                problem: format!(
+                    "must be owned by uid {me} with mode 0700 (found uid {}, mode {:04o})",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            });
+        }
+        let mut used = 0;
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            let m = entry.metadata().map_err(io_err(&entry.path()))?;
+            if m.is_file() {
+                used += m.len();
+            }
+        }
+        Ok(Artifacts {
+            dir,
+            max_one,
+            max_total,
+            used: Mutex::new(used),
+        })
+    }
+
+    fn path_of(&self, id: &TaskId) -> PathBuf {
+        self.dir.join(format!("{}.json", id.as_str()))
+    }
+
+    /// Writes the result durably; an error means nothing usable was kept.
+    pub fn write(
+        &self,
+        id: &TaskId,
+        owner: &Digest,
+        result: &serde_json::Value,
+    ) -> Result<u64, ArtifactError> {
+        let bytes = serde_json::to_vec(&Stored {
+            owner: owner.to_hex(),
+            result: result.clone(),
+        })
+        .unwrap_or_default();
+        let size = bytes.len() as u64;
+        if size > self.max_one {
+            return Err(ArtifactError::TooLarge {
+                size,
+                limit: self.max_one,
+            });
+        }
+        {
+            let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+            if *used + size > self.max_total {
+                return Err(ArtifactError::Full {
+                    used: *used,
+                    limit: self.max_total,
+                });
+            }
+            // Reserve before writing so concurrent writers cannot overshoot.
+            *used += size;
+        }
+        let written = self.write_file(id, &bytes);
+        if written.is_err() {
+            let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+            *used = used.saturating_sub(size);
+        }
+        written.map(|()| size)
+    }
+
+    fn write_file(&self, id: &TaskId, bytes: &[u8]) -> Result<(), ArtifactError> {
+        let final_path = self.path_of(id);
+        let tmp = self.dir.join(format!(".{}.tmp", id.as_str()));
+        let _ = fs::remove_file(&tmp);
+        let result = (|| -> io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &final_path)?;
+            File::open(&self.dir)?.sync_all()
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result.map_err(io_err(&final_path))
+    }
+
+    /// The owner's spilled result, if this owner's artifact exists.
+    pub fn read(
+        &self,
+        id: &TaskId,
+        owner: &Digest,
+    ) -> Result<Option<serde_json::Value>, ArtifactError> {
+        let path = self.path_of(id);
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        let stored: Stored = match serde_json::from_reader(io::BufReader::new(file)) {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(ArtifactError::Io {
+                    path,
+                    source: io::Error::new(io::ErrorKind::InvalidData, e),
+                });
+            }
+        };
+        Ok((stored.owner == owner.to_hex()).then_some(stored.result))
+    }
+
+    /// Task IDs with an artifact on disk, at most `limit`, for expiry checks.
+    pub fn list(&self, limit: usize) -> Result<Vec<TaskId>, ArtifactError> {
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let entry = entry.map_err(io_err(&self.dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(id) = name.strip_suffix(".json").and_then(TaskId::parse) {
+                ids.push(id);
+                if ids.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Deletes the artifact of a task that no longer exists.
+    pub fn remove(&self, id: &TaskId) -> Result<(), ArtifactError> {
+        let path = self.path_of(id);
+        let size = fs::symlink_metadata(&path).map(|m| m.len()).unwrap_or(0);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+                *used = used.saturating_sub(size);
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
