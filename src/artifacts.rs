@@ -16,7 +16,7 @@ use thiserror::Error;
 use crate::exit::{Classify, ExitClass};
 use crate::store::{Digest, TaskId};
 
-pub const DIR_NAME: &str = "artifacts";
+pub const DIR_NAME: &str = crate::state_dir::ARTIFACTS_DIR;
 
 #[derive(Debug, Error)]
 pub enum ArtifactError {

@@ -33,6 +33,62 @@ pub enum Command {
     Check(CommonArgs),
     /// Write a commented starter configuration (to stdout without --config).
     Init(InitArgs),
+    /// Call a tool on a running daemon and print the result as JSON.
+    ///
+    /// Exit status: 0 success, 1 the server answered with an error (a
+    /// JSON-RPC error, a failed or cancelled task, or a result with
+    /// isError), 64 bad arguments, 69 the daemon cannot be reached.
+    Call(CallArgs),
+    /// Read or cancel a task on a running daemon.
+    Task(TaskArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CallArgs {
+    /// The tool to call.
+    pub tool: String,
+    /// The tool's arguments, a JSON object.
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    pub args: String,
+    /// Declare the Tasks extension, so a task-capable tool returns a task.
+    #[arg(long)]
+    pub task: bool,
+    /// With --task: poll the task until it ends and print its final state.
+    #[arg(long, requires = "task")]
+    pub wait: bool,
+    /// An operation ID: calling again with the same one returns the same
+    /// task instead of running the tool twice.
+    #[arg(long, value_name = "ID")]
+    pub operation_id: Option<String>,
+    /// The daemon's MCP endpoint.
+    #[arg(long, value_name = "URL", default_value = crate::client::DEFAULT_URL)]
+    pub url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    #[command(subcommand)]
+    pub action: TaskAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskAction {
+    /// Print a task's state (and its result or error once it has ended).
+    Get(TaskRef),
+    /// Ask for a task to be cancelled; prints the task as it then stands.
+    Cancel(TaskRef),
+}
+
+#[derive(Debug, Args)]
+pub struct TaskRef {
+    /// The task ID (tg-…).
+    pub id: String,
+    /// Poll until the task has ended (get only).
+    #[arg(long)]
+    pub wait: bool,
+    /// The daemon's MCP endpoint.
+    #[arg(long, value_name = "URL", default_value = crate::client::DEFAULT_URL)]
+    pub url: String,
 }
 
 #[derive(Debug, Args)]
@@ -52,8 +108,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// HTTP listen address, e.g. 127.0.0.1:8765 (loopback only).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
     pub listen: Option<String>,
+    /// Serve one MCP client over stdin/stdout instead of HTTP (for clients
+    /// that start the server as a subprocess). Logs go to stderr.
+    #[arg(long)]
+    pub stdio: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,34 +1,98 @@
-//! The HTTP face of the daemon: `/healthz` (the process answers) and
-//! `/readyz` (the task store is open and not latched disabled).
+//! The HTTP face of the daemon: MCP streamable HTTP at `/mcp`, `/healthz`
+//! (the process answers) and `/readyz` (the task store is open and not
+//! latched disabled). Connections and concurrent requests are bounded; past
+//! either bound a client gets a clear 503 at once.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::config::ServerSettings;
+use crate::mcp::{Handler, TaskService};
+use crate::wire;
+
+/// How often an idle SSE stream gets a keep-alive comment.
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[derive(Clone)]
-pub struct HttpState {
-    pub store: Store,
+struct Limits {
+    requests: Arc<Semaphore>,
+    max_requests: usize,
 }
 
-pub fn router(state: HttpState) -> Router {
+/// Builds the application: `/mcp`, `/healthz`, `/readyz`.
+pub fn router(svc: Arc<TaskService>, settings: &ServerSettings, stop: CancellationToken) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        // Plain JSON bodies when nothing is streamed: simpler for clients.
+        .with_json_response(true)
+        .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
+        .with_max_request_body_bytes(settings.max_request_bytes)
+        .with_cancellation_token(stop);
+    let factory_svc = svc.clone();
+    let mcp = StreamableHttpService::new(
+        move || Ok(Handler::new(factory_svc.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let limits = Limits {
+        requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
+        max_requests: settings.max_concurrent_requests,
+    };
     Router::new()
+        .route_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(limits, limit_requests))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(state)
+        .with_state(svc)
+}
+
+async fn limit_requests(State(limits): State<Limits>, request: Request, next: Next) -> Response {
+    let Ok(_permit) = limits.requests.clone().try_acquire_owned() else {
+        let w = wire::SERVER_BUSY;
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {
+                "code": w.code,
+                "message": format!("too many concurrent requests (server.max_concurrent_requests = {}); retry shortly", limits.max_requests),
+                "data": w.data(),
+            }
+        });
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [
+                (header::RETRY_AFTER, "1"),
+                (header::CONTENT_TYPE, "application/json"),
+            ],
+            body.to_string(),
+        )
+            .into_response();
+    };
+    next.run(request).await
 }
 
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
-    match state.store.disabled_reason() {
+async fn readyz(State(svc): State<Arc<TaskService>>) -> (StatusCode, String) {
+    match svc.store().disabled_reason() {
         None => (StatusCode::OK, "ready\n".into()),
         Some(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -37,14 +101,117 @@ async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then lets
-/// in-flight requests finish.
+/// A TCP listener that holds one permit per open connection. Past the
+/// bound, a connection is answered with a 503 and closed.
+pub struct LimitedListener {
+    inner: TcpListener,
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+impl LimitedListener {
+    pub fn new(inner: TcpListener, max: usize) -> LimitedListener {
+        LimitedListener {
+            inner,
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+}
+
+/// A connection and the permit it holds until it closes.
+pub struct Limited {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = Limited;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (mut stream, addr) = match self.inner.accept().await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    return (
+                        Limited {
+                            stream,
+                            _permit: permit,
+                        },
+                        addr,
+                    );
+                }
+                Err(_) => {
+                    let max = self.max;
+                    tokio::spawn(async move {
+                        let body = format!(
+                            "too many connections (server.max_connections = {max}); retry shortly\n"
+                        );
+                        let reply = format!(
+                            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                            let _ = stream.write_all(reply.as_bytes()).await;
+                            let _ = stream.shutdown().await;
+                        })
+                        .await;
+                    });
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// Serves `router` until `shutdown` resolves, then lets in-flight requests
+/// finish.
 pub async fn run(
-    listener: TcpListener,
+    listener: LimitedListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
+    axum::serve(listener, router.into_make_service())
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -4,11 +4,13 @@
 
 pub mod artifacts;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod exec;
 pub mod exit;
 pub mod http;
 pub mod logging;
+pub mod mcp;
 pub mod service;
 pub mod startup;
 pub mod state_dir;

@@ -8,7 +8,8 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use sd_notify::NotifyState;
 
-use taskgate::cli::{Cli, Command, InitArgs};
+use taskgate::cli::{CallArgs, Cli, Command, InitArgs, TaskAction, TaskArgs};
+use taskgate::client::{Client, ClientError};
 use taskgate::exit::{ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
 use taskgate::store::CheckReport;
@@ -30,6 +31,11 @@ fn main() -> ExitCode {
         }
     };
     logging::init();
+    match cli.command {
+        Command::Call(args) => return operator(|rt| rt.block_on(call(&args))),
+        Command::Task(args) => return operator(|rt| rt.block_on(task(&args))),
+        _ => {}
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) => {
@@ -44,9 +50,124 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), Refusal> {
     match cli.command {
-        Command::Serve(args) => service::serve(&args.overrides()),
+        Command::Serve(args) => {
+            let transport = if args.stdio {
+                service::Transport::Stdio
+            } else {
+                service::Transport::Http
+            };
+            service::serve(&args.overrides(), transport)
+        }
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),
+        Command::Call(_) | Command::Task(_) => Ok(()),
+    }
+}
+
+/// How an operator command ended.
+enum Answer {
+    Ok(serde_json::Value),
+    /// The server answered, but with a failure the caller must see.
+    Failed(serde_json::Value),
+}
+
+/// Runs an operator command on a small runtime and maps its outcome to an
+/// exit status: 0 ok, 1 failure answered by the server, 64 usage, 69
+/// unreachable.
+fn operator(f: impl FnOnce(&tokio::runtime::Runtime) -> Result<Answer, ClientError>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("taskgate: cannot start the async runtime: {e}");
+            return ExitCode::from(ExitClass::Io.code());
+        }
+    };
+    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    match f(&rt) {
+        Ok(Answer::Ok(v)) => {
+            println!("{}", pretty(&v));
+            ExitCode::SUCCESS
+        }
+        Ok(Answer::Failed(v)) => {
+            println!("{}", pretty(&v));
+            ExitCode::from(1)
+        }
+        Err(ClientError::Rpc { error, .. }) => {
+            println!("{}", pretty(&serde_json::json!({ "error": error })));
+            ExitCode::from(1)
+        }
+        Err(e @ ClientError::BadUrl(_)) => {
+            eprintln!("taskgate: {e}");
+            ExitCode::from(ExitClass::Usage.code())
+        }
+        Err(e @ ClientError::Connect { .. }) => {
+            eprintln!("taskgate: {e}");
+            ExitCode::from(69)
+        }
+        Err(e) => {
+            eprintln!("taskgate: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn judge(v: serde_json::Value) -> Answer {
+    let failed = matches!(
+        v.get("status").and_then(|s| s.as_str()),
+        Some("failed" | "cancelled")
+    ) || v.get("isError").and_then(|e| e.as_bool()) == Some(true)
+        || v.pointer("/result/isError").and_then(|e| e.as_bool()) == Some(true);
+    if failed {
+        Answer::Failed(v)
+    } else {
+        Answer::Ok(v)
+    }
+}
+
+async fn call(args: &CallArgs) -> Result<Answer, ClientError> {
+    let arguments: serde_json::Value = match serde_json::from_str(&args.args) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        _ => {
+            eprintln!("taskgate: --args must be a JSON object, e.g. --args '{{\"name\": \"x\"}}'");
+            std::process::exit(ExitClass::Usage.code().into());
+        }
+    };
+    let client = Client::new(&args.url, args.task)?;
+    let result = client
+        .call_tool(&args.tool, arguments, args.operation_id.as_deref())
+        .await?;
+    let is_task = result.get("resultType").and_then(|r| r.as_str()) == Some("task");
+    if is_task && args.wait {
+        let id = result
+            .get("taskId")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default()
+            .to_string();
+        eprintln!("taskgate: task {id} created; waiting for it to end");
+        return client.wait_task(&id, &result).await.map(judge);
+    }
+    Ok(judge(result))
+}
+
+async fn task(args: &TaskArgs) -> Result<Answer, ClientError> {
+    match &args.action {
+        TaskAction::Get(r) => {
+            let client = Client::new(&r.url, true)?;
+            let t = client.get_task(&r.id).await?;
+            if r.wait {
+                return client.wait_task(&r.id, &t).await.map(judge);
+            }
+            Ok(judge(t))
+        }
+        TaskAction::Cancel(r) => {
+            let client = Client::new(&r.url, true)?;
+            client.cancel_task(&r.id).await?;
+            // The acknowledgement is empty; show where the task now stands.
+            client.get_task(&r.id).await.map(Answer::Ok)
+        }
     }
 }
 

@@ -1,24 +1,32 @@
 //! The serving process: startup in order, systemd notification (READY,
 //! STATUS, WATCHDOG, STOPPING), signals and the shutdown order.
 //!
-//! Shutdown: STOPPING=1, stop admitting (the HTTP server stops accepting and
-//! drains), then the store's final TRUNCATE checkpoint, then exit 0.
+//! Shutdown: STOPPING=1; stop admitting (the HTTP listener closes, stdio
+//! stops reading); every running tool is stopped and its task recorded as
+//! failed (interrupted); then the store's final TRUNCATE checkpoint; exit 0.
 
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
+use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides};
+use crate::exec::Registry;
 use crate::exit::{ExitClass, Refusal};
-use crate::http::{self, HttpState};
+use crate::http::{self, LimitedListener};
+use crate::mcp::{Handler, TaskService};
 use crate::startup;
 use crate::store::{Store, StoreError, StoreOptions};
 
 /// How often STATUS= is refreshed with current counts.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
+/// How often spilled artifacts of expired tasks are looked for.
+const ARTIFACT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// Artifacts examined per sweep.
+const ARTIFACT_SWEEP_BATCH: usize = 256;
 
 /// Sends states to the service manager; a no-op without `NOTIFY_SOCKET`.
 pub fn notify(states: &[NotifyState<'_>]) {
@@ -27,11 +35,26 @@ pub fn notify(states: &[NotifyState<'_>]) {
     }
 }
 
+/// Which transport serves the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Http,
+    Stdio,
+}
+
 /// Runs `taskgate serve` to completion.
-pub fn serve(overrides: &Overrides) -> Result<(), Refusal> {
+pub fn serve(overrides: &Overrides, transport: Transport) -> Result<(), Refusal> {
     let config = Config::load(overrides)?;
-    refuse_unauthenticated_exposure(config.server.listen)?;
+    if transport == Transport::Http {
+        refuse_unauthenticated_exposure(&config)?;
+    }
+    let tools = Registry::build(&config.tools)?;
     let claimed = startup::claim(&config)?;
+    let artifacts = Artifacts::open(
+        claimed.dir.path(),
+        config.tasks.artifact_max_bytes,
+        config.tasks.artifacts_max_total_bytes,
+    )?;
     let options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
     let (store, report) = Store::open(options)?;
     tracing::info!(
@@ -41,6 +64,7 @@ pub fn serve(overrides: &Overrides) -> Result<(), Refusal> {
         recovered = report.recovered,
         retained = report.retained,
         unexpired = report.unexpired,
+        tools = config.tools.len(),
         "task store open"
     );
     if report.recovered > 0 {
@@ -49,6 +73,14 @@ pub fn serve(overrides: &Overrides) -> Result<(), Refusal> {
             "tasks that were running when the daemon stopped are now failed; none was re-run"
         );
     }
+    let svc = TaskService::new(
+        store.clone(),
+        tools,
+        artifacts,
+        config.tasks.clone(),
+        config.store.max_live_tasks,
+        config.server.max_concurrent_requests,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("taskgate-rt")
@@ -60,14 +92,20 @@ pub fn serve(overrides: &Overrides) -> Result<(), Refusal> {
             )
         })?;
     let state_dir = claimed.dir.path().display().to_string();
-    let result = runtime.block_on(run(config, store, state_dir));
+    let result = runtime.block_on(async {
+        match transport {
+            Transport::Http => run_http(&config, svc, state_dir).await,
+            Transport::Stdio => run_stdio(svc, state_dir).await,
+        }
+    });
     // The lock is released only when the process is done with the files.
     drop(claimed);
     result
 }
 
 /// Authentication arrives later; until then only loopback is served.
-fn refuse_unauthenticated_exposure(addr: SocketAddr) -> Result<(), Refusal> {
+fn refuse_unauthenticated_exposure(config: &Config) -> Result<(), Refusal> {
+    let addr = config.server.listen;
     if addr.ip().is_loopback() {
         Ok(())
     } else {
@@ -80,7 +118,33 @@ fn refuse_unauthenticated_exposure(addr: SocketAddr) -> Result<(), Refusal> {
     }
 }
 
-async fn run(config: Config, store: Store, state_dir: String) -> Result<(), Refusal> {
+/// Background chores of a serving process, stopped by `stop`.
+fn spawn_chores(
+    svc: &Arc<TaskService>,
+    describe: Arc<dyn Fn() -> String + Send + Sync>,
+    stop: &CancellationToken,
+) {
+    tokio::spawn(refresh_status(svc.clone(), describe, stop.clone()));
+    if let Some(period) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(svc.store().clone(), period, stop.clone()));
+    }
+    let (svc, stop) = (svc.clone(), stop.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(ARTIFACT_SWEEP_INTERVAL) => {}
+                _ = stop.cancelled() => return,
+            }
+            svc.sweep_artifacts(ARTIFACT_SWEEP_BATCH).await;
+        }
+    });
+}
+
+async fn run_http(
+    config: &Config,
+    svc: Arc<TaskService>,
+    state_dir: String,
+) -> Result<(), Refusal> {
     let listener = TcpListener::bind(config.server.listen).await.map_err(|e| {
         Refusal::new(
             ExitClass::Io,
@@ -93,44 +157,80 @@ async fn run(config: Config, store: Store, state_dir: String) -> Result<(), Refu
     let local = listener
         .local_addr()
         .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
-    let (stop_tx, stop_rx) = watch::channel(false);
-
-    let router = http::router(HttpState {
-        store: store.clone(),
-    });
-    let mut server_stop = stop_rx.clone();
-    let server = tokio::spawn(http::run(listener, router, async move {
-        let _ = server_stop.wait_for(|s| *s).await;
-    }));
-
-    let status = status_line(&store, &state_dir, local).await;
-    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
-    tracing::info!(listen = %local, "serving");
-
-    tokio::spawn(refresh_status(
-        store.clone(),
-        state_dir.clone(),
-        local,
-        stop_rx.clone(),
+    let stop = CancellationToken::new();
+    let router = http::router(svc.clone(), &config.server, stop.child_token());
+    let server_stop = stop.clone();
+    let server = tokio::spawn(http::run(
+        LimitedListener::new(listener, config.server.max_connections),
+        router,
+        async move { server_stop.cancelled().await },
     ));
-    if let Some(period) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(store.clone(), period, stop_rx.clone()));
-    }
+
+    let where_: Arc<dyn Fn() -> String + Send + Sync> =
+        Arc::new(move || format!("serving on {local}; state {state_dir}"));
+    let status = status_line(&svc, &where_()).await;
+    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    tracing::info!(listen = %local, "serving MCP over HTTP at /mcp");
+    spawn_chores(&svc, where_, &stop);
 
     wait_for_signal().await;
+    begin_stopping();
+    // Stop the tools first so that in-flight requests can complete, then
+    // let the HTTP server drain.
+    svc.shutdown().await;
+    stop.cancel();
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+        Err(_) => tracing::warn!("HTTP connections did not drain in 10 s; closing them"),
+    }
+    finish(&svc).await;
+    Ok(())
+}
+
+async fn run_stdio(svc: Arc<TaskService>, state_dir: String) -> Result<(), Refusal> {
+    use rmcp::ServiceExt;
+    let running = Handler::new(svc.clone())
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| Refusal::new(ExitClass::Io, format!("cannot serve on stdio: {e}")))?;
+    let stop = CancellationToken::new();
+    let where_: Arc<dyn Fn() -> String + Send + Sync> =
+        Arc::new(move || format!("serving on stdio; state {state_dir}"));
+    let status = status_line(&svc, &where_()).await;
+    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    tracing::info!("serving MCP over stdio");
+    spawn_chores(&svc, where_, &stop);
+
+    let cancel = running.cancellation_token();
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        r = running.waiting() => {
+            match r {
+                Ok(reason) => tracing::info!(?reason, "stdio client went away"),
+                Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
+            }
+        }
+    }
+    begin_stopping();
+    svc.shutdown().await;
+    cancel.cancel();
+    stop.cancel();
+    finish(&svc).await;
+    Ok(())
+}
+
+fn begin_stopping() {
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
     tracing::info!("stopping: no new requests are admitted");
-    let _ = stop_tx.send(true);
-    match server.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-        Err(e) => tracing::warn!(error = %e, "HTTP server task failed"),
-    }
-    match store.shutdown().await {
+}
+
+async fn finish(svc: &TaskService) {
+    match svc.store().shutdown().await {
         Ok(()) => tracing::info!("stopped cleanly"),
         Err(e) => tracing::warn!(error = %e, "store shutdown incomplete"),
     }
-    Ok(())
 }
 
 async fn wait_for_signal() {
@@ -151,34 +251,34 @@ async fn wait_for_signal() {
     }
 }
 
-async fn status_line(store: &Store, state_dir: &str, listen: SocketAddr) -> String {
+async fn status_line(svc: &TaskService, where_: &str) -> String {
+    let store = svc.store();
     if let Some(reason) = store.disabled_reason() {
-        return format!(
-            "DEGRADED: task store disabled until restart ({reason}); state {state_dir}; listening on {listen}"
-        );
+        return format!("DEGRADED: task store disabled until restart ({reason}); {where_}");
     }
     match store.stats().await {
         Ok(s) => format!(
-            "serving on {listen}; state {state_dir}; tasks retained {}, unexpired {}",
-            s.retained, s.unexpired
+            "{where_}; tasks retained {}, unexpired {}, running {}",
+            s.retained,
+            s.unexpired,
+            svc.running_count()
         ),
-        Err(e) => format!("serving on {listen}; state {state_dir}; task counts unavailable: {e}"),
+        Err(e) => format!("{where_}; task counts unavailable: {e}"),
     }
 }
 
 async fn refresh_status(
-    store: Store,
-    state_dir: String,
-    listen: SocketAddr,
-    mut stop: watch::Receiver<bool>,
+    svc: Arc<TaskService>,
+    describe: Arc<dyn Fn() -> String + Send + Sync>,
+    stop: CancellationToken,
 ) {
     let mut last = String::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(STATUS_REFRESH) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.cancelled() => return,
         }
-        let line = status_line(&store, &state_dir, listen).await;
+        let line = status_line(&svc, &describe()).await;
         if line != last {
             notify(&[NotifyState::Status(&line)]);
             last = line;
@@ -188,13 +288,13 @@ async fn refresh_status(
 
 /// Pings the watchdog at half its period, but only while the store thread
 /// answers: a hung store thread lets systemd restart the daemon.
-async fn watchdog(store: Store, period: Duration, mut stop: watch::Receiver<bool>) {
+async fn watchdog(store: Store, period: Duration, stop: CancellationToken) {
     let interval = period / 2;
     let mut last_progress = store.progress();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.cancelled() => return,
         }
         let alive = match tokio::time::timeout(interval, store.ping()).await {
             Ok(Ok(())) => true,

@@ -18,6 +18,8 @@ pub const DB_FILE: &str = "tasks.db";
 pub const WAL_FILE: &str = "tasks.db-wal";
 pub const SHM_FILE: &str = "tasks.db-shm";
 pub const LOCK_FILE: &str = "tasks.lock";
+/// The folder of spilled results; see `artifacts.rs`.
+pub const ARTIFACTS_DIR: &str = "artifacts";
 /// The files whose safety is checked before anything is opened.
 pub const CHECKED_FILES: [&str; 4] = [DB_FILE, WAL_FILE, SHM_FILE, LOCK_FILE];
 
@@ -193,6 +195,34 @@ impl StateDir {
                 Err(source) => return Err(PathError::Inspect { path, source }),
             };
             check_private_file(&path, &meta, me)?;
+        }
+        let path = self.file(ARTIFACTS_DIR);
+        match fs::symlink_metadata(&path) {
+            Ok(meta) => {
+                if meta.file_type().is_symlink() {
+                    return Err(PathError::Symlink { path });
+                }
+                if !meta.is_dir() {
+                    return Err(PathError::NotADirectory { path });
+                }
+                if meta.uid() != me {
+                    return Err(PathError::WrongOwner {
+                        path,
+                        found: meta.uid(),
+                        expected: me,
+                    });
+                }
+                let mode = meta.mode() & 0o7777;
+                if mode & GROUP_OTHER_BITS != 0 {
+                    return Err(PathError::GroupOtherAccess {
+                        path,
+                        mode,
+                        fix: 0o700,
+                    });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(PathError::Inspect { path, source }),
         }
         Ok(())
     }

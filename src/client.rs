@@ -1,0 +1,270 @@
+//! A small MCP client for operators and tests: `taskgate call` and
+//! `taskgate task get|cancel` speak protocol 2026-07-28 over streamable
+//! HTTP to a running daemon and print JSON.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Request, Uri};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::net::TcpStream;
+
+pub const PROTOCOL_VERSION: &str = "2026-07-28";
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8765/mcp";
+/// The largest response body the client reads.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Bound on one HTTP exchange.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("{0} is not an http://host:port/path URL")]
+    BadUrl(String),
+    #[error("cannot reach {url}: {source}; is `taskgate serve` running there?")]
+    Connect { url: String, source: std::io::Error },
+    #[error("HTTP error talking to {url}: {detail}")]
+    Http { url: String, detail: String },
+    #[error("HTTP {status} from {url}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("unreadable response: {0}")]
+    Decode(String),
+    /// The server answered with a JSON-RPC error.
+    #[error("server error {code}: {message}")]
+    Rpc {
+        code: i64,
+        message: String,
+        error: Value,
+    },
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// A client bound to one server URL.
+pub struct Client {
+    url: String,
+    uri: Uri,
+    /// Declare the Tasks extension in every request.
+    tasks: bool,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Client {
+    pub fn new(url: &str, tasks: bool) -> Result<Client, ClientError> {
+        let uri: Uri = url.parse().map_err(|_| ClientError::BadUrl(url.into()))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(ClientError::BadUrl(url.into()));
+        }
+        Ok(Client {
+            url: url.into(),
+            uri,
+            tasks,
+            next_id: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    fn meta(&self, extra: Option<(&str, Value)>) -> Value {
+        let mut extensions = serde_json::Map::new();
+        if self.tasks {
+            extensions.insert(TASKS_EXTENSION.into(), json!({}));
+        }
+        let mut meta = json!({
+            "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+            "io.modelcontextprotocol/clientInfo": {"name": "taskgate-cli", "version": env!("CARGO_PKG_VERSION")},
+        });
+        if let Some((k, v)) = extra {
+            meta[k] = v;
+        }
+        meta
+    }
+
+    /// Sends one request and returns its `result`.
+    pub async fn request(
+        &self,
+        method: &str,
+        mut params: Value,
+        name: Option<&str>,
+        extra_meta: Option<(&str, Value)>,
+    ) -> Result<Value, ClientError> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        params["_meta"] = self.meta(extra_meta);
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let exchange = self.exchange(method, name, body.to_string());
+        let text = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))??;
+        let message = response_message(&text, id)?;
+        if let Some(err) = message.get("error") {
+            return Err(ClientError::Rpc {
+                code: err.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: err
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                error: err.clone(),
+            });
+        }
+        message
+            .get("result")
+            .cloned()
+            .ok_or_else(|| ClientError::Decode("response has neither result nor error".into()))
+    }
+
+    async fn exchange(
+        &self,
+        method: &str,
+        name: Option<&str>,
+        body: String,
+    ) -> Result<String, ClientError> {
+        let host = self.uri.host().unwrap_or("127.0.0.1");
+        let port = self.uri.port_u16().unwrap_or(80);
+        let stream =
+            TcpStream::connect((host, port))
+                .await
+                .map_err(|source| ClientError::Connect {
+                    url: self.url.clone(),
+                    source,
+                })?;
+        let http = |e: hyper::Error| ClientError::Http {
+            url: self.url.clone(),
+            detail: e.to_string(),
+        };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http)?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let path = self
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/mcp");
+        let mut req = Request::post(path)
+            .header("host", format!("{host}:{port}"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("mcp-method", method);
+        if let Some(n) = name {
+            req = req.header("mcp-name", n);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ClientError::Http {
+                url: self.url.clone(),
+                detail: e.to_string(),
+            })?;
+        let resp = sender.send_request(req).await.map_err(http)?;
+        let status = resp.status().as_u16();
+        let limited = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES);
+        let bytes = limited
+            .collect()
+            .await
+            .map_err(|e| ClientError::Http {
+                url: self.url.clone(),
+                detail: e.to_string(),
+            })?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        // JSON-RPC errors may come with a 4xx status; the body says more.
+        if status >= 400 && !text.trim_start().starts_with('{') && !text.contains("data:") {
+            return Err(ClientError::Status {
+                url: self.url.clone(),
+                status,
+                body: text.trim().to_string(),
+            });
+        }
+        Ok(text)
+    }
+
+    /// `tools/call`.
+    pub async fn call_tool(
+        &self,
+        tool: &str,
+        arguments: Value,
+        operation_id: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        self.request(
+            "tools/call",
+            json!({"name": tool, "arguments": arguments}),
+            Some(tool),
+            operation_id.map(|o| ("dev.taskgate/operationId", json!(o))),
+        )
+        .await
+    }
+
+    pub async fn get_task(&self, id: &str) -> Result<Value, ClientError> {
+        self.request("tasks/get", json!({"taskId": id}), Some(id), None)
+            .await
+    }
+
+    pub async fn cancel_task(&self, id: &str) -> Result<Value, ClientError> {
+        self.request("tasks/cancel", json!({"taskId": id}), Some(id), None)
+            .await
+    }
+
+    /// Polls until the task is terminal, honouring `pollIntervalMs`.
+    pub async fn wait_task(&self, id: &str, first: &Value) -> Result<Value, ClientError> {
+        let mut interval = poll_interval(first);
+        loop {
+            tokio::time::sleep(interval).await;
+            let t = match self.get_task(id).await {
+                Err(ClientError::Rpc { error, .. })
+                    if error.pointer("/data/retryAfterMs").is_some() =>
+                {
+                    let ms = error
+                        .pointer("/data/retryAfterMs")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(100);
+                    interval = Duration::from_millis(ms.max(10));
+                    continue;
+                }
+                other => other?,
+            };
+            match t.get("status").and_then(Value::as_str) {
+                Some("completed" | "failed" | "cancelled") => return Ok(t),
+                _ => interval = poll_interval(&t),
+            }
+        }
+    }
+}
+
+fn poll_interval(task: &Value) -> Duration {
+    Duration::from_millis(
+        task.get("pollIntervalMs")
+            .and_then(Value::as_u64)
+            .unwrap_or(1000)
+            .clamp(10, 60_000),
+    )
+}
+
+/// The JSON-RPC response with `id` in a JSON body or an SSE stream.
+fn response_message(text: &str, id: u64) -> Result<Value, ClientError> {
+    if let Ok(v) = serde_json::from_str::<Value>(text) {
+        return Ok(v);
+    }
+    for line in text.lines() {
+        if let Some(data) = line.strip_prefix("data:")
+            && let Ok(v) = serde_json::from_str::<Value>(data.trim())
+            && v.get("id").and_then(Value::as_u64) == Some(id)
+        {
+            return Ok(v);
+        }
+    }
+    Err(ClientError::Decode(format!(
+        "no JSON-RPC response in: {}",
+        text.chars().take(200).collect::<String>()
+    )))
+}

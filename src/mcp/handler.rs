@@ -1,0 +1,220 @@
+//! The rmcp `ServerHandler`: protocol negotiation and the mapping of MCP
+//! requests onto the task service.
+//!
+//! rmcp does not tie Tasks to the protocol version, so this handler does:
+//! a session that began with the legacy `initialize` never sees the
+//! extension (it is stripped from the result and from later capability
+//! checks, so `tasks/*` answer -32601), and a call creates a task only when
+//! the request itself declared the extension on 2026-07-28 or later.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelTaskMethod, CancelTaskParams, GetTaskMethod,
+    GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool as WireTool, ToolAnnotations, UpdateTaskMethod, UpdateTaskParams,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use super::tasks::{ARTIFACT_READ_TOOL, Delivery, OPERATION_ID_META_KEY, TaskService, local_owner};
+use crate::config::{Effect, TaskMode};
+use crate::store::Digest;
+
+/// One protocol handler: per stdio connection, per legacy HTTP session, or
+/// per stateless HTTP request. All share the task service.
+pub struct Handler {
+    svc: Arc<TaskService>,
+    /// Set by `initialize`: this session speaks a pre-2026-07-28 protocol.
+    legacy: AtomicBool,
+}
+
+impl Handler {
+    pub fn new(svc: Arc<TaskService>) -> Handler {
+        Handler {
+            svc,
+            legacy: AtomicBool::new(false),
+        }
+    }
+
+    fn is_legacy(&self) -> bool {
+        self.legacy.load(Ordering::Relaxed)
+    }
+
+    /// The owner of this request's tasks. Until authentication exists,
+    /// everyone who can reach the daemon is the local owner.
+    fn owner(&self, _context: &RequestContext<RoleServer>) -> Digest {
+        local_owner()
+    }
+
+    /// Did this very request negotiate Tasks?
+    fn negotiated(&self, context: &RequestContext<RoleServer>) -> bool {
+        !self.is_legacy()
+            && context
+                .protocol_version()
+                .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
+            && context
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks())
+    }
+
+    fn wire_tools(&self) -> Vec<WireTool> {
+        let mut tools: Vec<WireTool> = self
+            .svc
+            .tools()
+            .iter()
+            .map(|t| {
+                let schema = match &t.config.input_schema {
+                    Value::Object(m) => m.clone(),
+                    _ => serde_json::Map::new(),
+                };
+                let (read_only, idempotent, destructive) = match t.config.effect {
+                    Effect::ReadOnly => (true, true, false),
+                    Effect::IdempotentWrite => (false, true, true),
+                    Effect::NonIdempotentWrite => (false, false, true),
+                };
+                let mut annotations = ToolAnnotations::default();
+                annotations.read_only_hint = Some(read_only);
+                annotations.idempotent_hint = Some(idempotent);
+                annotations.destructive_hint = Some(destructive);
+                let task = match t.config.task {
+                    TaskMode::Never => "never",
+                    TaskMode::Optional => "optional",
+                    TaskMode::Required => "required",
+                };
+                let mut meta = rmcp::model::MetaObject::default();
+                meta.0
+                    .insert("dev.taskgate/taskSupport".into(), json!(task));
+                WireTool::new(t.config.name.clone(), t.config.description.clone(), schema)
+                    .with_annotations(annotations)
+                    .with_meta(meta)
+            })
+            .collect();
+        let schema = json!({
+            "type": "object",
+            "properties": {"taskId": {"type": "string", "description": "the task whose stored result to read"}},
+            "required": ["taskId"]
+        });
+        let mut annotations = ToolAnnotations::default();
+        annotations.read_only_hint = Some(true);
+        tools.push(
+            WireTool::new(
+                ARTIFACT_READ_TOOL,
+                "Returns the whole result of one of your tasks whose result was too large to inline.",
+                schema.as_object().cloned().unwrap_or_default(),
+            )
+            .with_annotations(annotations),
+        );
+        tools
+    }
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        let builder = ServerCapabilities::builder().enable_tools();
+        let capabilities = if !self.is_legacy() && self.svc.tasks_available() {
+            builder.enable_tasks().build()
+        } else {
+            builder.build()
+        };
+        let mut info = ServerConfig::new(capabilities);
+        info.server_info = Implementation::new("taskgate", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(
+            "Long-running tools return a durable task when the request declares the io.modelcontextprotocol/tasks extension; poll tasks/get at pollIntervalMs. Put an operation ID in _meta[\"dev.taskgate/operationId\"] to make a retried call return the same task.".into(),
+        );
+        info
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        // A legacy session: the Tasks extension does not exist for it.
+        self.legacy.store(true, Ordering::Relaxed);
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.wire_tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let negotiated = self.negotiated(&context);
+        let operation_id = match context.meta.0.get(OPERATION_ID_META_KEY) {
+            None => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(ErrorData::invalid_params(
+                    format!("_meta[{OPERATION_ID_META_KEY:?}] must be a string"),
+                    None,
+                ));
+            }
+        };
+        let owner = self.owner(&context);
+        let delivery = self
+            .svc
+            .call(
+                &request.name,
+                request.arguments,
+                owner,
+                negotiated,
+                operation_id,
+                context.ct.clone(),
+            )
+            .await?;
+        Ok(match delivery {
+            Delivery::Now(result) => CallToolResponse::Complete(result),
+            Delivery::Task(created) => CallToolResponse::Task(created),
+        })
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        if self.is_legacy() {
+            return Err(ErrorData::method_not_found::<GetTaskMethod>());
+        }
+        self.svc.get(&request.task_id, self.owner(&context)).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if self.is_legacy() {
+            return Err(ErrorData::method_not_found::<CancelTaskMethod>());
+        }
+        self.svc
+            .cancel(&request.task_id, self.owner(&context))
+            .await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if self.is_legacy() {
+            return Err(ErrorData::method_not_found::<UpdateTaskMethod>());
+        }
+        self.svc
+            .update(&request.task_id, self.owner(&context))
+            .await
+    }
+}
