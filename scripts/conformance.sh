@@ -50,7 +50,7 @@ failed=0
 for s in "${scenarios[@]}"; do
   out="$work/out-$s"
   rm -rf "$out"
-  if "$node" "$suite" server --url "$url" --scenario "$s" \
+  if NO_COLOR=1 FORCE_COLOR=0 "$node" "$suite" server --url "$url" --scenario "$s" \
        --expected-failures "$root/tests/conformance/expected-failures.yaml" -o "$out" \
        > "$work/$s.log" 2>&1; then
     echo "PASS $s"
@@ -59,6 +59,6 @@ for s in "${scenarios[@]}"; do
     grep -E "FAILURE|WARNING|stale|Unexpected|expected" "$work/$s.log" | head -20 || true
     failed=1
   fi
-  grep -hoE "\[[a-z0-9-]+\] (SUCCESS|FAILURE|WARNING|SKIPPED|INFO)" "$work/$s.log" | sed 's/^/    /' || true
+  sed -E "s/\x1b\[[0-9;]*m//g" "$work/$s.log" | grep -oE "\[[a-z0-9-]+ *\] (SUCCESS|FAILURE|WARNING|SKIPPED|INFO)" | tr -s " " | sed "s/^/    /" || true
 done
 exit "$failed"
