@@ -133,3 +133,105 @@ pub fn one_line_stderr(out: &Output) -> String {
     assert_eq!(lines.len(), 1, "expected one stderr line, got: {text:?}");
     lines[0].to_string()
 }
+
+/// A real `taskgate serve` over HTTP on an ephemeral loopback port, with
+/// its stderr in a file. Killed (SIGKILL) when dropped unless stopped.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(config: &Path, state: &Path, log: &Path) -> Daemon {
+        let err = std::fs::File::create(log).unwrap();
+        let child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(state)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdout(std::process::Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("start taskgate");
+        let mut d = Daemon {
+            child,
+            port: 0,
+            log: log.to_path_buf(),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(p) = text
+                .split("listen=127.0.0.1:")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|p| p.parse().ok())
+            {
+                d.port = p;
+                return d;
+            }
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("taskgate exited early ({status}): {text}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "taskgate did not start: {text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    pub fn client(&self, tasks: bool) -> taskgate::client::Client {
+        taskgate::client::Client::new(&self.url(), tasks).unwrap()
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = wait_timeout(&mut self.child, std::time::Duration::from_secs(30));
+        std::mem::forget(self);
+        status
+    }
+
+    /// SIGKILL and reap: a crash.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_timeout(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,317 @@
+//! What makes tasks durable, through the real daemon over HTTP: a crash
+//! never re-runs a command, large results survive restarts, a repeated
+//! creation returns the same task, and raw arguments never reach the disk.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+use taskgate::client::{Client, ClientError};
+
+fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("taskgate.toml");
+    std::fs::write(
+        &p,
+        format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 500\n\n{body}"),
+    )
+    .unwrap();
+    p
+}
+
+fn tool(name: &str, script: &str, task: &str) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "{name}"
+argv = ["/bin/sh", "-c", {script:?}, "{{arg}}"]
+effect = "read_only"
+task = "{task}"
+timeout_secs = 120
+max_stdout_bytes = 1048576
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.arg]
+type = "string"
+"#
+    )
+}
+
+async fn poll_until_terminal(client: &Client, id: &str, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        match client.get_task(id).await {
+            Ok(t) => {
+                if matches!(
+                    t["status"].as_str(),
+                    Some("completed" | "failed" | "cancelled")
+                ) {
+                    return t;
+                }
+            }
+            Err(ClientError::Rpc { code: -32045, .. }) => {}
+            Err(e) => panic!("tasks/get {id}: {e}"),
+        }
+        assert!(Instant::now() < deadline, "task {id} did not end");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+}
+
+fn task_id(created: &Value) -> String {
+    assert_eq!(created["resultType"], "task", "{created}");
+    created["taskId"].as_str().unwrap().to_string()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let marker = root.path().join("started");
+    let config = write_config(
+        root.path(),
+        &format!(
+            "{}{}",
+            tool("quick", "printf 'quick result'", "optional"),
+            tool(
+                "slow",
+                &format!("echo started >> {}; sleep 60", marker.display()),
+                "optional"
+            )
+        ),
+    );
+    let rt = runtime();
+    let daemon = Daemon::start(&config, &state, &root.path().join("log1"));
+    let (done_id, running_id) = rt.block_on(async {
+        let c = daemon.client(true);
+        let done = task_id(&c.call_tool("quick", json!({}), None).await.unwrap());
+        let t = poll_until_terminal(&c, &done, Duration::from_secs(20)).await;
+        assert_eq!(t["status"], "completed");
+        let running = task_id(&c.call_tool("slow", json!({}), None).await.unwrap());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while lines(&marker) == 0 {
+            assert!(Instant::now() < deadline, "the slow tool never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (done, running)
+    });
+    daemon.kill();
+
+    let daemon = Daemon::start(&config, &state, &root.path().join("log2"));
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let done = c.get_task(&done_id).await.unwrap();
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["result"]["content"][0]["text"], "quick result");
+        let interrupted = c.get_task(&running_id).await.unwrap();
+        assert_eq!(interrupted["status"], "failed", "{interrupted}");
+        assert_eq!(
+            interrupted["error"]["code"],
+            taskgate::wire::TASK_INTERRUPTED.code
+        );
+        assert!(interrupted.get("result").is_none());
+        // Whatever the restart did, the command has not started again.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    });
+    assert_eq!(lines(&marker), 1, "the interrupted command ran again");
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_large_result_is_spilled_and_read_back_after_a_restart() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let config = write_config(
+        root.path(),
+        &tool("big", "head -c 102400 /dev/zero | tr '\\0' 'a'", "optional"),
+    );
+    let rt = runtime();
+    let daemon = Daemon::start(&config, &state, &root.path().join("log1"));
+    let id = rt.block_on(async {
+        let c = daemon.client(true);
+        let id = task_id(&c.call_tool("big", json!({}), None).await.unwrap());
+        let t = poll_until_terminal(&c, &id, Duration::from_secs(20)).await;
+        assert_eq!(t["status"], "completed", "{t}");
+        let pointer = &t["result"]["structuredContent"]["artifact"];
+        assert_eq!(pointer["taskId"], id.as_str());
+        assert!(pointer["bytes"].as_u64().unwrap() > 100 * 1024);
+        let whole = c
+            .call_tool("artifact_read", json!({"taskId": id}), None)
+            .await
+            .unwrap();
+        let text = whole["content"][0]["text"].as_str().unwrap();
+        assert_eq!(text.len(), 102_400);
+        assert!(text.bytes().all(|b| b == b'a'));
+        id
+    });
+    let artifact = state.join("artifacts").join(format!("{id}.json"));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&artifact).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(daemon.stop().success());
+
+    let daemon = Daemon::start(&config, &state, &root.path().join("log2"));
+    rt.block_on(async {
+        let c = daemon.client(false);
+        let whole = c
+            .call_tool("artifact_read", json!({"taskId": id}), None)
+            .await
+            .unwrap();
+        assert_eq!(whole["content"][0]["text"].as_str().unwrap().len(), 102_400);
+        // An unknown task has no artifact, and says so the same way.
+        let unknown = taskgate::store::TaskId::generate().unwrap();
+        let err = c
+            .call_tool("artifact_read", json!({"taskId": unknown.as_str()}), None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Rpc { code: -32053, .. }),
+            "{err}"
+        );
+    });
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_repeated_creation_returns_the_same_task_and_runs_once() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let marker = root.path().join("runs");
+    let config = write_config(
+        root.path(),
+        &tool(
+            "once",
+            &format!("echo ran >> {}; sleep 1; printf 'did $0'", marker.display()),
+            "optional",
+        ),
+    );
+    let rt = runtime();
+    let daemon = Daemon::start(&config, &state, &root.path().join("log"));
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let first = task_id(
+            &c.call_tool("once", json!({"arg": "x"}), Some("op-42"))
+                .await
+                .unwrap(),
+        );
+        // The client lost the reply and retries: same operation, same task.
+        let retry = task_id(
+            &c.call_tool("once", json!({"arg": "x"}), Some("op-42"))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(first, retry);
+        // Same reference, different arguments: refused, nothing runs.
+        let err = c
+            .call_tool("once", json!({"arg": "y"}), Some("op-42"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Rpc { code: -32044, .. }),
+            "{err}"
+        );
+        let t = poll_until_terminal(&c, &first, Duration::from_secs(20)).await;
+        assert_eq!(t["status"], "completed");
+        // After completion the retry still answers with the same task.
+        let late = task_id(
+            &c.call_tool("once", json!({"arg": "x"}), Some("op-42"))
+                .await
+                .unwrap(),
+        );
+        assert_eq!(late, first);
+        // A new operation is a new task.
+        let other = task_id(
+            &c.call_tool("once", json!({"arg": "x"}), Some("op-43"))
+                .await
+                .unwrap(),
+        );
+        assert_ne!(other, first);
+        poll_until_terminal(&c, &other, Duration::from_secs(20)).await;
+    });
+    assert_eq!(lines(&marker), 2, "op-42 ran once, op-43 once");
+    assert!(daemon.stop().success());
+}
+
+/// Every byte of the state directory: database, WAL, artifacts.
+fn state_bytes(state: &Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for name in ["tasks.db", "tasks.db-wal"] {
+        all.extend(std::fs::read(state.join(name)).unwrap_or_default());
+    }
+    if let Ok(entries) = std::fs::read_dir(state.join("artifacts")) {
+        for e in entries.flatten() {
+            all.extend(std::fs::read(e.path()).unwrap_or_default());
+        }
+    }
+    all
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn raw_arguments_and_operation_ids_never_reach_the_disk() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let config = write_config(
+        root.path(),
+        &format!(
+            "{}{}",
+            tool("quiet", "printf 'no echo'", "optional"),
+            tool("failing", "exit 3", "optional")
+        ),
+    );
+    let arg_marker = "RAW-ARGUMENT-MARKER-7f3a";
+    let op_marker = "RAW-OPERATION-MARKER-9c1e";
+    let rt = runtime();
+    let daemon = Daemon::start(&config, &state, &root.path().join("log"));
+    rt.block_on(async {
+        let c = daemon.client(true);
+        for (i, name) in ["quiet", "failing"].iter().enumerate() {
+            let id = task_id(
+                &c.call_tool(
+                    name,
+                    json!({"arg": format!("{arg_marker}-{i}")}),
+                    Some(&format!("{op_marker}-{i}")),
+                )
+                .await
+                .unwrap(),
+            );
+            poll_until_terminal(&c, &id, Duration::from_secs(20)).await;
+        }
+        // Synchronous calls too.
+        Client::new(&daemon.url(), false)
+            .unwrap()
+            .call_tool("quiet", json!({"arg": arg_marker}), None)
+            .await
+            .unwrap();
+        // While serving: the WAL holds the recent writes.
+        let live = state_bytes(&state);
+        assert!(contains(&live, "no echo"), "the scan sees stored results");
+        assert!(
+            !contains(&live, arg_marker),
+            "a raw argument reached the disk"
+        );
+        assert!(
+            !contains(&live, op_marker),
+            "a raw operation ID reached the disk"
+        );
+    });
+    let log = std::fs::read_to_string(root.path().join("log")).unwrap();
+    assert!(daemon.stop().success());
+    let after = state_bytes(&state);
+    assert!(!contains(&after, arg_marker) && !contains(&after, op_marker));
+    assert!(
+        !log.contains(arg_marker) && !log.contains(op_marker),
+        "raw values in the log"
+    );
+}
