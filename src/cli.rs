@@ -41,6 +41,19 @@ pub enum Command {
     Call(CallArgs),
     /// Read or cancel a task on a running daemon.
     Task(TaskArgs),
+    /// Internal: runs one tool for the daemon (see exec/shim.rs).
+    #[command(name = "exec-tool", hide = true)]
+    ExecTool(ExecToolArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExecToolArgs {
+    /// The daemon's pid.
+    #[arg(long)]
+    pub parent: u32,
+    /// The tool's argv.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
 }
 
 #[derive(Debug, Args)]

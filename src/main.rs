@@ -30,6 +30,11 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Command::ExecTool(args) = &cli.command {
+        // No logging, no runtime: the shim only runs the tool.
+        let code = taskgate::exec::shim::run(args.parent, &args.argv);
+        return ExitCode::from(code.clamp(0, 255) as u8);
+    }
     logging::init();
     match cli.command {
         Command::Call(args) => return operator(|rt| rt.block_on(call(&args))),
@@ -60,7 +65,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         }
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),
-        Command::Call(_) | Command::Task(_) => Ok(()),
+        Command::Call(_) | Command::Task(_) | Command::ExecTool(_) => Ok(()),
     }
 }
 

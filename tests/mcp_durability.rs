@@ -64,6 +64,16 @@ fn task_id(created: &Value) -> String {
     created["taskId"].as_str().unwrap().to_string()
 }
 
+/// Running, as opposed to gone or a zombie awaiting its reaper.
+fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path)
         .map(|s| s.lines().count())
@@ -75,6 +85,7 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
     let root = private_dir();
     let state = state_dir(root.path());
     let marker = root.path().join("started");
+    let grandchild = root.path().join("grandchild.pid");
     let config = write_config(
         root.path(),
         &format!(
@@ -82,7 +93,11 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
             tool("quick", "printf 'quick result'", "optional"),
             tool(
                 "slow",
-                &format!("echo started >> {}; sleep 60", marker.display()),
+                &format!(
+                    "sleep 60 & echo $! > {}; echo started >> {}; wait",
+                    grandchild.display(),
+                    marker.display()
+                ),
                 "optional"
             )
         ),
@@ -103,6 +118,20 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
         (done, running)
     });
     daemon.kill();
+    // Nothing the tool started outlives the daemon, even a SIGKILLed one.
+    let pid: i32 = std::fs::read_to_string(&grandchild)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the tool's child {pid} outlived the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let daemon = Daemon::start(&config, &state, &root.path().join("log2"));
     rt.block_on(async {

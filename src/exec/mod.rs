@@ -3,6 +3,7 @@
 //! bounded child process that runs a call ([`process`]).
 
 pub mod process;
+pub mod shim;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -17,6 +17,25 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+/// This very binary, even if its file was replaced by an upgrade since.
+const SELF_EXE: &str = "/proc/self/exe";
+
+/// Refuses a program that cannot be executed, before anything starts.
+fn check_executable(program: &str) -> Result<(), RunError> {
+    let c = std::ffi::CString::new(program).map_err(|_| RunError::Spawn {
+        program: program.into(),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    })?;
+    // SAFETY: access(2) on a valid C string.
+    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
+        return Err(RunError::Spawn {
+            program: program.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
 /// What a finished process produced.
 #[derive(Debug)]
 pub struct Finished {
@@ -92,8 +111,15 @@ async fn read_capped<R: AsyncRead + Unpin>(
 /// cancellation.
 pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finished, RunError> {
     let program = inv.argv.first().cloned().unwrap_or_default();
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&inv.argv[1..])
+    check_executable(&program)?;
+    // The shim (this binary, `exec-tool`) runs the tool in this new process
+    // group and kills the group if the daemon dies; see `shim.rs`.
+    let mut cmd = tokio::process::Command::new(SELF_EXE);
+    cmd.arg("exec-tool")
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--")
+        .args(&inv.argv)
         .env_clear()
         .envs(inv.env.iter().map(|(k, v)| (k, v)))
         .current_dir(
@@ -106,15 +132,6 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
         program: program.clone(),
         source,
