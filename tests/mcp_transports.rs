@@ -1,0 +1,1133 @@
+//! The MCP Tasks extension through the real binary over both transports:
+//! streamable HTTP on loopback and stdio on pipes. For each transport:
+//! a task is created, polled (at its advertised interval) and completes
+//! with the tool's output; a cancelled task ends `cancelled` and its whole
+//! process group is gone; a legacy (`initialize`) client never sees the
+//! extension; a client without Tasks runs optional tools synchronously and
+//! is refused required ones; and another owner's, an expired and an unknown
+//! task ID get byte-for-byte the same error.
+//!
+//! Every process runs behind a timeout and is killed when its guard drops.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use taskgate::store::{Digest, NewTask, Store, StoreOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_taskgate");
+const V2026: &str = "2026-07-28";
+const LEGACY: &str = "2025-11-25";
+const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
+/// Longest wait for any one response, startup or exit.
+const STEP: Duration = Duration::from_secs(15);
+/// The poll interval the test configuration advertises.
+const POLL_MS: u64 = 200;
+
+/// Tools: `slow_echo` (optional task: prints its text after 0.4 s),
+/// `must_task` (required task) and `hang` (optional task: writes
+/// "<shell pid> <background sleep pid>" to the marker file, then waits
+/// on a 60 s background sleep).
+const CONFIG: &str = r#"
+[tasks]
+poll_interval_ms = 200
+cancel_grace_ms = 1000
+
+[[tool]]
+name = "slow_echo"
+description = "Prints its text after a moment."
+argv = ["/bin/sh", "-c", '/bin/sleep 0.4; printf "%s" "$0"', "{text}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 30
+[tool.input_schema]
+type = "object"
+required = ["text"]
+[tool.input_schema.properties.text]
+type = "string"
+
+[[tool]]
+name = "must_task"
+description = "Only runs as a task."
+argv = ["/bin/echo", "{text}"]
+effect = "read_only"
+task = "required"
+timeout_secs = 30
+[tool.input_schema]
+type = "object"
+required = ["text"]
+[tool.input_schema.properties.text]
+type = "string"
+
+[[tool]]
+name = "hang"
+description = "Records its pids and waits on a background sleep."
+argv = ["/bin/sh", "-c", '/bin/sleep 60 & echo "$$ $!" > "$0"; wait', "{marker}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+[tool.input_schema]
+type = "object"
+required = ["marker"]
+[tool.input_schema.properties.marker]
+type = "string"
+"#;
+
+// ---------------------------------------------------------------------------
+// Scaffolding: a private directory with a config and a state dir.
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    state: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = common::private_dir();
+        let state = common::state_dir(dir.path());
+        let config = dir.path().join("taskgate.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        Fixture { dir, config, state }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// A child process that is SIGKILLed and reaped when dropped, unless it
+/// was already waited for.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+    done: bool,
+}
+
+impl Proc {
+    fn spawn(args: &[&str], fx: &Fixture, log_name: &str, stdio: bool) -> Proc {
+        let log = fx.path(log_name);
+        let err = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .arg("--config")
+            .arg(&fx.config)
+            .arg("--state-dir")
+            .arg(&fx.state)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stderr(err);
+        if stdio {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        } else {
+            cmd.stdin(Stdio::null()).stdout(Stdio::null());
+        }
+        let child = cmd.spawn().expect("start taskgate");
+        Proc {
+            child,
+            log,
+            done: false,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the exit, failing the test after `limit`.
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                self.done = true;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "taskgate did not exit within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One JSON-RPC response: its exact text and its parsed form.
+#[derive(Debug)]
+struct Reply {
+    raw: String,
+    msg: Value,
+}
+
+impl Reply {
+    fn new(raw: String) -> Reply {
+        let msg = serde_json::from_str(&raw)
+            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {raw}"));
+        Reply { raw, msg }
+    }
+
+    fn result(&self) -> &Value {
+        assert!(
+            self.msg.get("error").is_none(),
+            "expected a result, got: {}",
+            self.raw
+        );
+        self.msg
+            .get("result")
+            .unwrap_or_else(|| panic!("response has no result: {}", self.raw))
+    }
+
+    fn error(&self) -> &Value {
+        self.msg
+            .get("error")
+            .unwrap_or_else(|| panic!("expected an error, got: {}", self.raw))
+    }
+
+    fn code(&self) -> Option<i64> {
+        self.msg.pointer("/error/code").and_then(Value::as_i64)
+    }
+
+    /// The `error` member exactly as the server serialised it.
+    fn raw_error(&self) -> &str {
+        raw_member(&self.raw, "error")
+            .unwrap_or_else(|| panic!("no top-level error member in: {}", self.raw))
+    }
+}
+
+/// End (exclusive) of the JSON value that starts at `i`.
+fn value_end(b: &[u8], mut i: usize) -> usize {
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    while i < b.len() {
+        let c = b[i];
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == b'\\' {
+                esc = true;
+            } else if c == b'"' {
+                in_str = false;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+        } else {
+            match c {
+                b'"' => in_str = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    if depth == 0 {
+                        return i;
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        return i + 1;
+                    }
+                }
+                b',' if depth == 0 => return i,
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    i
+}
+
+/// The raw text of a top-level member of a JSON object.
+fn raw_member<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let b = text.as_bytes();
+    let skip_ws = |mut i: usize| {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_ws(0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    let wanted = serde_json::to_string(key).unwrap();
+    loop {
+        i = skip_ws(i);
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = value_end(b, i);
+        let name = &text[i..key_end];
+        i = skip_ws(key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(i + 1);
+        let end = value_end(b, start);
+        if name == wanted {
+            return Some(text[start..end].trim_end());
+        }
+        i = skip_ws(end);
+        if b.get(i) != Some(&b',') {
+            return None;
+        }
+        i += 1;
+    }
+}
+
+/// `_meta` of a 2026-07-28 request, with or without the Tasks extension.
+fn meta(tasks: bool) -> Value {
+    let mut extensions = serde_json::Map::new();
+    if tasks {
+        extensions.insert(TASKS_EXT.into(), json!({}));
+    }
+    json!({
+        "io.modelcontextprotocol/protocolVersion": V2026,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+        "io.modelcontextprotocol/clientInfo": {"name": "mcp-transports-test", "version": "1"},
+    })
+}
+
+/// A way to talk to one daemon.
+trait Wire {
+    /// Sends a request and returns the response with the same id.
+    fn send(&mut self, msg: Value) -> Reply;
+    /// Sends a notification.
+    fn notify(&mut self, msg: Value);
+    fn next_id(&mut self) -> u64;
+    fn log(&self) -> String;
+
+    /// A 2026-07-28 request (no session, no initialize).
+    fn call(&mut self, method: &str, mut params: Value, tasks: bool) -> Reply {
+        params["_meta"] = meta(tasks);
+        let id = self.next_id();
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    }
+
+    /// A legacy request (after `initialize`): no `_meta`.
+    fn legacy(&mut self, method: &str, params: Value) -> Reply {
+        let id = self.next_id();
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// stdio: newline-delimited JSON-RPC on the child's stdin and stdout.
+
+struct StdioWire {
+    proc: Proc,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    /// Responses that arrived while another was awaited.
+    early: HashMap<String, String>,
+    next: u64,
+}
+
+impl StdioWire {
+    fn start(fx: &Fixture, log_name: &str) -> StdioWire {
+        let mut proc = Proc::spawn(&["serve", "--stdio"], fx, log_name, true);
+        let stdin = proc.child.stdin.take();
+        let stdout = proc.child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StdioWire {
+            proc,
+            stdin,
+            lines,
+            early: HashMap::new(),
+            next: 1,
+        }
+    }
+
+    fn write(&mut self, msg: &Value) {
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        let mut line = serde_json::to_string(msg).unwrap();
+        line.push('\n');
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Closes stdin: the daemon must stop cleanly with exit 0.
+    fn close_and_expect_clean_exit(mut self) {
+        drop(self.stdin.take());
+        let status = self.proc.wait(STEP);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "closing stdin must stop the daemon cleanly ({status}); log:\n{}",
+            self.proc.log()
+        );
+        let log = self.proc.log();
+        assert!(log.contains("stopped cleanly"), "log:\n{log}");
+    }
+}
+
+impl Wire for StdioWire {
+    fn send(&mut self, msg: Value) -> Reply {
+        let id = msg["id"].to_string();
+        self.write(&msg);
+        if let Some(raw) = self.early.remove(&id) {
+            return Reply::new(raw);
+        }
+        let deadline = Instant::now() + STEP;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match self.lines.recv_timeout(left) {
+                Ok(line) => line,
+                Err(e) => panic!(
+                    "no stdio response to {msg} ({e}); log:\n{}",
+                    self.proc.log()
+                ),
+            };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                panic!("stdout carried a line that is not JSON: {line:?}");
+            };
+            // Notifications and server requests carry a method: ignore them.
+            if v.get("method").is_some() || v.get("id").is_none() {
+                continue;
+            }
+            let got = v["id"].to_string();
+            if got == id {
+                return Reply::new(line);
+            }
+            self.early.insert(got, line);
+        }
+    }
+
+    fn notify(&mut self, msg: Value) {
+        self.write(&msg);
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    fn log(&self) -> String {
+        self.proc.log()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP: one connection per POST to /mcp; JSON bodies or SSE streams.
+
+struct HttpWire {
+    proc: Proc,
+    port: u16,
+    rt: tokio::runtime::Runtime,
+    /// Set by a legacy `initialize`: the `Mcp-Session-Id` to send back.
+    session: Option<String>,
+    next: u64,
+}
+
+/// What one POST returned.
+struct HttpReply {
+    status: u16,
+    session: Option<String>,
+    /// The JSON-RPC message answering the request, if it was a request.
+    message: Option<String>,
+}
+
+impl HttpWire {
+    fn start(fx: &Fixture, log_name: &str) -> HttpWire {
+        let mut proc = Proc::spawn(&["serve", "--listen", "127.0.0.1:0"], fx, log_name, false);
+        let deadline = Instant::now() + STEP;
+        let port = loop {
+            let log = proc.log();
+            if let Some(port) = log
+                .lines()
+                .filter(|l| l.contains("serving MCP over HTTP at /mcp"))
+                .find_map(|l| l.split("listen=127.0.0.1:").nth(1))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|p| p.parse::<u16>().ok())
+            {
+                break port;
+            }
+            if let Some(status) = proc.child.try_wait().unwrap() {
+                proc.done = true;
+                panic!("taskgate exited early ({status}); log:\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "taskgate did not start; log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        HttpWire {
+            proc,
+            port,
+            rt,
+            session: None,
+            next: 1,
+        }
+    }
+
+    /// The headers streamable HTTP asks of this message.
+    fn headers(&self, msg: &Value) -> Vec<(&'static str, String)> {
+        let method = msg["method"].as_str().unwrap_or_default().to_string();
+        let params = &msg["params"];
+        let mut h = vec![
+            ("content-type", "application/json".to_string()),
+            ("accept", "application/json, text/event-stream".to_string()),
+        ];
+        let per_request = params
+            .pointer("/_meta/io.modelcontextprotocol~1protocolVersion")
+            .and_then(Value::as_str);
+        if let Some(version) = per_request {
+            h.push(("mcp-protocol-version", version.to_string()));
+            let name = match method.as_str() {
+                "tools/call" => params["name"].as_str(),
+                m if m.starts_with("tasks/") => params["taskId"].as_str(),
+                _ => None,
+            };
+            h.push(("mcp-method", method));
+            if let Some(name) = name {
+                h.push(("mcp-name", name.to_string()));
+            }
+        } else if method != "initialize" {
+            h.push(("mcp-protocol-version", LEGACY.to_string()));
+            if let Some(s) = &self.session {
+                h.push(("mcp-session-id", s.clone()));
+            }
+        }
+        h
+    }
+
+    fn post(&mut self, msg: &Value) -> HttpReply {
+        let headers = self.headers(msg);
+        let id = msg.get("id").cloned();
+        let port = self.port;
+        let body = serde_json::to_string(msg).unwrap();
+        let exchange = post(port, headers, body, id);
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(STEP, exchange).await })
+        {
+            Ok(r) => r,
+            Err(_) => panic!(
+                "no HTTP response to {msg} within {STEP:?}; log:\n{}",
+                self.proc.log()
+            ),
+        }
+    }
+
+    /// SIGTERM: the daemon must stop cleanly with exit 0.
+    fn stop_and_expect_clean_exit(mut self) {
+        kill(Pid::from_raw(self.proc.child.id() as i32), Signal::SIGTERM).unwrap();
+        let status = self.proc.wait(STEP);
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIGTERM must stop the daemon cleanly ({status}); log:\n{}",
+            self.proc.log()
+        );
+    }
+}
+
+async fn post(
+    port: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+    id: Option<Value>,
+) -> HttpReply {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to taskgate");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut req = Request::post("/mcp").header("host", format!("127.0.0.1:{port}"));
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).unwrap();
+    let resp = sender.send_request(req).await.expect("HTTP request");
+    let status = resp.status().as_u16();
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let sse = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("text/event-stream"));
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    // An SSE stream may stay open after the answer: stop reading once it
+    // has arrived.
+    loop {
+        if sse
+            && let Some(id) = &id
+            && let Some(m) = sse_message(&text, id)
+        {
+            return HttpReply {
+                status,
+                session,
+                message: Some(m),
+            };
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    text.push_str(&String::from_utf8_lossy(data));
+                }
+            }
+            Some(Err(e)) => panic!("reading the HTTP body: {e}; so far: {text}"),
+            None => break,
+        }
+    }
+    let message = if sse {
+        id.as_ref().and_then(|id| sse_message(&text, id))
+    } else if text.trim().is_empty() {
+        None
+    } else {
+        Some(text.trim().to_string())
+    };
+    assert!(
+        id.is_none() || message.is_some(),
+        "HTTP {status} without a JSON-RPC response: {text:?}"
+    );
+    HttpReply {
+        status,
+        session,
+        message,
+    }
+}
+
+/// The `data:` line of a complete SSE event carrying the response to `id`.
+fn sse_message(text: &str, id: &Value) -> Option<String> {
+    let complete = &text[..text.rfind('\n')? + 1];
+    complete.lines().find_map(|line| {
+        let data = line.strip_prefix("data:")?.trim();
+        let v: Value = serde_json::from_str(data).ok()?;
+        (v.get("id") == Some(id) && (v.get("result").is_some() || v.get("error").is_some()))
+            .then(|| data.to_string())
+    })
+}
+
+impl Wire for HttpWire {
+    fn send(&mut self, msg: Value) -> Reply {
+        let r = self.post(&msg);
+        if msg["method"] == "initialize" {
+            assert!(
+                r.session.is_some(),
+                "a legacy initialize must open a session (Mcp-Session-Id)"
+            );
+            self.session = r.session.clone();
+        }
+        let raw = r.message.unwrap_or_else(|| {
+            panic!(
+                "HTTP {} with no JSON-RPC response to {msg}; log:\n{}",
+                r.status,
+                self.proc.log()
+            )
+        });
+        Reply::new(raw)
+    }
+
+    fn notify(&mut self, msg: Value) {
+        let r = self.post(&msg);
+        assert!(
+            (200..300).contains(&r.status),
+            "notification refused with HTTP {}",
+            r.status
+        );
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    fn log(&self) -> String {
+        self.proc.log()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the scenarios.
+
+/// Polls `tasks/get` at the advertised interval (and after `retryAfterMs`
+/// when told too soon) until the task is terminal.
+fn poll_until_terminal(w: &mut dyn Wire, id: &str, limit: Duration) -> Value {
+    let deadline = Instant::now() + limit;
+    let mut wait = Duration::from_millis(POLL_MS);
+    loop {
+        std::thread::sleep(wait);
+        let r = w.call("tasks/get", json!({"taskId": id}), true);
+        if r.code() == Some(-32045) {
+            wait = retry_after(&r);
+        } else {
+            let task = r.result().clone();
+            assert_eq!(
+                task["taskId"], id,
+                "tasks/get answered another task: {task}"
+            );
+            if matches!(
+                task["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            ) {
+                return task;
+            }
+            assert_eq!(task["status"], "working", "unexpected status: {task}");
+            wait = Duration::from_millis(task["pollIntervalMs"].as_u64().unwrap_or(POLL_MS));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task {id} did not end within {limit:?}; log:\n{}",
+            w.log()
+        );
+    }
+}
+
+/// `data.retryAfterMs` of a -32045 error, checked to be sensible.
+fn retry_after(r: &Reply) -> Duration {
+    let ms = r
+        .error()
+        .pointer("/data/retryAfterMs")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("-32045 without data.retryAfterMs: {}", r.raw));
+    assert!(
+        (1..=POLL_MS).contains(&ms),
+        "retryAfterMs {ms} outside 1..={POLL_MS}: {}",
+        r.raw
+    );
+    Duration::from_millis(ms)
+}
+
+/// Expects `resultType: "task"` and returns the task ID.
+fn created_task(r: &Reply) -> String {
+    let res = r.result();
+    assert_eq!(res["resultType"], "task", "expected a task: {}", r.raw);
+    assert_eq!(res["status"], "working", "{}", r.raw);
+    assert_eq!(res["pollIntervalMs"], POLL_MS, "{}", r.raw);
+    let id = res["taskId"].as_str().expect("taskId").to_string();
+    assert!(
+        id.len() == 35 && id.starts_with("tg-"),
+        "task ID has an unexpected shape: {id}"
+    );
+    id
+}
+
+// ---------------------------------------------------------------------------
+// 1. create → poll → completed with the tool's output.
+
+fn create_poll_complete(w: &mut dyn Wire, text: &str) {
+    let r = w.call(
+        "tools/call",
+        json!({"name": "slow_echo", "arguments": {"text": text}}),
+        true,
+    );
+    let id = created_task(&r);
+
+    // Polling faster than pollIntervalMs is refused with a retry hint once
+    // the short burst allowance is spent.
+    let mut refused = None;
+    for _ in 0..10 {
+        let r = w.call("tasks/get", json!({"taskId": id}), true);
+        if r.code() == Some(-32045) {
+            refused = Some(r);
+            break;
+        }
+        assert_eq!(r.result()["taskId"], id.as_str(), "{}", r.raw);
+    }
+    let refused = refused.expect("ten back-to-back polls were never told -32045 (poll too soon)");
+    let wait = retry_after(&refused);
+    std::thread::sleep(wait);
+
+    let task = poll_until_terminal(w, &id, Duration::from_secs(10));
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["result"]["content"][0]["type"], "text", "{task}");
+    assert_eq!(task["result"]["content"][0]["text"], text, "{task}");
+    assert_eq!(task["result"]["isError"], false, "{task}");
+}
+
+#[test]
+fn http_task_is_created_polled_and_completes_with_the_result() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    create_poll_complete(&mut w, "hello over http");
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_task_is_created_polled_and_completes_with_the_result() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    create_poll_complete(&mut w, "hello over stdio");
+    w.close_and_expect_clean_exit();
+}
+
+// ---------------------------------------------------------------------------
+// 2. cancel → cancelled, and the tool's whole process group is gone.
+
+/// Makes this test process the reaper of orphaned descendants. The
+/// background `sleep` of a killed tool is orphaned when its shell dies; if
+/// nobody reaps it, it stays a zombie in its process group and
+/// `kill(-pgid, 0)` keeps succeeding (PID 1 of some containers never
+/// reaps). As the subreaper this process can reap exactly those pids.
+fn become_subreaper() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER"));
+}
+
+/// Reaps `pid` if it became our (zombie) child; anything else is left alone.
+fn reap(pid: i32) {
+    let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+}
+
+/// Every process whose process group is `pgid`, for diagnostics.
+fn members_of_group(pgid: i32) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        if fields.get(2).and_then(|p| p.parse::<i32>().ok()) == Some(pgid) {
+            out.push(stat.trim().to_string());
+        }
+    }
+    out
+}
+
+fn read_marker(path: &Path, w: &dyn Wire) -> (i32, i32) {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            let pids: Vec<i32> = text
+                .split_whitespace()
+                .map(|p| p.parse().expect("marker holds pids"))
+                .collect();
+            assert_eq!(pids.len(), 2, "marker: {text:?}");
+            return (pids[0], pids[1]);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tool never wrote its marker; log:\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn cancel_kills_the_group(w: &mut dyn Wire, marker: &Path) {
+    become_subreaper();
+    let r = w.call(
+        "tools/call",
+        json!({"name": "hang", "arguments": {"marker": marker.to_str().unwrap()}}),
+        true,
+    );
+    let id = created_task(&r);
+    let (shell, sleeper) = read_marker(marker, w);
+
+    // The shell leads its own process group, and the background sleep is in it.
+    let pgid = shell;
+    assert_eq!(
+        nix::unistd::getpgid(Some(Pid::from_raw(shell))).unwrap(),
+        Pid::from_raw(pgid),
+        "the tool does not lead its own process group"
+    );
+    assert_eq!(
+        nix::unistd::getpgid(Some(Pid::from_raw(sleeper))).unwrap(),
+        Pid::from_raw(pgid),
+        "the background sleep is not in the tool's group"
+    );
+    assert_eq!(kill(Pid::from_raw(-pgid), None), Ok(()), "group not alive");
+
+    let ack = w.call("tasks/cancel", json!({"taskId": id}), true);
+    assert_eq!(
+        ack.result(),
+        &json!({"resultType": "complete"}),
+        "{}",
+        ack.raw
+    );
+
+    let task = poll_until_terminal(w, &id, Duration::from_secs(10));
+    assert_eq!(task["status"], "cancelled", "{task}");
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        reap(sleeper);
+        reap(shell);
+        match kill(Pid::from_raw(-pgid), None) {
+            Err(Errno::ESRCH) => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "process group {pgid} still exists 5 s after the task was cancelled (kill -> {other:?}); members: {:?}; log:\n{}",
+                members_of_group(pgid),
+                w.log()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn http_cancel_ends_the_task_cancelled_and_its_process_group() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    cancel_kills_the_group(&mut w, &fx.path("pids"));
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_cancel_ends_the_task_cancelled_and_its_process_group() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    cancel_kills_the_group(&mut w, &fx.path("pids"));
+    w.close_and_expect_clean_exit();
+}
+
+// ---------------------------------------------------------------------------
+// 3. A legacy client never sees the extension; tasks/* are -32601 for it.
+
+/// A 2026-07-28 `server/discover` does advertise the extension (so its
+/// absence below is the legacy negotiation, not a missing feature).
+fn discover_advertises_tasks(w: &mut dyn Wire) {
+    let r = w.call("server/discover", json!({}), true);
+    let caps = &r.result()["capabilities"];
+    assert!(
+        caps.pointer("/extensions/io.modelcontextprotocol~1tasks")
+            .is_some(),
+        "2026-07-28 discovery does not advertise Tasks: {}",
+        r.raw
+    );
+}
+
+fn legacy_sees_no_tasks(w: &mut dyn Wire) {
+    let id = w.next_id();
+    let init = w.send(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LEGACY,
+            "capabilities": {},
+            "clientInfo": {"name": "legacy-client", "version": "1"},
+        },
+    }));
+    let res = init.result();
+    assert_eq!(res["protocolVersion"], LEGACY, "{}", init.raw);
+    let caps = res
+        .get("capabilities")
+        .unwrap_or_else(|| panic!("no capabilities: {}", init.raw));
+    assert!(
+        caps.pointer("/extensions/io.modelcontextprotocol~1tasks")
+            .is_none(),
+        "a legacy InitializeResult must not offer Tasks: {}",
+        init.raw
+    );
+    w.notify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+
+    let unknown = "tg-0123456789abcdef0123456789abcdef";
+    for method in ["tasks/get", "tasks/cancel"] {
+        let r = w.legacy(method, json!({"taskId": unknown}));
+        assert_eq!(
+            r.code(),
+            Some(-32601),
+            "{method} on a legacy session must be method-not-found: {}",
+            r.raw
+        );
+    }
+}
+
+#[test]
+fn http_legacy_client_sees_no_extension_and_no_tasks_methods() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    discover_advertises_tasks(&mut w);
+    legacy_sees_no_tasks(&mut w);
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_legacy_client_sees_no_extension_and_no_tasks_methods() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    discover_advertises_tasks(&mut w);
+    w.close_and_expect_clean_exit();
+
+    // A legacy client is a separate process: initialize comes first.
+    let mut w = StdioWire::start(&fx, "stdio-legacy.log");
+    legacy_sees_no_tasks(&mut w);
+    w.close_and_expect_clean_exit();
+}
+
+// ---------------------------------------------------------------------------
+// 4. Without Tasks: optional runs synchronously, required is refused.
+
+fn without_tasks(w: &mut dyn Wire, text: &str) {
+    let r = w.call(
+        "tools/call",
+        json!({"name": "slow_echo", "arguments": {"text": text}}),
+        false,
+    );
+    let res = r.result();
+    assert_eq!(res["resultType"], "complete", "{}", r.raw);
+    assert_eq!(res["content"][0]["type"], "text", "{}", r.raw);
+    assert_eq!(res["content"][0]["text"], text, "{}", r.raw);
+    assert!(res.get("taskId").is_none(), "{}", r.raw);
+
+    let r = w.call(
+        "tools/call",
+        json!({"name": "must_task", "arguments": {"text": text}}),
+        false,
+    );
+    assert_eq!(r.code(), Some(-32021), "{}", r.raw);
+    assert!(
+        r.error()
+            .pointer("/data/requiredCapabilities/extensions/io.modelcontextprotocol~1tasks")
+            .is_some(),
+        "-32021 must name the Tasks extension in data.requiredCapabilities: {}",
+        r.raw
+    );
+}
+
+#[test]
+fn http_client_without_tasks_runs_optional_now_and_is_refused_required() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    without_tasks(&mut w, "sync over http");
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_client_without_tasks_runs_optional_now_and_is_refused_required() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    without_tasks(&mut w, "sync over stdio");
+    w.close_and_expect_clean_exit();
+}
+
+// ---------------------------------------------------------------------------
+// 5. Foreign, expired and unknown IDs get the identical error.
+
+const TTL_MS: i64 = 300;
+
+/// Before the daemon runs: one task of another owner, one short-lived task
+/// of the daemon's own (local) owner, then waits until the latter has
+/// expired. Returns (foreign, expired).
+fn seed_tasks(state: &Path) -> (String, String) {
+    let rt = common::runtime();
+    let ids = rt.block_on(async {
+        let (store, _) = Store::open(StoreOptions::new(state.join("tasks.db"))).unwrap();
+        let new = |owner: Digest, ttl_ms: i64| NewTask {
+            owner,
+            reference: None,
+            request: None,
+            ttl_ms,
+            poll_interval_ms: POLL_MS as i64,
+            status_message: None,
+        };
+        let foreign = store
+            .create(new(Digest::of(b"someone-else"), 86_400_000))
+            .await
+            .unwrap()
+            .record()
+            .id
+            .to_string();
+        let expiring = store
+            .create(new(taskgate::mcp::tasks::local_owner(), TTL_MS))
+            .await
+            .unwrap()
+            .record()
+            .id
+            .to_string();
+        store.shutdown().await.unwrap();
+        (foreign, expiring)
+    });
+    // Let the short-lived task expire before the daemon opens the store:
+    // restart recovery fails a task that was running, and a failed task
+    // that has not yet expired is kept for TERMINAL_RETENTION_MS (1 h).
+    std::thread::sleep(Duration::from_millis(TTL_MS as u64 + 200));
+    ids
+}
+
+fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
+    let unknown = "tg-0123456789abcdef0123456789abcdef";
+    assert!(unknown != foreign && unknown != expired);
+    for method in ["tasks/get", "tasks/cancel"] {
+        let replies: Vec<(&str, Reply)> = [
+            ("foreign", foreign),
+            ("expired", expired),
+            ("unknown", unknown),
+        ]
+        .into_iter()
+        .map(|(what, id)| (what, w.call(method, json!({"taskId": id}), true)))
+        .collect();
+        let (_, first) = &replies[0];
+        let code = first.code();
+        assert!(
+            code.is_some() && code != Some(-32045),
+            "{method} on another owner's task must be an error like an unknown ID: {}",
+            first.raw
+        );
+        for (what, r) in &replies[1..] {
+            assert_eq!(
+                r.raw_error(),
+                first.raw_error(),
+                "{method}: the {what} ID's error differs from the foreign ID's"
+            );
+        }
+    }
+}
+
+#[test]
+fn http_foreign_expired_and_unknown_ids_get_identical_errors() {
+    let fx = Fixture::new();
+    let (foreign, expired) = seed_tasks(&fx.state);
+    let mut w = HttpWire::start(&fx, "http.log");
+    ids_look_the_same(&mut w, &foreign, &expired);
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_foreign_expired_and_unknown_ids_get_identical_errors() {
+    let fx = Fixture::new();
+    let (foreign, expired) = seed_tasks(&fx.state);
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    ids_look_the_same(&mut w, &foreign, &expired);
+    w.close_and_expect_clean_exit();
+}
