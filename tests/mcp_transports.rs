@@ -294,6 +294,18 @@ fn raw_member<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
+#[test]
+fn raw_member_returns_a_member_exactly_as_written() {
+    let text = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"a \"quoted\" }, value","data":{"x":[1,{"y":2}]}}}"#;
+    assert_eq!(
+        raw_member(text, "error"),
+        Some(r#"{"code":-32602,"message":"a \"quoted\" }, value","data":{"x":[1,{"y":2}]}}"#)
+    );
+    assert_eq!(raw_member(text, "id"), Some("7"));
+    assert_eq!(raw_member(text, "jsonrpc"), Some(r#""2.0""#));
+    assert_eq!(raw_member(text, "result"), None);
+}
+
 /// `_meta` of a 2026-07-28 request, with or without the Tasks extension.
 fn meta(tasks: bool) -> Value {
     let mut extensions = serde_json::Map::new();
@@ -315,6 +327,7 @@ trait Wire {
     fn notify(&mut self, msg: Value);
     fn next_id(&mut self) -> u64;
     fn log(&self) -> String;
+    fn daemon_pid(&self) -> i32;
 
     /// A 2026-07-28 request (no session, no initialize).
     fn call(&mut self, method: &str, mut params: Value, tasks: bool) -> Reply {
@@ -431,6 +444,10 @@ impl Wire for StdioWire {
 
     fn log(&self) -> String {
         self.proc.log()
+    }
+
+    fn daemon_pid(&self) -> i32 {
+        self.proc.child.id() as i32
     }
 }
 
@@ -551,6 +568,8 @@ impl HttpWire {
             "SIGTERM must stop the daemon cleanly ({status}); log:\n{}",
             self.proc.log()
         );
+        let log = self.proc.log();
+        assert!(log.contains("stopped cleanly"), "log:\n{log}");
     }
 }
 
@@ -676,6 +695,10 @@ impl Wire for HttpWire {
 
     fn log(&self) -> String {
         self.proc.log()
+    }
+
+    fn daemon_pid(&self) -> i32 {
+        self.proc.child.id() as i32
     }
 }
 
@@ -811,7 +834,8 @@ fn reap(pid: i32) {
     let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
 }
 
-/// Every process whose process group is `pgid`, for diagnostics.
+/// Every process whose process group is `pgid` ("pid (comm) state ppid"),
+/// for diagnostics.
 fn members_of_group(pgid: i32) -> Vec<String> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -824,7 +848,8 @@ fn members_of_group(pgid: i32) -> Vec<String> {
         };
         let fields: Vec<&str> = after.split_whitespace().collect();
         if fields.get(2).and_then(|p| p.parse::<i32>().ok()) == Some(pgid) {
-            out.push(stat.trim().to_string());
+            let head = &stat[..stat.rfind(')').unwrap_or(0) + 1];
+            out.push(format!("{head} {} ppid={}", fields[0], fields[1]));
         }
     }
     out
@@ -862,17 +887,23 @@ fn cancel_kills_the_group(w: &mut dyn Wire, marker: &Path) {
     let id = created_task(&r);
     let (shell, sleeper) = read_marker(marker, w);
 
-    // The shell leads its own process group, and the background sleep is in it.
-    let pgid = shell;
-    assert_eq!(
-        nix::unistd::getpgid(Some(Pid::from_raw(shell))).unwrap(),
-        Pid::from_raw(pgid),
-        "the tool does not lead its own process group"
+    // The tool runs in a process group of its own (led by the daemon's
+    // exec-tool shim), and its background sleep is in that group too.
+    let pgid_of = |pid: i32| {
+        nix::unistd::getpgid(Some(Pid::from_raw(pid)))
+            .unwrap_or_else(|e| panic!("getpgid({pid}): {e}"))
+            .as_raw()
+    };
+    let pgid = pgid_of(shell);
+    assert_ne!(
+        pgid,
+        pgid_of(w.daemon_pid()),
+        "the tool shares the daemon's process group"
     );
     assert_eq!(
-        nix::unistd::getpgid(Some(Pid::from_raw(sleeper))).unwrap(),
-        Pid::from_raw(pgid),
-        "the background sleep is not in the tool's group"
+        pgid_of(sleeper),
+        pgid,
+        "the background sleep is not in the tool's process group"
     );
     assert_eq!(kill(Pid::from_raw(-pgid), None), Ok(()), "group not alive");
 
@@ -889,16 +920,21 @@ fn cancel_kills_the_group(w: &mut dyn Wire, marker: &Path) {
 
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        reap(sleeper);
-        reap(shell);
+        for pid in [sleeper, shell, pgid] {
+            reap(pid);
+        }
         match kill(Pid::from_raw(-pgid), None) {
             Err(Errno::ESRCH) => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "process group {pgid} still exists 5 s after the task was cancelled (kill -> {other:?}); members: {:?}; log:\n{}",
-                members_of_group(pgid),
-                w.log()
-            ),
+            other if Instant::now() >= deadline => {
+                let members = members_of_group(pgid);
+                // Leave nothing behind when the product did.
+                let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
+                panic!(
+                    "process group {pgid} still exists 5 s after the task was cancelled (kill -> {other:?}); members: {members:?}; log:\n{}",
+                    w.log()
+                );
+            }
+            _ => {}
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -923,9 +959,19 @@ fn stdio_cancel_ends_the_task_cancelled_and_its_process_group() {
 // ---------------------------------------------------------------------------
 // 3. A legacy client never sees the extension; tasks/* are -32601 for it.
 
-/// A 2026-07-28 `server/discover` does advertise the extension (so its
-/// absence below is the legacy negotiation, not a missing feature).
-fn discover_advertises_tasks(w: &mut dyn Wire) {
+const UNKNOWN_ID: &str = "tg-0123456789abcdef0123456789abcdef";
+
+/// The same daemon speaks Tasks to a 2026-07-28 client: `tasks/get` exists
+/// (an unknown ID is "not found", not -32601) and `server/discover`
+/// advertises the extension. So what the legacy client sees below is the
+/// negotiation, not a missing feature.
+fn tasks_exist_for_2026(w: &mut dyn Wire) {
+    let r = w.call("tasks/get", json!({"taskId": UNKNOWN_ID}), true);
+    assert!(
+        r.code().is_some() && r.code() != Some(-32601),
+        "tasks/get on 2026-07-28 must exist: {}",
+        r.raw
+    );
     let r = w.call("server/discover", json!({}), true);
     let caps = &r.result()["capabilities"];
     assert!(
@@ -961,9 +1007,8 @@ fn legacy_sees_no_tasks(w: &mut dyn Wire) {
     );
     w.notify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
 
-    let unknown = "tg-0123456789abcdef0123456789abcdef";
     for method in ["tasks/get", "tasks/cancel"] {
-        let r = w.legacy(method, json!({"taskId": unknown}));
+        let r = w.legacy(method, json!({"taskId": UNKNOWN_ID}));
         assert_eq!(
             r.code(),
             Some(-32601),
@@ -977,7 +1022,7 @@ fn legacy_sees_no_tasks(w: &mut dyn Wire) {
 fn http_legacy_client_sees_no_extension_and_no_tasks_methods() {
     let fx = Fixture::new();
     let mut w = HttpWire::start(&fx, "http.log");
-    discover_advertises_tasks(&mut w);
+    tasks_exist_for_2026(&mut w);
     legacy_sees_no_tasks(&mut w);
     w.stop_and_expect_clean_exit();
 }
@@ -986,12 +1031,33 @@ fn http_legacy_client_sees_no_extension_and_no_tasks_methods() {
 fn stdio_legacy_client_sees_no_extension_and_no_tasks_methods() {
     let fx = Fixture::new();
     let mut w = StdioWire::start(&fx, "stdio.log");
-    discover_advertises_tasks(&mut w);
+    tasks_exist_for_2026(&mut w);
     w.close_and_expect_clean_exit();
 
     // A legacy client is a separate process: initialize comes first.
     let mut w = StdioWire::start(&fx, "stdio-legacy.log");
     legacy_sees_no_tasks(&mut w);
+    w.close_and_expect_clean_exit();
+}
+
+/// A client that goes away before it sent a request that picks a
+/// lifecycle (nothing at all, or only the `server/discover` probe) is
+/// still a client going away: the daemon stops cleanly with exit 0.
+#[test]
+fn stdio_closing_stdin_before_a_lifecycle_request_stops_cleanly() {
+    let fx = Fixture::new();
+    let w = StdioWire::start(&fx, "stdio-silent.log");
+    w.close_and_expect_clean_exit();
+
+    let mut w = StdioWire::start(&fx, "stdio-discover.log");
+    let r = w.call("server/discover", json!({}), true);
+    assert!(
+        r.result()
+            .pointer("/capabilities/extensions/io.modelcontextprotocol~1tasks")
+            .is_some(),
+        "{}",
+        r.raw
+    );
     w.close_and_expect_clean_exit();
 }
 
@@ -1086,7 +1152,7 @@ fn seed_tasks(state: &Path) -> (String, String) {
 }
 
 fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
-    let unknown = "tg-0123456789abcdef0123456789abcdef";
+    let unknown = UNKNOWN_ID;
     assert!(unknown != foreign && unknown != expired);
     for method in ["tasks/get", "tasks/cancel"] {
         let replies: Vec<(&str, Reply)> = [
