@@ -41,9 +41,44 @@ pub enum Command {
     Call(CallArgs),
     /// Read or cancel a task on a running daemon.
     Task(TaskArgs),
+    /// Copy a stopped daemon's state directory to a new private directory,
+    /// with a sha256 manifest, and verify the copy. Refused while a daemon
+    /// holds the directory's lock.
+    Backup(BackupArgs),
+    /// Replace a stopped daemon's state with a verified snapshot made by
+    /// `backup`; the replaced files are kept beside the state directory.
+    Restore(RestoreArgs),
+    /// Write the man pages (taskgate(1) and one per command) into a directory.
+    #[command(hide = true)]
+    Man(ManArgs),
     /// Internal: runs one tool for the daemon (see exec/shim.rs).
     #[command(name = "exec-tool", hide = true)]
     ExecTool(ExecToolArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The new directory to create for the copy; must not exist.
+    #[arg(long, value_name = "DEST")]
+    pub to: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// A snapshot directory made by `taskgate backup`.
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub from: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write the pages into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 //! See docs/ARCHITECTURE.md for the map of modules and their rules.
 
 pub mod artifacts;
+pub mod backup;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -65,6 +65,17 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         }
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),
+        Command::Backup(args) => {
+            let lines = taskgate::backup::backup(&args.common.overrides(), &args.to)?;
+            lines.iter().for_each(|l| println!("{l}"));
+            Ok(())
+        }
+        Command::Restore(args) => {
+            let lines = taskgate::backup::restore(&args.common.overrides(), &args.from)?;
+            lines.iter().for_each(|l| println!("{l}"));
+            Ok(())
+        }
+        Command::Man(args) => man_pages(&args.out),
         Command::Call(_) | Command::Task(_) | Command::ExecTool(_) => Ok(()),
     }
 }
@@ -217,6 +228,26 @@ fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
             }
         }
     }
+    Ok(())
+}
+
+fn man_pages(out: &std::path::Path) -> Result<(), Refusal> {
+    use clap::CommandFactory;
+    let io = |e: std::io::Error| Refusal::new(ExitClass::Io, format!("{}: {e}", out.display()));
+    std::fs::create_dir_all(out).map_err(io)?;
+    let cmd = Cli::command();
+    let write = |name: &str, cmd: clap::Command| -> Result<(), Refusal> {
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut buf).map_err(io)?;
+        std::fs::write(out.join(format!("{name}.1")), buf).map_err(io)
+    };
+    write("taskgate", cmd.clone())?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("taskgate-{}", sub.get_name());
+        let leaked: &'static str = Box::leak(name.clone().into_boxed_str());
+        write(&name, sub.clone().name(leaked))?;
+    }
+    println!("man pages written to {}", out.display());
     Ok(())
 }
 

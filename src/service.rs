@@ -191,31 +191,47 @@ async fn run_http(
 
 async fn run_stdio(svc: Arc<TaskService>, state_dir: String) -> Result<(), Refusal> {
     use rmcp::ServiceExt;
-    let running = Handler::new(svc.clone())
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| Refusal::new(ExitClass::Io, format!("cannot serve on stdio: {e}")))?;
+    use rmcp::service::ServerInitializeError;
     let stop = CancellationToken::new();
     let where_: Arc<dyn Fn() -> String + Send + Sync> =
         Arc::new(move || format!("serving on stdio; state {state_dir}"));
+    // Ready as soon as stdin is read: the client speaks first.
     let status = status_line(&svc, &where_()).await;
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
     tracing::info!("serving MCP over stdio");
     spawn_chores(&svc, where_, &stop);
 
-    let cancel = running.cancellation_token();
-    tokio::select! {
-        _ = wait_for_signal() => {}
-        r = running.waiting() => {
-            match r {
-                Ok(reason) => tracing::info!(?reason, "stdio client went away"),
-                Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
+    let serving = Handler::new(svc.clone()).serve(rmcp::transport::stdio());
+    let running = tokio::select! {
+        _ = wait_for_signal() => None,
+        r = serving => match r {
+            Ok(running) => Some(running),
+            // The client left before its first lifecycle request: a normal end.
+            Err(ServerInitializeError::ConnectionClosed(_)) => {
+                tracing::info!("stdio client went away");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve on stdio");
+                None
+            }
+        },
+    };
+    if let Some(running) = running {
+        let cancel = running.cancellation_token();
+        tokio::select! {
+            _ = wait_for_signal() => {}
+            r = running.waiting() => {
+                match r {
+                    Ok(reason) => tracing::info!(?reason, "stdio client went away"),
+                    Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
+                }
             }
         }
+        cancel.cancel();
     }
     begin_stopping();
     svc.shutdown().await;
-    cancel.cancel();
     stop.cancel();
     finish(&svc).await;
     Ok(())

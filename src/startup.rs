@@ -4,7 +4,7 @@
 
 use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
-use crate::state_dir::{LifetimeLock, StateDir};
+use crate::state_dir::{Actor, LifetimeLock, StateDir};
 use crate::store::{self, CheckReport};
 
 /// A state directory found safe, with its lock held.
@@ -36,7 +36,7 @@ pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
     if config.state_dir_source == StateDirSource::Default && !StateDir::exists(&config.state_dir) {
         return Ok(CheckOutcome::NotCreatedYet(config.state_dir));
     }
-    let dir = StateDir::open(&config.state_dir, false)?;
+    let dir = StateDir::open_as(&config.state_dir, false, Actor::Operator)?;
     dir.check_files()?;
     let _lock = dir.lock()?;
     let report = store::check_read_only(&dir.db_path(), config.store.max_db_pages)?;

@@ -93,10 +93,23 @@ impl Classify for LockError {
     }
 }
 
+/// Who may act on a state directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor {
+    /// The serving process: the directory must be its own.
+    Owner,
+    /// An operator command (`check`, `backup`, `restore`): as root it acts
+    /// on behalf of whoever owns the directory, and files it creates are
+    /// given to that owner; otherwise it is the owner.
+    Operator,
+}
+
 /// A state directory whose path was resolved once and found private.
 #[derive(Debug, Clone)]
 pub struct StateDir {
     path: PathBuf,
+    /// The uid every file in it must belong to.
+    owner: u32,
 }
 
 fn euid() -> u32 {
@@ -116,6 +129,15 @@ impl StateDir {
     /// With `create_if_missing` (the XDG default only) a missing directory is
     /// created with mode 0700, parents included.
     pub fn open(requested: &Path, create_if_missing: bool) -> Result<StateDir, PathError> {
+        StateDir::open_as(requested, create_if_missing, Actor::Owner)
+    }
+
+    /// [`StateDir::open`] for an operator command; see [`Actor`].
+    pub fn open_as(
+        requested: &Path,
+        create_if_missing: bool,
+        actor: Actor,
+    ) -> Result<StateDir, PathError> {
         if create_if_missing && fs::symlink_metadata(requested).is_err() {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -140,11 +162,14 @@ impl StateDir {
                 });
             }
         };
-        let me = euid();
         let meta = lstat(&path)?;
         if !meta.is_dir() {
             return Err(PathError::NotADirectory { path });
         }
+        let me = match actor {
+            Actor::Operator if euid() == 0 => meta.uid(),
+            _ => euid(),
+        };
         if meta.uid() != me {
             return Err(PathError::WrongOwner {
                 path,
@@ -163,7 +188,7 @@ impl StateDir {
         for ancestor in path.ancestors().skip(1) {
             check_ancestor(ancestor, me)?;
         }
-        Ok(StateDir { path })
+        Ok(StateDir { path, owner: me })
     }
 
     /// A state directory that `check` found missing is not an error when
@@ -176,6 +201,18 @@ impl StateDir {
         &self.path
     }
 
+    /// The uid the directory and its files belong to.
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Gives a file root created on the owner's behalf to the owner.
+    pub fn give_to_owner(&self, path: &Path) {
+        if euid() == 0 && self.owner != 0 {
+            let _ = nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(self.owner)), None);
+        }
+    }
+
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
@@ -186,7 +223,7 @@ impl StateDir {
 
     /// Checks the store's files that exist: regular, one link, ours, private.
     pub fn check_files(&self) -> Result<(), PathError> {
-        let me = euid();
+        let me = self.owner;
         for name in CHECKED_FILES {
             let path = self.file(name);
             let meta = match fs::symlink_metadata(&path) {
@@ -248,11 +285,19 @@ impl StateDir {
                     }
                 }
             })?;
-        let meta = file.metadata().map_err(|source| LockError::Io {
+        let mut meta = file.metadata().map_err(|source| LockError::Io {
             path: path.clone(),
             source,
         })?;
-        check_private_file(&path, &meta, euid())?;
+        if meta.uid() == 0 && self.owner != 0 && euid() == 0 {
+            // Root, acting for the owner, just created it (or left it).
+            self.give_to_owner(&path);
+            meta = file.metadata().map_err(|source| LockError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        check_private_file(&path, &meta, self.owner)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
@@ -273,6 +318,15 @@ impl StateDir {
             .and_then(|_| writeln!(file, "{}", std::process::id()));
         Ok(LifetimeLock { _file: file, path })
     }
+}
+
+/// Checks that `path` and its ancestors could not be replaced by anyone but
+/// root or `me` (used for backup destinations too).
+pub fn check_trusted_chain(path: &Path, me: u32) -> Result<(), PathError> {
+    for p in path.ancestors() {
+        check_ancestor(p, me)?;
+    }
+    Ok(())
 }
 
 fn check_ancestor(path: &Path, me: u32) -> Result<(), PathError> {

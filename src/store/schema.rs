@@ -138,6 +138,7 @@ fn apply_pragmas(
     path: &Path,
     pristine: bool,
     max_pages: u64,
+    immutable: bool,
 ) -> Result<(), OpenError> {
     let err = |e| refusal(path, "setting pragmas", 0, e);
     // Closing a database we refuse must not checkpoint WAL frames into it;
@@ -155,9 +156,20 @@ fn apply_pragmas(
             return Err(pragma_mismatch(path, "journal_mode", "wal", mode, ""));
         }
     }
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+    // An immutable (read-only, lock-free) connection reports "delete";
+    // the file header is the truth there.
+    let mode: String = if immutable {
+        // Reading the schema first makes a file that is not a database
+        // fail as such (NOTADB), not as a wrong journal mode.
+        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| {
+            r.get::<_, i64>(0)
+        })
         .map_err(err)?;
+        header_journal_mode(path)
+    } else {
+        conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(err)?
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(pragma_mismatch(
             path,
@@ -250,6 +262,19 @@ fn apply_pragmas(
     conn.pragma_update(None, "cell_size_check", true)
         .map_err(err)?;
     Ok(())
+}
+
+/// The journal mode recorded in the database header: bytes 18 and 19 are 2
+/// for WAL.
+fn header_journal_mode(path: &Path) -> String {
+    let mut header = [0u8; 20];
+    let read =
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
+    match read {
+        Ok(()) if header[18] == 2 && header[19] == 2 => "wal".into(),
+        Ok(()) => "delete".into(),
+        Err(_) => "unreadable".into(),
+    }
 }
 
 /// `(user_version, number of schema objects)`.
@@ -411,7 +436,7 @@ pub(crate) fn open_for_serving(
     }
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
-    apply_pragmas(&conn, path, empty_file, options.max_db_pages)?;
+    apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
     let (version, objects) = classify(&conn, path)?;
     check_version(path, version, objects)?;
 
@@ -456,26 +481,78 @@ pub(crate) fn open_for_serving(
     Ok((conn, report, retained))
 }
 
-/// Runs every validation of opening without writing: for `taskgate check`.
+/// Percent-encodes the characters that mean something in an SQLite URI.
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'?' | b'#' | b'%' => out.push_str(&format!("%{b:02X}")),
+            _ => out.push(*b as char),
+        }
+    }
+    out
+}
+
+/// Runs every validation of opening without writing: for `taskgate check`
+/// and for verifying backups. No file is created or changed: without WAL
+/// frames the database is opened immutable; with frames (a crash left
+/// them) SQLite needs a -shm index, and any -shm or -wal it creates for
+/// that is removed afterwards.
 pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
     match file_len(db_path) {
         None => return Ok(CheckReport::Missing),
         Some(0) => return Ok(CheckReport::Pristine),
         Some(_) => {}
     }
-    let conn = open_connection(db_path, Access::ReadOnly)?;
-    apply_pragmas(&conn, db_path, false, max_db_pages)?;
-    let (version, objects) = classify(&conn, db_path)?;
+    let sidecar = |suffix: &str| {
+        let mut p = db_path.as_os_str().to_owned();
+        p.push(suffix);
+        std::path::PathBuf::from(p)
+    };
+    let (wal, shm) = (sidecar("-wal"), sidecar("-shm"));
+    let wal_existed = file_len(&wal);
+    let shm_existed = file_len(&shm).is_some();
+    let immutable = wal_existed.unwrap_or(0) == 0;
+    let result = if immutable {
+        let uri = format!("file:{}?immutable=1", uri_path(db_path));
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        Connection::open_with_flags(&uri, flags)
+            .map_err(|e| refusal(db_path, "opening", 0, e))
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true))
+    } else {
+        open_connection(db_path, Access::ReadOnly)
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false))
+    };
+    if wal_existed.is_none() && file_len(&wal) == Some(0) {
+        let _ = std::fs::remove_file(&wal);
+    }
+    if !shm_existed {
+        let _ = std::fs::remove_file(&shm);
+    }
+    result
+}
+
+fn validate_read_only(
+    conn: &Connection,
+    db_path: &Path,
+    max_db_pages: u64,
+    immutable: bool,
+) -> Result<CheckReport, OpenError> {
+    apply_pragmas(conn, db_path, false, max_db_pages, immutable)?;
+    let (version, objects) = classify(conn, db_path)?;
     check_version(db_path, version, objects)?;
     if version == 0 {
         return Ok(CheckReport::Pristine);
     }
-    integrity_check(&conn, db_path, version)?;
-    verify_shape(&conn, db_path, version)?;
-    decode_all(&conn, db_path, version)?;
-    let nonterminal = records::count_nonterminal(&conn)
+    integrity_check(conn, db_path, version)?;
+    verify_shape(conn, db_path, version)?;
+    decode_all(conn, db_path, version)?;
+    let nonterminal = records::count_nonterminal(conn)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
-    let (retained, unexpired) = counts(&conn, db_path, version)?;
+    let (retained, unexpired) = counts(conn, db_path, version)?;
     Ok(CheckReport::Valid {
         version,
         retained,

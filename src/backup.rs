@@ -1,0 +1,408 @@
+//! Offline backup and restore of a state directory.
+//!
+//! Both take the state directory's lifetime lock, so they refuse while a
+//! daemon serves it (75). A backup is a private directory holding the
+//! database, its WAL if one was left, the spilled artifacts, and a
+//! `MANIFEST.sha256` that `sha256sum -c` understands; its integrity is
+//! checked before it is reported good. A restore verifies a snapshot
+//! completely before it touches anything, keeps everything it replaces in
+//! an evidence directory beside the state directory, and never leaves the
+//! state directory without a database (which would let a start create an
+//! empty one under existing task handles).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+use thiserror::Error;
+
+use crate::config::{Config, Overrides};
+use crate::exit::{Classify, ExitClass, Refusal};
+use crate::state_dir::{self, Actor, StateDir};
+use crate::store::{self, CheckReport};
+
+pub const MANIFEST: &str = "MANIFEST.sha256";
+
+#[derive(Debug, Error)]
+pub enum BackupError {
+    #[error("{path}: {problem}")]
+    Destination { path: PathBuf, problem: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: snapshot rejected: {problem}; the live state directory was not touched")]
+    BadSnapshot { path: PathBuf, problem: String },
+    #[error("{path}: no database in the state directory; nothing to back up")]
+    Empty { path: PathBuf },
+}
+
+impl Classify for BackupError {
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            BackupError::Destination { .. } => ExitClass::UnsafePath,
+            BackupError::Io { .. } => ExitClass::Io,
+            BackupError::BadSnapshot { .. } => ExitClass::DatabaseInvalid,
+            BackupError::Empty { .. } => ExitClass::Io,
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> BackupError + '_ {
+    move |source| BackupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The files a snapshot may hold, relative to the state directory.
+fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, BackupError> {
+    let mut files = Vec::new();
+    for name in [state_dir::DB_FILE, state_dir::WAL_FILE] {
+        if dir.join(name).is_file() {
+            files.push(PathBuf::from(name));
+        }
+    }
+    let artifacts = dir.join(state_dir::ARTIFACTS_DIR);
+    if artifacts.is_dir() {
+        let mut names: Vec<_> = fs::read_dir(&artifacts)
+            .map_err(io_err(&artifacts))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".json"))
+            .collect();
+        names.sort();
+        for n in names {
+            files.push(Path::new(state_dir::ARTIFACTS_DIR).join(n));
+        }
+    }
+    Ok(files)
+}
+
+fn sha256_of(path: &Path) -> Result<String, BackupError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Copies one file privately and durably; returns its sha256.
+fn copy_private(from: &Path, to: &Path, owner: Option<u32>) -> Result<String, BackupError> {
+    let mut src = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)
+        .map_err(io_err(from))?;
+    let mut dst = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)
+        .map_err(io_err(to))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = src.read(&mut buf).map_err(io_err(from))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        dst.write_all(&buf[..n]).map_err(io_err(to))?;
+    }
+    dst.sync_all().map_err(io_err(to))?;
+    give(to, owner);
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn give(path: &Path, owner: Option<u32>) {
+    if let Some(uid) = owner {
+        let _ = nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(uid)), None);
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), BackupError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+fn make_private_dir(path: &Path, owner: Option<u32>) -> Result<(), BackupError> {
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(path)
+        .map_err(io_err(path))?;
+    give(path, owner);
+    Ok(())
+}
+
+/// Opens the state directory named by the configuration, as an operator.
+fn operator_dir(overrides: &Overrides) -> Result<(Config, StateDir), Refusal> {
+    let config = Config::load(overrides)?;
+    let dir = StateDir::open_as(&config.state_dir, false, Actor::Operator)?;
+    dir.check_files()?;
+    Ok((config, dir))
+}
+
+fn describe(report: &CheckReport) -> String {
+    match report {
+        CheckReport::Valid {
+            version,
+            retained,
+            unexpired,
+            ..
+        } => format!("schema {version}, integrity ok, {retained} tasks ({unexpired} unexpired)"),
+        CheckReport::Pristine => "an empty database".into(),
+        CheckReport::Missing => "no database".into(),
+    }
+}
+
+/// `taskgate backup --to DEST`: returns the lines to print.
+pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
+    let (config, dir) = operator_dir(overrides)?;
+    let _lock = dir.lock()?;
+    if !dir.db_path().is_file() {
+        return Err(BackupError::Empty {
+            path: dir.path().into(),
+        }
+        .into());
+    }
+    let dest = absolute(dest)?;
+    if fs::symlink_metadata(&dest).is_ok() {
+        return Err(BackupError::Destination {
+            path: dest,
+            problem: "already exists; choose a new destination (a backup never overwrites)".into(),
+        }
+        .into());
+    }
+    let parent = dest.parent().unwrap_or(Path::new("/"));
+    let parent = fs::canonicalize(parent).map_err(|e| BackupError::Destination {
+        path: parent.into(),
+        problem: format!("the destination's parent is not usable: {e}"),
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    state_dir::check_trusted_chain(&parent, me).map_err(|e| BackupError::Destination {
+        path: dest.clone(),
+        problem: format!("not private: {e}"),
+    })?;
+    let real_dest = parent.join(dest.file_name().unwrap_or_default());
+    if real_dest.starts_with(dir.path()) || dir.path().starts_with(&real_dest) {
+        return Err(BackupError::Destination {
+            path: dest,
+            problem: format!(
+                "is inside or contains the state directory {}; back up elsewhere",
+                dir.path().display()
+            ),
+        }
+        .into());
+    }
+
+    make_private_dir(&real_dest, None)?;
+    let files = snapshot_files(dir.path())?;
+    let mut manifest = String::new();
+    let mut bytes = 0u64;
+    for rel in &files {
+        let to = real_dest.join(rel);
+        if let Some(p) = to.parent()
+            && !p.exists()
+        {
+            make_private_dir(p, None)?;
+        }
+        let sum = copy_private(&dir.path().join(rel), &to, None)?;
+        bytes += fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+        manifest.push_str(&format!("{sum}  {}\n", rel.display()));
+    }
+    let manifest_path = real_dest.join(MANIFEST);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&manifest_path)
+        .map_err(io_err(&manifest_path))?;
+    f.write_all(manifest.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(io_err(&manifest_path))?;
+    if real_dest.join(state_dir::ARTIFACTS_DIR).is_dir() {
+        sync_dir(&real_dest.join(state_dir::ARTIFACTS_DIR))?;
+    }
+    sync_dir(&real_dest)?;
+    sync_dir(&parent)?;
+    let report = store::check_read_only(
+        &real_dest.join(state_dir::DB_FILE),
+        config.store.max_db_pages,
+    )
+    .map_err(|e| BackupError::BadSnapshot {
+        path: real_dest.clone(),
+        problem: format!("the copy failed its check: {e}"),
+    })?;
+    Ok(vec![
+        format!(
+            "backed up {} to {}",
+            dir.path().display(),
+            real_dest.display()
+        ),
+        format!(
+            "{} files, {bytes} bytes; manifest {}",
+            files.len(),
+            manifest_path.display()
+        ),
+        format!("copy verified: {}", describe(&report)),
+    ])
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).map_err(|e| {
+            Refusal::new(
+                ExitClass::Io,
+                format!("cannot resolve {}: {e}", p.display()),
+            )
+        })
+    }
+}
+
+/// Reads and checks a snapshot's manifest against its files.
+fn verify_snapshot(
+    snapshot: &Path,
+    max_pages: u64,
+) -> Result<(Vec<PathBuf>, CheckReport), BackupError> {
+    let bad = |problem: String| BackupError::BadSnapshot {
+        path: snapshot.to_path_buf(),
+        problem,
+    };
+    let manifest = snapshot.join(MANIFEST);
+    let file = File::open(&manifest).map_err(|e| bad(format!("no readable {MANIFEST}: {e}")))?;
+    let mut listed = Vec::new();
+    for line in io::BufReader::new(file).lines() {
+        let line = line.map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (sum, rel) = line
+            .split_once("  ")
+            .ok_or_else(|| bad(format!("{MANIFEST}: malformed line {line:?}")))?;
+        let rel = PathBuf::from(rel);
+        let allowed = rel == Path::new(state_dir::DB_FILE)
+            || rel == Path::new(state_dir::WAL_FILE)
+            || (rel.parent() == Some(Path::new(state_dir::ARTIFACTS_DIR))
+                && rel.extension().is_some_and(|e| e == "json"));
+        if !allowed || rel.components().count() > 2 {
+            return Err(bad(format!(
+                "{MANIFEST} lists an unexpected file {}",
+                rel.display()
+            )));
+        }
+        let meta = fs::symlink_metadata(snapshot.join(&rel))
+            .map_err(|e| bad(format!("{} is listed but unreadable: {e}", rel.display())))?;
+        if !meta.is_file() {
+            return Err(bad(format!("{} is not a regular file", rel.display())));
+        }
+        let actual = sha256_of(&snapshot.join(&rel))?;
+        if actual != sum {
+            return Err(bad(format!(
+                "{} does not match its checksum",
+                rel.display()
+            )));
+        }
+        listed.push(rel);
+    }
+    let present = snapshot_files(snapshot)?;
+    if let Some(extra) = present.iter().find(|p| !listed.contains(p)) {
+        return Err(bad(format!("{} is not in the manifest", extra.display())));
+    }
+    if !listed.iter().any(|p| p == Path::new(state_dir::DB_FILE)) {
+        return Err(bad("the manifest lists no tasks.db".into()));
+    }
+    let report = store::check_read_only(&snapshot.join(state_dir::DB_FILE), max_pages)
+        .map_err(|e| bad(format!("it fails validation: {e}")))?;
+    Ok((listed, report))
+}
+
+/// `taskgate restore --from SNAPSHOT`: returns the lines to print.
+pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
+    let (config, dir) = operator_dir(overrides)?;
+    let snapshot = absolute(snapshot)?;
+    let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
+    let _lock = dir.lock()?;
+    let owner = (nix::unistd::geteuid().is_root() && dir.owner() != 0).then_some(dir.owner());
+    let parent = dir.path().parent().unwrap_or(Path::new("/")).to_path_buf();
+    let name = dir
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "state".into());
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let staging = parent.join(format!(".{name}.restore-{stamp}"));
+    let evidence = parent.join(format!("{name}.replaced-{stamp}"));
+
+    // 1. Stage the snapshot next to the state directory (same filesystem,
+    //    so the swap below is made of renames).
+    make_private_dir(&staging, owner)?;
+    for rel in &files {
+        let to = staging.join(rel);
+        if let Some(p) = to.parent()
+            && !p.exists()
+        {
+            make_private_dir(p, owner)?;
+        }
+        copy_private(&snapshot.join(rel), &to, owner)?;
+    }
+    sync_dir(&staging)?;
+
+    // 2. Keep what is replaced as evidence: the database by a second link
+    //    (so tasks.db never disappears), its sidecars and artifacts moved.
+    make_private_dir(&evidence, owner)?;
+    let live = dir.path();
+    if live.join(state_dir::DB_FILE).exists() {
+        fs::hard_link(
+            live.join(state_dir::DB_FILE),
+            evidence.join(state_dir::DB_FILE),
+        )
+        .map_err(io_err(&evidence))?;
+    }
+    for name in [
+        state_dir::WAL_FILE,
+        state_dir::SHM_FILE,
+        state_dir::ARTIFACTS_DIR,
+    ] {
+        if fs::symlink_metadata(live.join(name)).is_ok() {
+            fs::rename(live.join(name), evidence.join(name)).map_err(io_err(&live.join(name)))?;
+        }
+    }
+    sync_dir(&evidence)?;
+
+    // 3. Install the snapshot; the database last, replacing the old one in
+    //    one rename.
+    for name in [state_dir::WAL_FILE, state_dir::ARTIFACTS_DIR] {
+        if fs::symlink_metadata(staging.join(name)).is_ok() {
+            fs::rename(staging.join(name), live.join(name)).map_err(io_err(&live.join(name)))?;
+        }
+    }
+    fs::rename(
+        staging.join(state_dir::DB_FILE),
+        live.join(state_dir::DB_FILE),
+    )
+    .map_err(io_err(&live.join(state_dir::DB_FILE)))?;
+    sync_dir(live)?;
+    let _ = fs::remove_dir(staging.join(state_dir::ARTIFACTS_DIR));
+    let _ = fs::remove_dir(&staging);
+    sync_dir(&parent)?;
+
+    let after = store::check_read_only(&dir.db_path(), config.store.max_db_pages)?;
+    Ok(vec![
+        format!("restored {} from {}", live.display(), snapshot.display()),
+        format!("snapshot: {}", describe(&report)),
+        format!("now: {}", describe(&after)),
+        format!("the replaced files are kept in {}", evidence.display()),
+    ])
+}

@@ -1,0 +1,247 @@
+//! Offline backup and restore through the real binary: refusals, the
+//! manifest, what a restore brings back, the evidence it keeps, and the
+//! snapshots it refuses without touching the live directory.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+fn demo_config(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("taskgate.toml");
+    std::fs::write(
+        &p,
+        r#"[tasks]
+poll_interval_ms = 50
+[[tool]]
+name = "note"
+argv = ["/usr/bin/printf", "%s", "{text}"]
+effect = "read_only"
+task = "optional"
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.text]
+type = "string"
+"#,
+    )
+    .unwrap();
+    p
+}
+
+async fn create(d: &Daemon, text: &str) -> String {
+    let c = d.client(true);
+    let r = c
+        .call_tool("note", json!({"text": text}), None)
+        .await
+        .unwrap();
+    let id = r["taskId"].as_str().unwrap().to_string();
+    for _ in 0..100 {
+        if let Ok(t) = c.get_task(&id).await
+            && t["status"] == "completed"
+        {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    panic!("task {id} did not complete");
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    taskgate(args, &[("HOME", "/nonexistent")])
+}
+
+#[test]
+fn backup_then_restore_brings_back_the_state_at_the_backup() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = demo_config(root.path());
+    let s = state.to_str().unwrap();
+    let backup = root.path().join("backup-1");
+    let b = backup.to_str().unwrap();
+    let rt = runtime();
+
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log1"));
+    let before = rt.block_on(create(&daemon, "before the backup"));
+    // Offline only: refused while the daemon holds the lock.
+    let out = run(&["backup", "--state-dir", s, "--to", b]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(!backup.exists());
+    assert!(daemon.stop().success());
+
+    let out = run(&["backup", "--state-dir", s, "--to", b]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("integrity ok"));
+    assert_eq!(
+        std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let check = std::process::Command::new("sha256sum")
+        .args(["-c", "MANIFEST.sha256"])
+        .current_dir(&backup)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+    // Nothing beyond the manifest's files (a check must not leave sidecars).
+    let mut names: Vec<_> = std::fs::read_dir(&backup)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["MANIFEST.sha256", "artifacts", "tasks.db"]
+            .map(String::from)
+            .to_vec()
+            .into_iter()
+            .filter(|n| n != "artifacts" || backup.join("artifacts").exists())
+            .collect::<Vec<_>>()
+    );
+
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log2"));
+    let after = rt.block_on(create(&daemon, "after the backup"));
+    assert!(daemon.stop().success());
+
+    let out = run(&["restore", "--state-dir", s, "--from", b]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let evidence = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("the replaced files are kept in "))
+        .expect("names the evidence directory")
+        .to_string();
+    assert!(Path::new(&evidence).join("tasks.db").exists());
+
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log3"));
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let t = c.get_task(&before).await.unwrap();
+        assert_eq!(t["result"]["content"][0]["text"], "before the backup");
+        assert!(
+            c.get_task(&after).await.is_err(),
+            "a task created after the backup is gone"
+        );
+    });
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn backup_refuses_unsafe_or_existing_destinations() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 2);
+    let s = state.to_str().unwrap();
+    let exists = root.path().join("exists");
+    std::fs::create_dir(&exists).unwrap();
+    let out = run(&["backup", "--state-dir", s, "--to", exists.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(77));
+    assert!(one_line_stderr(&out).contains("already exists"));
+
+    let inside = state.join("copy");
+    let out = run(&["backup", "--state-dir", s, "--to", inside.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(77));
+    assert!(one_line_stderr(&out).contains("inside or contains the state directory"));
+
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run(&[
+        "backup",
+        "--state-dir",
+        s,
+        "--to",
+        open.join("b").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(77));
+    assert!(one_line_stderr(&out).contains("not private"));
+    assert!(!open.join("b").exists());
+}
+
+#[test]
+fn restore_refuses_bad_snapshots_and_leaves_the_live_directory_alone() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 4);
+    let s = state.to_str().unwrap();
+    let snap = root.path().join("snap");
+    assert!(
+        run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()])
+            .status
+            .success()
+    );
+    // The live directory changes after the backup.
+    populate(&state, 1);
+    let live = sha256_file(&state.join("tasks.db"));
+
+    // A flipped byte: the manifest catches it.
+    let mut bytes = std::fs::read(snap.join("tasks.db")).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(snap.join("tasks.db"), &bytes).unwrap();
+    let out = run(&[
+        "restore",
+        "--state-dir",
+        s,
+        "--from",
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(65));
+    assert!(one_line_stderr(&out).contains("does not match its checksum"));
+    assert_eq!(sha256_file(&state.join("tasks.db")), live);
+
+    // A consistent manifest over a corrupt database: validation catches it.
+    let sum = sha256_file(&snap.join("tasks.db"));
+    std::fs::write(snap.join("MANIFEST.sha256"), format!("{sum}  tasks.db\n")).unwrap();
+    let out = run(&[
+        "restore",
+        "--state-dir",
+        s,
+        "--from",
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
+    assert!(one_line_stderr(&out).contains("fails validation"));
+    assert_eq!(sha256_file(&state.join("tasks.db")), live);
+    let siblings = std::fs::read_dir(root.path()).unwrap().count();
+    assert_eq!(
+        siblings, 2,
+        "no evidence or staging left by a refused restore"
+    );
+}
+
+#[test]
+fn root_backs_up_and_restores_a_directory_owned_by_the_service_user() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 3);
+    let uid = nix::unistd::Uid::from_raw(4242);
+    for entry in std::fs::read_dir(&state).unwrap() {
+        nix::unistd::chown(&entry.unwrap().path(), Some(uid), None).unwrap();
+    }
+    nix::unistd::chown(&state, Some(uid), None).unwrap();
+    let s = state.to_str().unwrap();
+    let snap = root.path().join("snap");
+    let out = run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&[
+        "restore",
+        "--state-dir",
+        s,
+        "--from",
+        snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    for name in ["tasks.db", "tasks.lock"] {
+        assert_eq!(
+            std::fs::metadata(state.join(name)).unwrap().uid(),
+            4242,
+            "{name}"
+        );
+    }
+    // And the service user's directory still passes check (as root, on its behalf).
+    let out = run(&["check", "--state-dir", s]);
+    assert!(out.status.success(), "{out:?}");
+}
