@@ -328,6 +328,21 @@ fn verify_snapshot(
     Ok((listed, report))
 }
 
+/// `taskgate restore --from SNAPSHOT --verify-only`.
+pub fn verify(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
+    let config = Config::load(overrides)?;
+    let snapshot = absolute(snapshot)?;
+    let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
+    Ok(vec![
+        format!(
+            "snapshot {} verified: {} files match the manifest",
+            snapshot.display(),
+            files.len()
+        ),
+        format!("snapshot: {}", describe(&report)),
+    ])
+}
+
 /// `taskgate restore --from SNAPSHOT`: returns the lines to print.
 pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
     let (config, dir) = operator_dir(overrides)?;

@@ -72,6 +72,9 @@ pub struct RestoreArgs {
     /// A snapshot directory made by `taskgate backup`.
     #[arg(long, value_name = "SNAPSHOT")]
     pub from: PathBuf,
+    /// Only verify the snapshot (manifest and database); change nothing.
+    #[arg(long)]
+    pub verify_only: bool,
 }
 
 #[derive(Debug, Args)]

@@ -71,7 +71,11 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             Ok(())
         }
         Command::Restore(args) => {
-            let lines = taskgate::backup::restore(&args.common.overrides(), &args.from)?;
+            let lines = if args.verify_only {
+                taskgate::backup::verify(&args.common.overrides(), &args.from)?
+            } else {
+                taskgate::backup::restore(&args.common.overrides(), &args.from)?
+            };
             lines.iter().for_each(|l| println!("{l}"));
             Ok(())
         }
