@@ -165,6 +165,9 @@ pub struct ServeArgs {
     /// that start the server as a subprocess). Logs go to stderr.
     #[arg(long)]
     pub stdio: bool,
+    /// Serve the benchmark's built-in instant tool (used by `taskgate bench`).
+    #[arg(long, hide = true)]
+    pub bench_tool: bool,
 }
 
 #[derive(Debug, Args)]

@@ -47,13 +47,17 @@ pub enum ClientError {
     Timeout(Duration),
 }
 
-/// A client bound to one server URL.
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A client bound to one server URL. It keeps one HTTP/1.1 connection
+/// open and reconnects when the server closed it.
 pub struct Client {
     url: String,
     uri: Uri,
     /// Declare the Tasks extension in every request.
     tasks: bool,
     next_id: std::sync::atomic::AtomicU64,
+    conn: tokio::sync::Mutex<Option<Sender>>,
 }
 
 impl Client {
@@ -67,6 +71,7 @@ impl Client {
             uri,
             tasks,
             next_id: std::sync::atomic::AtomicU64::new(1),
+            conn: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -121,12 +126,7 @@ impl Client {
             .ok_or_else(|| ClientError::Decode("response has neither result nor error".into()))
     }
 
-    async fn exchange(
-        &self,
-        method: &str,
-        name: Option<&str>,
-        body: String,
-    ) -> Result<String, ClientError> {
+    async fn connect(&self) -> Result<Sender, ClientError> {
         let host = self.uri.host().unwrap_or("127.0.0.1");
         let port = self.uri.port_u16().unwrap_or(80);
         let stream =
@@ -136,16 +136,40 @@ impl Client {
                     url: self.url.clone(),
                     source,
                 })?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Http {
+                url: self.url.clone(),
+                detail: e.to_string(),
+            })?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn exchange(
+        &self,
+        method: &str,
+        name: Option<&str>,
+        body: String,
+    ) -> Result<String, ClientError> {
+        let host = self.uri.host().unwrap_or("127.0.0.1");
+        let port = self.uri.port_u16().unwrap_or(80);
         let http = |e: hyper::Error| ClientError::Http {
             url: self.url.clone(),
             detail: e.to_string(),
         };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let mut slot = self.conn.lock().await;
+        let reusable = match slot.take() {
+            Some(mut s) => s.ready().await.is_ok().then_some(s),
+            None => None,
+        };
+        let mut sender = match reusable {
+            Some(s) => s,
+            None => self.connect().await?,
+        };
         let path = self
             .uri
             .path_and_query()
@@ -177,6 +201,9 @@ impl Client {
                 detail: e.to_string(),
             })?
             .to_bytes();
+        // The connection serves the next request too.
+        *slot = Some(sender);
+        drop(slot);
         let text = String::from_utf8_lossy(&bytes).into_owned();
         // JSON-RPC errors may come with a 4xx status; the body says more.
         if status >= 400 && !text.trim_start().starts_with('{') && !text.contains("data:") {

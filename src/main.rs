@@ -61,7 +61,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             } else {
                 service::Transport::Http
             };
-            service::serve(&args.overrides(), transport)
+            service::serve(&args.overrides(), transport, args.bench_tool)
         }
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),

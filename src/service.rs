@@ -43,7 +43,7 @@ pub enum Transport {
 }
 
 /// Runs `taskgate serve` to completion.
-pub fn serve(overrides: &Overrides, transport: Transport) -> Result<(), Refusal> {
+pub fn serve(overrides: &Overrides, transport: Transport, bench_tool: bool) -> Result<(), Refusal> {
     let config = Config::load(overrides)?;
     if transport == Transport::Http {
         refuse_unauthenticated_exposure(&config)?;
@@ -81,6 +81,13 @@ pub fn serve(overrides: &Overrides, transport: Transport) -> Result<(), Refusal>
         config.store.max_live_tasks,
         config.server.max_concurrent_requests,
     );
+    if bench_tool {
+        svc.enable_bench_tool();
+        tracing::warn!(
+            "serving the benchmark tool {}",
+            crate::mcp::tasks::BENCH_TOOL
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("taskgate-rt")

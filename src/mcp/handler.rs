@@ -98,6 +98,16 @@ impl Handler {
             "properties": {"taskId": {"type": "string", "description": "the task whose stored result to read"}},
             "required": ["taskId"]
         });
+        if self.svc.bench_tool_enabled() {
+            tools.push(WireTool::new(
+                super::tasks::BENCH_TOOL,
+                "Benchmark tool: completes at once (present only under taskgate bench).",
+                json!({"type": "object"})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ));
+        }
         let mut annotations = ToolAnnotations::default();
         annotations.read_only_hint = Some(true);
         tools.push(

@@ -35,6 +35,10 @@ pub const OPERATION_ID_META_KEY: &str = "dev.taskgate/operationId";
 pub const MAX_OPERATION_ID_BYTES: usize = 256;
 /// The built-in tool that returns a spilled result to its owner.
 pub const ARTIFACT_READ_TOOL: &str = "artifact_read";
+/// The benchmark's built-in tool: only present in a daemon started by
+/// `taskgate bench` (`serve --bench-tool`). It completes at once and runs
+/// nothing, so the benchmark measures taskgate, not a tool.
+pub const BENCH_TOOL: &str = "taskgate_bench_noop";
 /// Polls a client may make in quick succession (right after creation, right
 /// after completion) before the advertised interval is enforced.
 pub const POLL_BURST: f64 = 3.0;
@@ -72,6 +76,35 @@ impl PollBudget {
     }
 }
 
+/// What a background task runs.
+enum Work {
+    Command {
+        tool: Arc<Tool>,
+        args: Map<String, Value>,
+    },
+    Bench,
+}
+
+impl Work {
+    fn name(&self) -> &str {
+        match self {
+            Work::Command { tool, .. } => tool.name(),
+            Work::Bench => BENCH_TOOL,
+        }
+    }
+
+    fn args(&self) -> Map<String, Value> {
+        match self {
+            Work::Command { args, .. } => args.clone(),
+            Work::Bench => Map::new(),
+        }
+    }
+}
+
+fn bench_result() -> Value {
+    json!({"resultType": "complete", "content": [{"type": "text", "text": "ok"}], "isError": false})
+}
+
 /// How the result of a call is delivered.
 pub enum Delivery {
     Now(CallToolResult),
@@ -91,6 +124,8 @@ pub struct TaskService {
     /// Poll budget per (owner, task): only authorised, retained IDs.
     polls: Mutex<HashMap<(Digest, TaskId), PollBudget>>,
     stopping: AtomicBool,
+    /// Serve [`BENCH_TOOL`] (only under `taskgate bench`).
+    bench_tool: AtomicBool,
     /// Cancelled when the daemon stops: every run's token descends from it.
     stop: CancellationToken,
 }
@@ -119,8 +154,18 @@ impl TaskService {
             running: Mutex::new(HashMap::new()),
             polls: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            bench_tool: AtomicBool::new(false),
             stop: CancellationToken::new(),
         })
+    }
+
+    /// Adds the benchmark's built-in tool (`serve --bench-tool`).
+    pub fn enable_bench_tool(&self) {
+        self.bench_tool.store(true, Ordering::Relaxed);
+    }
+
+    pub fn bench_tool_enabled(&self) -> bool {
+        self.bench_tool.load(Ordering::Relaxed)
     }
 
     pub fn store(&self) -> &Store {
@@ -153,6 +198,19 @@ impl TaskService {
     ) -> Result<Delivery, ErrorData> {
         if name == ARTIFACT_READ_TOOL {
             return self.artifact_read(arguments, owner).map(Delivery::Now);
+        }
+        if name == BENCH_TOOL && self.bench_tool_enabled() {
+            if negotiated
+                && self.tasks_available()
+                && let Some(created) = self
+                    .try_background(Work::Bench, owner, operation_id)
+                    .await?
+            {
+                return Ok(Delivery::Task(created));
+            }
+            return serde_json::from_value::<CallToolResult>(bench_result())
+                .map(Delivery::Now)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None));
         }
         let Some(tool) = self.tools.get(name) else {
             return Err(convert::error(
@@ -190,10 +248,11 @@ impl TaskService {
         }
         if negotiated && mode != crate::config::TaskMode::Never && self.tasks_available() {
             // `None`: the store or the slots said no; run it now instead.
-            if let Some(created) = self
-                .try_background(&tool, &args, owner, operation_id)
-                .await?
-            {
+            let work = Work::Command {
+                tool: tool.clone(),
+                args: args.clone(),
+            };
+            if let Some(created) = self.try_background(work, owner, operation_id).await? {
                 return Ok(Delivery::Task(created));
             }
         }
@@ -205,21 +264,21 @@ impl TaskService {
     /// Creates the task and starts it; `None` means "run synchronously".
     async fn try_background(
         self: &Arc<Self>,
-        tool: &Arc<Tool>,
-        args: &Map<String, Value>,
+        work: Work,
         owner: Digest,
         operation_id: Option<String>,
     ) -> Result<Option<CreateTaskResult>, ErrorData> {
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             tracing::info!(
-                tool = tool.name(),
+                tool = work.name(),
                 max_running = self.settings.max_running,
                 "all background slots busy; running the call synchronously"
             );
             return Ok(None);
         };
         let request = Digest::of(
-            convert::canonical_json(&json!({"tool": tool.name(), "arguments": args})).as_bytes(),
+            convert::canonical_json(&json!({"tool": work.name(), "arguments": work.args()}))
+                .as_bytes(),
         );
         let reference = operation_id.map(|op| Digest::of_parts(&[b"operation", op.as_bytes()]));
         let new = NewTask {
@@ -237,17 +296,16 @@ impl TaskService {
                     cancel_requested: AtomicBool::new(false),
                 });
                 lock(&self.running).insert(record.id.clone(), running.clone());
-                tracing::info!(task = %record.id, tool = tool.name(), "task created; starting it");
+                tracing::debug!(task = %record.id, tool = work.name(), "task created; starting it");
                 let svc = self.clone();
-                let (tool, args, id) = (tool.clone(), args.clone(), record.id.clone());
+                let id = record.id.clone();
                 tokio::spawn(async move {
-                    svc.run_background(id, owner, tool, args, running, permit)
-                        .await;
+                    svc.run_background(id, owner, work, running, permit).await;
                 });
                 Ok(Some(CreateTaskResult::new(convert::task(&record))))
             }
             Ok(Created::Existing(record)) => {
-                tracing::info!(task = %record.id, tool = tool.name(),
+                tracing::info!(task = %record.id, tool = work.name(),
                     "operation reference already used: returning the existing task, running nothing");
                 Ok(Some(CreateTaskResult::new(convert::task(&record))))
             }
@@ -257,7 +315,7 @@ impl TaskService {
                 None,
             )),
             Err(e) => {
-                tracing::warn!(tool = tool.name(), error = %e,
+                tracing::warn!(tool = work.name(), error = %e,
                     "task store cannot take the task; running the call synchronously");
                 Ok(None)
             }
@@ -300,26 +358,29 @@ impl TaskService {
         self: Arc<Self>,
         id: TaskId,
         owner: Digest,
-        tool: Arc<Tool>,
-        args: Map<String, Value>,
+        work: Work,
         running: Arc<Running>,
         _permit: OwnedSemaphorePermit,
     ) {
-        let inv = tool.invocation(&args, self.settings.cancel_grace);
-        let run = process::run(&inv, &running.token).await;
-        let (status, outcome) = match run {
-            Err(RunError::Cancelled) if running.cancel_requested.load(Ordering::SeqCst) => {
-                (TaskStatus::Cancelled, None)
+        let (status, outcome) = match &work {
+            Work::Bench => (TaskStatus::Completed, Some(Outcome::Result(bench_result()))),
+            Work::Command { tool, args } => {
+                let inv = tool.invocation(args, self.settings.cancel_grace);
+                match process::run(&inv, &running.token).await {
+                    Err(RunError::Cancelled) if running.cancel_requested.load(Ordering::SeqCst) => {
+                        (TaskStatus::Cancelled, None)
+                    }
+                    Err(RunError::Cancelled) => (TaskStatus::Failed, Some(Outcome::interrupted())),
+                    other => match convert::outcome_of(tool.name(), other) {
+                        o @ Outcome::Result(_) => (TaskStatus::Completed, Some(o)),
+                        o @ Outcome::Error(_) => (TaskStatus::Failed, Some(o)),
+                    },
+                }
             }
-            Err(RunError::Cancelled) => (TaskStatus::Failed, Some(Outcome::interrupted())),
-            other => match convert::outcome_of(tool.name(), other) {
-                o @ Outcome::Result(_) => (TaskStatus::Completed, Some(o)),
-                o @ Outcome::Error(_) => (TaskStatus::Failed, Some(o)),
-            },
         };
         let (status, outcome) = self.fit_in_record(&id, &owner, status, outcome);
         match self.store.finish(&id, status, None, outcome).await {
-            Ok(Some(r)) => tracing::info!(task = %id, status = r.status.as_str(), "task finished"),
+            Ok(Some(r)) => tracing::debug!(task = %id, status = r.status.as_str(), "task finished"),
             Ok(None) => tracing::info!(task = %id, "task expired before it finished"),
             Err(e) => tracing::error!(task = %id, error = %e,
                 "could not record the task's outcome; a restart will mark it failed"),
