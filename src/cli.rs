@@ -48,6 +48,10 @@ pub enum Command {
     /// Replace a stopped daemon's state with a verified snapshot made by
     /// `backup`; the replaced files are kept beside the state directory.
     Restore(RestoreArgs),
+    /// Measure capacity on this host: raw SQLite commits on the disk, then a
+    /// real daemon on a scratch directory driven through MCP over HTTP;
+    /// writes bench.json, bench.md and latency.svg.
+    Bench(BenchArgs),
     /// Write the man pages (taskgate(1) and one per command) into a directory.
     #[command(hide = true)]
     Man(ManArgs),
@@ -75,6 +79,30 @@ pub struct RestoreArgs {
     /// Only verify the snapshot (manifest and database); change nothing.
     #[arg(long)]
     pub verify_only: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Tasks to create (e.g. 1000 or 10000).
+    #[arg(long, default_value_t = 1000)]
+    pub tasks: usize,
+    /// Concurrent clients in the throughput phases.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Where to create the scratch directory: the filesystem under test.
+    /// Default: beside the configured state directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Where to write bench.json, bench.md and latency.svg.
+    /// Default: ./taskgate-bench-<time>.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Configuration whose state directory locates the default --dir.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Keep the scratch directory (its database included) afterwards.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 
 pub mod artifacts;
 pub mod backup;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -80,6 +80,18 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             Ok(())
         }
         Command::Man(args) => man_pages(&args.out),
+        Command::Bench(args) => {
+            let table = taskgate::bench::run(&taskgate::bench::BenchOptions {
+                tasks: args.tasks,
+                concurrency: args.concurrency,
+                dir: args.dir,
+                out: args.out,
+                config: args.config,
+                keep: args.keep,
+            })?;
+            print!("{table}");
+            Ok(())
+        }
         Command::Call(_) | Command::Task(_) | Command::ExecTool(_) => Ok(()),
     }
 }

@@ -7,6 +7,7 @@
 //! Opening runs every startup validation on that thread before the handle is
 //! returned ([`schema`]).
 
+pub mod baseline;
 mod records;
 mod schema;
 mod worker;

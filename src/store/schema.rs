@@ -277,6 +277,17 @@ fn header_journal_mode(path: &Path) -> String {
     }
 }
 
+/// The production pragmas on a fresh database of the benchmark's baseline.
+pub(crate) fn apply_production_pragmas(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    apply_pragmas(
+        conn,
+        path,
+        true,
+        crate::config::bounds::MAX_DB_PAGES_DEFAULT,
+        false,
+    )
+}
+
 /// `(user_version, number of schema objects)`.
 fn classify(conn: &Connection, path: &Path) -> Result<(i64, i64), OpenError> {
     let err = |e| refusal(path, "reading the schema version", 0, e);

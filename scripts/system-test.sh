@@ -1,0 +1,737 @@
+#!/usr/bin/env bash
+# End-to-end system test of the Debian package in a real booted systemd.
+#
+#   scripts/system-test.sh [DEB [UPGRADE_DEB]]
+#
+# Boots Debian 12 (bookworm) in a systemd-nspawn container with a private
+# network namespace (loopback only), installs the package and checks the
+# unit's hardening, the service's READY state, user and state-directory
+# modes, durability across restarts, the lifetime lock, the watchdog, the
+# backup/restore runbooks, an upgrade, removal and purge. One line per
+# check: `PASS <check>` or `FAIL <check>: <why>`; exit status 1 if any
+# check failed.
+#
+# Without arguments it builds target/debian/taskgate_<v>-1 and -2 with
+# scripts/build-deb.sh (on the host, before booting). With DEB it tests that
+# package and builds the upgrade with --revision 2 unless UPGRADE_DEB is given.
+#
+# Needs root on a Debian 12 host; installs debootstrap and systemd-container
+# (and lintian when building) if missing. The debootstrap tree is cached in
+# target/nspawn/bookworm-base and copied to a fresh root for every run. The
+# full log (commands, outputs, the container's journal) is written to
+# target/nspawn/system-test.log. Set DEBIAN_MIRROR to override the mirror
+# taken from the host's apt sources.
+set -uo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+started=$(date +%s)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "system-test: must run as root (debootstrap, systemd-nspawn)" >&2
+  exit 2
+fi
+if [ $# -gt 2 ]; then
+  echo "usage: $0 [DEB [UPGRADE_DEB]]" >&2
+  exit 64
+fi
+
+work="$repo/target/nspawn"
+base="$work/bookworm-base"
+suite=bookworm
+includes=systemd,systemd-sysv,dbus,adduser
+cache_key="debootstrap --variant=minbase --include=$includes $suite (v1)"
+mkdir -p "$work"
+log="$work/system-test.log"
+: >"$log"
+exec 3>&1 # the real stdout: check lines only; everything else goes to $log
+
+say() { echo "$*" >&3; echo "$*" >>"$log"; }
+note() { echo "# $*" >&3; echo "# $*" >>"$log"; }
+
+# ---------------------------------------------------------------- checks --
+CHECKS=(
+  build-deb
+  unit-security-score
+  container-boot
+  dpkg-install
+  unit-verify
+  unit-enabled-active-ready
+  runs-as-taskgate
+  state-dir-permissions
+  test-setup
+  task-survives-restart
+  lock-refuses-second-serve
+  lock-refuses-check
+  watchdog-restarts-hung-daemon
+  backup-restore
+  restore-refuses-tampered-snapshot
+  upgrade-keeps-data
+  remove-keeps-state
+  purge-removes-state
+)
+declare -A reported=()
+npass=0
+nfail=0
+WHY=""
+INFO=""
+
+pass() { reported[$1]=1; npass=$((npass + 1)); say "PASS $1${2:+ ($2)}"; }
+fail() { reported[$1]=1; nfail=$((nfail + 1)); say "FAIL $1: $2"; }
+
+# run_check NAME FUNCTION: the function returns 0 (optionally setting INFO)
+# or non-zero with WHY set.
+run_check() {
+  local name=$1 fn=$2
+  WHY="" INFO=""
+  echo "=== check $name" >>"$log"
+  if "$fn"; then pass "$name" "$INFO"; else fail "$name" "${WHY:-failed}"; fi
+}
+
+# Reports every check not yet reported as not run, then exits.
+abort_rest() {
+  local c
+  for c in "${CHECKS[@]}"; do
+    [ -n "${reported[$c]:-}" ] || fail "$c" "not run: $1"
+  done
+  exit 1 # the EXIT trap powers off, cleans up and prints the summary
+}
+
+oneline() { printf '%s' "$*" | tr '\n\t' '  ' | tr -s ' ' | cut -c1-400; }
+
+# ------------------------------------------------------------- container --
+run_dir=""
+rootfs=""
+boot_pid=""
+pid1=""
+CX_TIMEOUT=60
+CX_ENV=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+  LANG=C.UTF-8 HOME=/root TERM=dumb DEBIAN_FRONTEND=noninteractive)
+
+# cx CMD...: runs CMD inside the container (all its namespaces), clean env.
+cx() {
+  timeout --kill-after=5 "$CX_TIMEOUT" \
+    nsenter -t "$pid1" -a /usr/bin/env -i -C / "${CX_ENV[@]}" "$@" </dev/null
+}
+# run_cx CMD...: like cx, output in OUT, status in RC, both logged.
+OUT="" RC=0
+run_cx() {
+  OUT=$(cx "$@" 2>&1)
+  RC=$?
+  printf '$ %s\n%s\n[exit %s]\n' "$*" "$OUT" "$RC" >>"$log"
+}
+unit_prop() { cx systemctl show -p "$1" --value taskgate.service 2>>"$log"; }
+
+# The container's PID 1: the process named systemd that is PID 1 in its own
+# PID namespace and descends from our boot job.
+find_pid1() {
+  local -A parent=()
+  local -a cands=()
+  local f pid k v name pp ns p
+  for f in /proc/[0-9]*/status; do
+    pid=${f#/proc/}
+    pid=${pid%/status}
+    name="" pp="" ns=""
+    { while IFS=$'\t' read -r k v; do
+        case $k in Name:) name=$v ;; PPid:) pp=$v ;; NSpid:) ns=$v ;; esac
+      done <"$f"; } 2>/dev/null || continue
+    parent[$pid]=$pp
+    if [ "$name" = systemd ] && [ "${ns##*[[:space:]]}" = 1 ] && [ "$ns" != 1 ]; then
+      cands+=("$pid")
+    fi
+  done
+  for pid in "${cands[@]}"; do
+    p=$pid
+    while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+      if [ "$p" = "$boot_pid" ]; then echo "$pid"; return 0; fi
+      p=${parent[$p]:-}
+    done
+  done
+  return 1
+}
+
+cleanup() {
+  local rc=$? i
+  trap - EXIT INT TERM
+  if [ -n "$pid1" ] && [ -d "/proc/$pid1" ]; then
+    {
+      echo "=== container journal"
+      CX_TIMEOUT=20 cx journalctl -b --no-pager -o short-monotonic
+      echo "=== taskgate.service"
+      CX_TIMEOUT=20 cx systemctl status --no-pager -l taskgate.service
+    } >>"$log" 2>&1
+    CX_TIMEOUT=20 cx systemctl poweroff >>"$log" 2>&1
+  fi
+  if [ -n "$boot_pid" ]; then
+    for i in $(seq 1 150); do
+      kill -0 "$boot_pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    if kill -0 "$boot_pid" 2>/dev/null; then
+      echo "container did not power off in 30 s; killing its PID 1 ($pid1)" >>"$log"
+      [ -n "$pid1" ] && kill -KILL "$pid1" 2>/dev/null
+      sleep 2
+      kill -TERM "$boot_pid" 2>/dev/null
+    fi
+    wait "$boot_pid" 2>/dev/null
+  fi
+  if [ -n "$run_dir" ] && [ -d "$run_dir" ]; then
+    [ -f "$run_dir/console.log" ] && cp "$run_dir/console.log" "$work/console.log"
+    rm -rf --one-file-system "$run_dir"
+  fi
+  local total=$(($(date +%s) - started))
+  say "SUMMARY: $npass passed, $nfail failed, $((${#CHECKS[@]} - npass - nfail)) not reported; ${total}s; log: $log"
+  if [ "$nfail" -gt 0 ] || [ "$rc" -ne 0 ] || [ "$npass" -lt "${#CHECKS[@]}" ]; then exit 1; fi
+  exit 0
+}
+trap cleanup EXIT
+trap 'echo "interrupted" >>"$log"; exit 130' INT TERM
+
+# ------------------------------------------------------------ host setup --
+need_pkgs=()
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v systemd-nspawn >/dev/null || need_pkgs+=(systemd-container)
+if [ $# -eq 0 ] || [ $# -eq 1 ]; then
+  command -v lintian >/dev/null || need_pkgs+=(lintian)
+fi
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  note "installing ${need_pkgs[*]}"
+  { apt-get update && apt-get install -y --no-install-recommends "${need_pkgs[@]}"; } >>"$log" 2>&1 \
+    || { fail build-deb "apt-get install ${need_pkgs[*]} failed (see $log)"; abort_rest "host setup failed"; }
+fi
+for tool in systemd-analyze script unshare nsenter timeout; do
+  command -v "$tool" >/dev/null || { fail build-deb "$tool is missing on the host"; abort_rest "host setup failed"; }
+done
+
+deb_arch=$(dpkg --print-architecture)
+BUILT=""
+build_deb() { # revision -> BUILT: the .deb's path
+  local out rc
+  out=$(scripts/build-deb.sh --revision "$1" 2>&1)
+  rc=$?
+  printf '$ scripts/build-deb.sh --revision %s\n%s\n[exit %s]\n' "$1" "$out" "$rc" >>"$log"
+  [ $rc -eq 0 ] || { WHY="scripts/build-deb.sh --revision $1 exited $rc: $(oneline "$(printf '%s' "$out" | tail -n 5)")"; return 1; }
+  BUILT=$(printf '%s\n' "$out" | sed -n 's/^built //p' | tail -n1)
+  [ -n "$BUILT" ] || { WHY="scripts/build-deb.sh printed no 'built' line"; return 1; }
+  case $BUILT in /*) ;; *) BUILT="$repo/$BUILT" ;; esac
+}
+
+deb1="" deb2=""
+check_build() {
+  if [ $# -ge 1 ]; then
+    deb1=$(realpath "$1") || { WHY="$1: no such file"; return 1; }
+  fi
+  if [ $# -ge 2 ]; then
+    deb2=$(realpath "$2") || { WHY="$2: no such file"; return 1; }
+  fi
+  if [ -z "$deb1$deb2" ] || [ -z "$deb2" ]; then
+    command -v cargo >/dev/null || { WHY="cargo is not installed (needed to build the package)"; return 1; }
+    if ! command -v cargo-deb >/dev/null && ! cargo deb --version >/dev/null 2>&1; then
+      note "installing cargo-deb (cargo install cargo-deb --locked)"
+      cargo install cargo-deb --locked >>"$log" 2>&1 || { WHY="cargo install cargo-deb failed"; return 1; }
+    fi
+  fi
+  if [ -z "$deb1" ]; then
+    note "building the package (scripts/build-deb.sh --revision 1)"
+    build_deb 1 || return 1
+    deb1=$BUILT
+  fi
+  if [ -z "$deb2" ]; then
+    note "building the upgrade package (scripts/build-deb.sh --revision 2)"
+    build_deb 2 || return 1
+    deb2=$BUILT
+  fi
+  local f
+  for f in "$deb1" "$deb2"; do
+    [ -f "$f" ] || { WHY="$f: no such file"; return 1; }
+    [ "$(dpkg-deb -f "$f" Package 2>/dev/null)" = taskgate ] || { WHY="$f is not a taskgate package"; return 1; }
+    [ "$(dpkg-deb -f "$f" Architecture)" = "$deb_arch" ] || { WHY="$f is not for $deb_arch"; return 1; }
+  done
+  v1=$(dpkg-deb -f "$deb1" Version)
+  v2=$(dpkg-deb -f "$deb2" Version)
+  dpkg --compare-versions "$v2" gt "$v1" || { WHY="the upgrade package's version $v2 is not newer than $v1"; return 1; }
+  if [ $# -lt 2 ] && [ "$v2" != "${v1%-*}-2" ]; then
+    WHY="scripts/build-deb.sh --revision 2 built version $v2, expected ${v1%-*}-2"
+    return 1
+  fi
+  INFO="$(basename "$deb1"), upgrade $(basename "$deb2")"
+}
+v1="" v2=""
+WHY="" INFO=""
+echo "=== check build-deb" >>"$log"
+if check_build "$@"; then
+  if [ $# -ge 2 ]; then pass build-deb "given: $INFO"; else pass build-deb "$INFO; lintian clean"; fi
+else
+  fail build-deb "$WHY"
+  abort_rest "no package to test"
+fi
+
+# 1. The unit's exposure score, offline, on the host.
+check_security() {
+  local unit="$repo/systemd/taskgate.service" out score
+  out=$(systemd-analyze security --offline=yes "$unit" 2>&1)
+  printf '$ systemd-analyze security --offline=yes %s\n%s\n' "$unit" "$out" >>"$log"
+  score=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9][0-9.]*\).*/\1/p' | tail -n1)
+  [ -n "$score" ] || { WHY="no exposure level in the output of systemd-analyze security: $(oneline "$(printf '%s' "$out" | tail -n 3)")"; return 1; }
+  awk -v s="$score" 'BEGIN { exit !(s <= 1.5) }' || { WHY="exposure $score > 1.5"; return 1; }
+  INFO="systemd/taskgate.service exposure $score <= 1.5"
+  # The unit the package ships must be the one scored.
+  local shipped
+  shipped=$(dpkg-deb --fsys-tarfile "$deb1" | tar -xOf - ./usr/lib/systemd/system/taskgate.service ./lib/systemd/system/taskgate.service 2>/dev/null)
+  [ -n "$shipped" ] || { WHY="the package ships no taskgate.service"; return 1; }
+  if [ "$shipped" != "$(cat "$unit")" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    printf '%s\n' "$shipped" >"$tmp/taskgate.service"
+    out=$(systemd-analyze security --offline=yes "$tmp/taskgate.service" 2>&1)
+    rm -rf "$tmp"
+    score=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9][0-9.]*\).*/\1/p' | tail -n1)
+    [ -n "$score" ] && awk -v s="$score" 'BEGIN { exit !(s <= 1.5) }' \
+      || { WHY="the packaged unit differs from systemd/taskgate.service and scores ${score:-?} > 1.5"; return 1; }
+    INFO="$INFO; packaged unit differs, exposure $score"
+  fi
+}
+run_check unit-security-score check_security
+
+# ------------------------------------------------------- debootstrap tree --
+debian_mirror() {
+  if [ -n "${DEBIAN_MIRROR:-}" ]; then echo "$DEBIAN_MIRROR"; return; fi
+  local m
+  m=$(apt-get indextargets --format '$(TARGET_OF) $(CODENAME) $(REPO_URI)' 2>/dev/null \
+    | awk -v s="$suite" '$1 == "deb" && $2 == s && $3 !~ /security/ { print $3; exit }')
+  if [ -z "$m" ]; then
+    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+      | awk -v s="$suite" '$1 == "deb" && $0 !~ /security/ { for (i = 2; i < NF; i++) if ($i !~ /^\[/ && $(i+1) == s) { print $i; exit } }')
+  fi
+  if [ -z "$m" ]; then
+    m=$(awk -v s="$suite" 'BEGIN { RS = "" } /(^|\n)Types:[^\n]*deb( |\n|$)/ && $0 ~ ("Suites:[^\n]* " s "( |\n|$)") && $0 !~ /security/ {
+          if (match($0, /URIs: *[^ \n]+/)) { u = substr($0, RSTART, RLENGTH); sub(/URIs: */, "", u); print u; exit } }' \
+      /etc/apt/sources.list.d/*.sources 2>/dev/null)
+  fi
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
+ensure_base() {
+  if [ -f "$base/.taskgate-cache" ] && [ "$(cat "$base/.taskgate-cache")" = "$cache_key" ]; then
+    return 0
+  fi
+  local mirror tmp
+  mirror=$(debian_mirror)
+  tmp="$work/bookworm-base.tmp-$$"
+  rm -rf --one-file-system "$tmp"
+  note "debootstrap $suite from $mirror into $base (first run only, a few minutes)"
+  if ! debootstrap --variant=minbase --include="$includes" "$suite" "$tmp" "$mirror" >>"$log" 2>&1; then
+    rm -rf --one-file-system "$tmp"
+    return 1
+  fi
+  echo tg-test >"$tmp/etc/hostname"
+  : >"$tmp/etc/machine-id"
+  rm -f "$tmp/var/cache/apt/archives/"*.deb
+  echo "$cache_key" >"$tmp/.taskgate-cache"
+  rm -rf --one-file-system "$base"
+  mv "$tmp" "$base"
+}
+
+# Leftovers of runs that were killed (their process is gone).
+for d in "$work"/run-*; do
+  [ -d "$d" ] || continue
+  p=${d##*-}
+  kill -0 "$p" 2>/dev/null || rm -rf --one-file-system "$d"
+done
+
+boot_container() {
+  exec 9>"$work/.cache.lock"
+  flock 9
+  ensure_base || { exec 9>&-; WHY="debootstrap failed (see $log)"; return 1; }
+  exec 9>&-
+  run_dir="$work/run-$$"
+  rootfs="$run_dir/root"
+  mkdir -p "$run_dir"
+  cp -a --reflink=auto "$base" "$rootfs" || { WHY="copying the cached tree failed"; return 1; }
+  mkdir -p "$rootfs/root/pkgs"
+  cp "$deb1" "$deb2" "$rootfs/root/pkgs/"
+  local t0=$(date +%s.%N)
+  ROOTFS="$rootfs" MACHINE="taskgate-systest-$$" CONSOLE_LOG="$run_dir/console.log" \
+    unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /run && \
+      SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 exec script -qfc \
+      "systemd-nspawn -D \"\$ROOTFS\" -M \"\$MACHINE\" --private-network --register=no --keep-unit --capability=all --system-call-filter=bpf --boot" \
+      "$CONSOLE_LOG"' </dev/null >/dev/null 2>>"$log" &
+  boot_pid=$!
+  local i
+  for i in $(seq 1 150); do
+    pid1=$(find_pid1) && break
+    pid1=""
+    kill -0 "$boot_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  [ -n "$pid1" ] || { WHY="no systemd PID 1 appeared (see $run_dir/console.log, copied to $work/console.log)"; return 1; }
+  local state=""
+  for i in $(seq 1 60); do
+    state=$(CX_TIMEOUT=90 cx systemctl is-system-running --wait 2>>"$log")
+    case $state in running | degraded) break ;; esac
+    sleep 0.5
+  done
+  case $state in
+    running) ;;
+    degraded)
+      echo "failed units at boot:" >>"$log"
+      cx systemctl --failed --no-pager >>"$log" 2>&1
+      ;;
+    *) WHY="the container's systemd did not reach running (state: ${state:-none})"; return 1 ;;
+  esac
+  INFO="bookworm, systemd $(cx systemctl --version | awk 'NR==1 { print $2 }'), $state in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+run_check container-boot boot_container
+[ -n "${reported[container-boot]:-}" ] && [ -n "$pid1" ] && [ -z "$WHY" ] || abort_rest "the container did not boot"
+
+# ------------------------------------------------------------- the tests --
+# 2. Install.
+check_install() {
+  run_cx dpkg -i "/root/pkgs/$(basename "$deb1")"
+  [ "$RC" -eq 0 ] || { WHY="dpkg -i exited $RC: $(oneline "$(printf '%s' "$OUT" | tail -n 5)")"; return 1; }
+  local st
+  st=$(cx dpkg-query -W -f '${Status} ${Version}' taskgate 2>&1)
+  [ "$st" = "install ok installed $v1" ] || { WHY="dpkg-query says: $st"; return 1; }
+  INFO="taskgate $v1"
+}
+run_check dpkg-install check_install
+[ -z "$WHY" ] || abort_rest "the package did not install"
+
+# 1 (continued). systemd-analyze verify of the installed unit: no output at all.
+check_verify() {
+  local frag docs d name sec missing=""
+  frag=$(unit_prop FragmentPath)
+  [ -n "$frag" ] || { WHY="systemd does not know taskgate.service"; return 1; }
+  run_cx systemd-analyze verify --man=no "$frag"
+  [ "$RC" -eq 0 ] && [ -z "$OUT" ] || { WHY="systemd-analyze verify $frag (exit $RC) printed: $(oneline "$OUT")"; return 1; }
+  # --man=no because the container has no man(1); check the references by hand.
+  docs=$(unit_prop Documentation)
+  for d in $docs; do
+    case $d in
+      man:*\(*\))
+        name=${d#man:}
+        sec=${name##*(}
+        sec=${sec%)}
+        name=${name%(*}
+        cx test -f "/usr/share/man/man$sec/$name.$sec.gz" || missing="$missing $d"
+        ;;
+    esac
+  done
+  [ -z "$missing" ] || { WHY="Documentation= names man pages the package does not ship:$missing"; return 1; }
+  INFO="$frag: no output; Documentation= man pages present"
+}
+run_check unit-verify check_verify
+
+check_enabled_active() {
+  local en props
+  en=$(cx systemctl is-enabled taskgate.service 2>&1)
+  [ "$en" = enabled ] || { WHY="is-enabled: $en"; return 1; }
+  props=$(cx systemctl show -p Type -p ActiveState -p SubState -p StatusText taskgate.service 2>&1)
+  echo "$props" >>"$log"
+  grep -qx 'Type=notify' <<<"$props" || { WHY="not Type=notify: $(oneline "$props")"; return 1; }
+  grep -qx 'ActiveState=active' <<<"$props" && grep -qx 'SubState=running' <<<"$props" \
+    || { WHY="not active/running: $(oneline "$props")"; return 1; }
+  grep -q '^StatusText=.*serving on' <<<"$props" || { WHY="StatusText lacks \"serving on\" (READY not reached?): $(oneline "$props")"; return 1; }
+  INFO="enabled, active/running, $(grep '^StatusText=' <<<"$props" | cut -c1-120)"
+}
+run_check unit-enabled-active-ready check_enabled_active
+
+check_user() {
+  local pid uid gid puid pgid
+  pid=$(unit_prop MainPID)
+  [ -n "$pid" ] && [ "$pid" != 0 ] || { WHY="no MainPID"; return 1; }
+  uid=$(cx id -u taskgate 2>&1) || { WHY="no taskgate user: $uid"; return 1; }
+  gid=$(cx id -g taskgate 2>&1)
+  puid=$(cx awk '/^Uid:/ { print $2, $3, $4, $5 }' "/proc/$pid/status")
+  pgid=$(cx awk '/^Gid:/ { print $2, $3, $4, $5 }' "/proc/$pid/status")
+  [ "$puid" = "$uid $uid $uid $uid" ] || { WHY="main PID $pid has uids $puid, taskgate is $uid"; return 1; }
+  [ "$pgid" = "$gid $gid $gid $gid" ] || { WHY="main PID $pid has gids $pgid, taskgate is $gid"; return 1; }
+  [ "$uid" -lt 1000 ] || { WHY="taskgate (uid $uid) is not a system user"; return 1; }
+  INFO="main PID $pid runs as taskgate uid $uid gid $gid"
+}
+run_check runs-as-taskgate check_user
+
+# 3. The state directory: 0700 taskgate, files 0600 taskgate.
+STATE_DIR_INFO=""
+state_dir_ok() {
+  local listing line type mode user group path bad=""
+  listing=$(cx find /var/lib/taskgate -printf '%y %m %u %g %p\n' 2>&1) || { WHY="cannot list /var/lib/taskgate: $(oneline "$listing")"; return 1; }
+  echo "$listing" >>"$log"
+  while read -r type mode user group path; do
+    if [ "$path" = /var/lib/taskgate ]; then
+      [ "$type $mode $user $group" = "d 700 taskgate taskgate" ] || bad="$bad $path is $type $mode $user:$group (want d 700 taskgate:taskgate);"
+      continue
+    fi
+    case $type in
+      f) [ "$mode $user" = "600 taskgate" ] || bad="$bad $path is $mode $user:$group (want 600 taskgate);" ;;
+      d) [ "$mode $user" = "700 taskgate" ] || bad="$bad $path is dir $mode $user:$group (want 700 taskgate);" ;;
+      *) bad="$bad $path has type $type;" ;;
+    esac
+  done <<<"$listing"
+  grep -q ' /var/lib/taskgate/tasks.db$' <<<"$listing" || bad="$bad no tasks.db;"
+  grep -q ' /var/lib/taskgate/tasks.lock$' <<<"$listing" || bad="$bad no tasks.lock;"
+  [ -z "$bad" ] || { WHY="${bad%;}"; return 1; }
+  STATE_DIR_INFO="$(grep -c '^f ' <<<"$listing") files: $(grep '^f ' <<<"$listing" | awk '{ sub(".*/", "", $5); printf "%s%s", sep, $5; sep=" " }')"
+}
+check_state_dir() {
+  state_dir_ok || return 1
+  INFO="0700 taskgate, $STATE_DIR_INFO all 0600 taskgate"
+}
+run_check state-dir-permissions check_state_dir
+
+# Test setup: a read-only task-capable tool in the (conf)file, and a short
+# watchdog for check 6 in a drop-in. One restart for both.
+check_setup() {
+  run_cx sh -c 'cat >>/etc/taskgate/taskgate.toml <<EOF
+
+# Added by scripts/system-test.sh: a quick read-only tool that can run as a task.
+[[tool]]
+name = "probe"
+description = "Prints its text back (system test)."
+argv = ["/usr/bin/printf", "%s", "{text}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 10
+[tool.input_schema]
+type = "object"
+required = ["text"]
+[tool.input_schema.properties.text]
+type = "string"
+maxLength = 64
+EOF
+mkdir -p /etc/systemd/system/taskgate.service.d &&
+printf "[Service]\nWatchdogSec=3s\n" >/etc/systemd/system/taskgate.service.d/system-test.conf &&
+systemctl daemon-reload && systemctl restart taskgate.service'
+  [ "$RC" -eq 0 ] || { WHY="restart with the test tool and WatchdogSec=3s failed (exit $RC): $(oneline "$OUT")"; return 1; }
+  local wd
+  wd=$(unit_prop WatchdogUSec)
+  [ "$wd" = 3s ] || { WHY="WatchdogUSec is $wd after the drop-in, want 3s"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="not active after the restart"; return 1; }
+  INFO="tool probe added to /etc/taskgate/taskgate.toml, WatchdogSec=3s drop-in"
+}
+run_check test-setup check_setup
+
+# Task helpers. create_task TEXT -> TASK_ID, completed.
+TASK_ID=""
+create_task() {
+  TASK_ID=""
+  run_cx taskgate call probe --args "{\"text\": \"$1\"}" --task
+  [ "$RC" -eq 0 ] || { WHY="taskgate call probe --task exited $RC: $(oneline "$OUT")"; return 1; }
+  grep -q '"resultType": *"task"' <<<"$OUT" || { WHY="the call returned no task: $(oneline "$OUT")"; return 1; }
+  TASK_ID=$(grep -o '"taskId": *"tg-[0-9a-f]*"' <<<"$OUT" | grep -o 'tg-[0-9a-f]*' | head -n1)
+  [ -n "$TASK_ID" ] || { WHY="no taskId in: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate task get "$TASK_ID" --wait
+  [ "$RC" -eq 0 ] && grep -q '"status": *"completed"' <<<"$OUT" && grep -q "\"text\": *\"$1\"" <<<"$OUT" \
+    || { WHY="task $TASK_ID did not complete with text $1 (exit $RC): $(oneline "$OUT")"; return 1; }
+}
+# task_get ID: one read (repeated once if polled too soon); OUT/RC.
+task_get() {
+  run_cx taskgate task get "$1"
+  if [ "$RC" -ne 0 ] && grep -q TG_TASK_POLL_TOO_SOON <<<"$OUT"; then
+    sleep 1.5
+    run_cx taskgate task get "$1"
+  fi
+}
+# task_present ID TEXT: the task reads completed with its text.
+task_present() {
+  task_get "$1"
+  [ "$RC" -eq 0 ] && grep -q "\"taskId\": *\"$1\"" <<<"$OUT" && grep -q '"status": *"completed"' <<<"$OUT" \
+    && grep -q "\"text\": *\"$2\"" <<<"$OUT"
+}
+
+# 4. A task survives a restart.
+check_restart_durability() {
+  create_task survivor || return 1
+  local id=$TASK_ID old new
+  old=$(unit_prop MainPID)
+  run_cx systemctl restart taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="systemctl restart exited $RC: $(oneline "$OUT")"; return 1; }
+  new=$(unit_prop MainPID)
+  [ "$new" != "$old" ] && [ "$new" != 0 ] || { WHY="MainPID $old -> $new: not restarted"; return 1; }
+  task_present "$id" survivor || { WHY="after the restart, task get $id (exit $RC): $(oneline "$OUT")"; return 1; }
+  INFO="$id completed before and after restart (MainPID $old -> $new)"
+}
+run_check task-survives-restart check_restart_durability
+
+# 5. The lifetime lock refuses a second process (75).
+check_lock_serve() {
+  run_cx runuser -u taskgate -- timeout 20 taskgate serve --config /etc/taskgate/taskgate.toml \
+    --state-dir /var/lib/taskgate --listen 127.0.0.1:0
+  [ "$RC" -eq 75 ] || { WHY="second serve exited $RC, want 75: $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="the service is no longer active"; return 1; }
+  INFO="exit 75: $(oneline "$OUT" | cut -c1-110)"
+}
+run_check lock-refuses-second-serve check_lock_serve
+
+check_lock_check() {
+  run_cx timeout 20 taskgate check --config /etc/taskgate/taskgate.toml --state-dir /var/lib/taskgate
+  [ "$RC" -eq 75 ] || { WHY="taskgate check as root exited $RC, want 75: $(oneline "$OUT")"; return 1; }
+  INFO="taskgate check as root: exit 75"
+}
+run_check lock-refuses-check check_lock_check
+
+watchdog_timeouts() { cx journalctl -b -u taskgate.service --no-pager -o cat 2>/dev/null | grep -ci 'watchdog timeout'; }
+
+# 6. The watchdog restarts a hung (stopped) daemon.
+WATCHDOG_COUNT=""
+check_watchdog() {
+  local old new state sub before after t0 elapsed i nr0 nr1
+  old=$(unit_prop MainPID)
+  [ -n "$old" ] && [ "$old" != 0 ] || { WHY="no MainPID"; return 1; }
+  before=$(watchdog_timeouts)
+  nr0=$(unit_prop NRestarts)
+  t0=$(date +%s.%N)
+  run_cx kill -STOP "$old"
+  [ "$RC" -eq 0 ] || { WHY="kill -STOP $old failed: $OUT"; return 1; }
+  for i in $(seq 1 120); do
+    sleep 0.5
+    new=$(unit_prop MainPID)
+    state=$(unit_prop ActiveState)
+    sub=$(unit_prop SubState)
+    if [ -n "$new" ] && [ "$new" != 0 ] && [ "$new" != "$old" ] && [ "$state/$sub" = active/running ]; then break; fi
+  done
+  elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$new" = "$old" ] || [ "$new" = 0 ] || [ "$state/$sub" != active/running ]; then
+    cx kill -CONT "$old" 2>/dev/null
+    WHY="after ${elapsed}s: MainPID $old -> $new, $state/$sub"
+    return 1
+  fi
+  ! cx test -d "/proc/$old" || { WHY="the hung process $old still exists after the restart"; return 1; }
+  after=$(watchdog_timeouts)
+  WATCHDOG_COUNT=$after
+  [ "$after" -gt "$before" ] || { WHY="restarted but the journal shows no watchdog timeout"; return 1; }
+  nr1=$(unit_prop NRestarts)
+  # WatchdogSec=3s + RestartSec=2s + start; far beyond that means the kill waited for a timeout.
+  awk -v e="$elapsed" 'BEGIN { exit !(e <= 20) }' || { WHY="took ${elapsed}s (WatchdogSec=3s, RestartSec=2s)"; return 1; }
+  INFO="MainPID $old -> $new in ${elapsed}s, NRestarts $nr0 -> $nr1, journal: $(cx journalctl -b -u taskgate.service --no-pager -o cat | grep -i 'watchdog timeout' | tail -n1)"
+}
+run_check watchdog-restarts-hung-daemon check_watchdog
+
+# 7. Backup, then restore.
+TASK_A=""
+check_backup_restore() {
+  create_task alpha || return 1
+  TASK_A=$TASK_ID
+  run_cx taskgate-backup /root/backup-1
+  [ "$RC" -eq 0 ] || { WHY="taskgate-backup exited $RC: $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="not active after taskgate-backup"; return 1; }
+  local bmode
+  bmode=$(cx stat -c '%a %U' /root/backup-1)
+  [ "$bmode" = "700 root" ] || { WHY="/root/backup-1 is $bmode, want 700 root"; return 1; }
+  run_cx sh -c 'cd /root/backup-1 && sha256sum -c MANIFEST.sha256'
+  [ "$RC" -eq 0 ] || { WHY="sha256sum -c of the backup's manifest failed: $(oneline "$OUT")"; return 1; }
+  create_task bravo || return 1
+  local task_b=$TASK_ID
+  run_cx taskgate-restore /root/backup-1
+  [ "$RC" -eq 0 ] || { WHY="taskgate-restore exited $RC: $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="not active after taskgate-restore: $(unit_prop StatusText)"; return 1; }
+  task_present "$TASK_A" alpha || { WHY="task A $TASK_A missing after restore (exit $RC): $(oneline "$OUT")"; return 1; }
+  task_get "$task_b"
+  [ "$RC" -eq 1 ] && grep -q -- '-32602' <<<"$OUT" \
+    || { WHY="task B $task_b after restore: exit $RC, want 1 with -32602: $(oneline "$OUT")"; return 1; }
+  local ev
+  ev=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-*' 2>/dev/null)
+  [ -n "$ev" ] || { WHY="no /var/lib/taskgate.replaced-* evidence directory"; return 1; }
+  cx test -f "$(head -n1 <<<"$ev")/tasks.db" || { WHY="$ev holds no tasks.db"; return 1; }
+  state_dir_ok || { WHY="after restore: $WHY"; return 1; }
+  INFO="A $TASK_A kept, B $task_b gone (-32602), active, evidence $(head -n1 <<<"$ev")"
+}
+run_check backup-restore check_backup_restore
+
+# 7 (continued). A tampered snapshot is refused and changes nothing.
+live_fingerprint() {
+  cx sh -c 'cd /var/lib/taskgate && find . -printf "%y %m %u %s %p\n" | sort && find . -type f -exec sha256sum {} + | sort'
+}
+check_tampered() {
+  [ -n "$TASK_A" ] || { WHY="no task A (backup-restore failed)"; return 1; }
+  cx test -d /root/backup-1 || { WHY="no /root/backup-1 (backup-restore failed)"; return 1; }
+  run_cx cp -a /root/backup-1 /root/backup-tampered
+  [ "$RC" -eq 0 ] || { WHY="cp failed: $OUT"; return 1; }
+  local f="$rootfs/root/backup-tampered/tasks.db" size off byte s0 s1
+  size=$(stat -c %s "$f")
+  off=$((size / 2 + 17))
+  byte=$(od -An -tu1 -j "$off" -N1 "$f" | tr -d ' ')
+  s0=$(sha256sum <"$f")
+  # shellcheck disable=SC2059
+  printf "\\$(printf %03o $((byte ^ 0x5a)))" | dd of="$f" bs=1 seek="$off" count=1 conv=notrunc status=none
+  s1=$(sha256sum <"$f")
+  [ "$s0" != "$s1" ] || { WHY="could not flip a byte in the copy"; return 1; }
+  local ev0 ev1 fp0 fp1 pid0 pid1_
+  ev0=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-* 2>/dev/null | wc -l')
+  # While the service runs: refused before anything is stopped.
+  pid0=$(unit_prop MainPID)
+  run_cx taskgate-restore /root/backup-tampered
+  [ "$RC" -ne 0 ] || { WHY="taskgate-restore accepted the tampered snapshot"; return 1; }
+  local refusal=$OUT
+  pid1_=$(unit_prop MainPID)
+  [ "$pid1_" = "$pid0" ] && [ "$(unit_prop ActiveState)" = active ] \
+    || { WHY="the refused restore disturbed the service (MainPID $pid0 -> $pid1_)"; return 1; }
+  # With the service stopped: the live files are byte-for-byte the same.
+  run_cx systemctl stop taskgate.service
+  fp0=$(live_fingerprint)
+  run_cx taskgate-restore /root/backup-tampered
+  [ "$RC" -ne 0 ] || { WHY="taskgate-restore accepted the tampered snapshot (service stopped)"; return 1; }
+  fp1=$(live_fingerprint)
+  printf '%s\n--- after\n%s\n' "$fp0" "$fp1" >>"$log"
+  local active_after
+  active_after=$(unit_prop ActiveState)
+  cx systemctl start taskgate.service >>"$log" 2>&1
+  [ -n "$fp0" ] && [ "$fp0" = "$fp1" ] || { WHY="the live state directory changed: $(oneline "$(diff <(echo "$fp0") <(echo "$fp1"))")"; return 1; }
+  [ "$active_after" != active ] || { WHY="the refused restore started the stopped service"; return 1; }
+  ev1=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-* 2>/dev/null | wc -l')
+  [ "$ev0" = "$ev1" ] || { WHY="a refused restore created an evidence directory"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="the service did not start again afterwards"; return 1; }
+  task_present "$TASK_A" alpha || { WHY="task A missing afterwards (exit $RC): $(oneline "$OUT")"; return 1; }
+  INFO="refused: $(oneline "$(grep -m1 -i 'checksum\|rejected\|refused' <<<"$refusal")" | cut -c1-140); live files unchanged"
+}
+run_check restore-refuses-tampered-snapshot check_tampered
+
+# 8. Upgrade to the rebuilt package.
+check_upgrade() {
+  local old new ver wd_before wd_after
+  old=$(unit_prop MainPID)
+  wd_before=$(watchdog_timeouts)
+  run_cx dpkg --force-confold -i "/root/pkgs/$(basename "$deb2")"
+  [ "$RC" -eq 0 ] || { WHY="dpkg -i of the upgrade exited $RC: $(oneline "$(printf '%s' "$OUT" | tail -n 5)")"; return 1; }
+  ver=$(cx dpkg-query -W -f '${Status} ${Version}' taskgate)
+  [ "$ver" = "install ok installed $v2" ] || { WHY="dpkg-query says: $ver, want $v2"; return 1; }
+  new=$(unit_prop MainPID)
+  [ -n "$new" ] && [ "$new" != 0 ] && [ "$new" != "$old" ] || { WHY="not restarted by the upgrade (MainPID $old -> $new)"; return 1; }
+  wd_after=$(watchdog_timeouts)
+  [ "$wd_after" = "$wd_before" ] || { WHY="a watchdog timeout happened during the upgrade"; return 1; }
+  [ "$(unit_prop ActiveState)/$(unit_prop SubState)" = active/running ] || { WHY="not active/running after the upgrade"; return 1; }
+  unit_prop StatusText | grep -q 'serving on' || { WHY="StatusText lacks serving on: $(unit_prop StatusText)"; return 1; }
+  [ -n "$TASK_A" ] || { WHY="no task A (backup-restore failed)"; return 1; }
+  task_present "$TASK_A" alpha || { WHY="task A $TASK_A missing after the upgrade (exit $RC): $(oneline "$OUT")"; return 1; }
+  cx grep -q '^name = "probe"' /etc/taskgate/taskgate.toml || { WHY="the edited conffile was replaced"; return 1; }
+  INFO="$v1 -> $v2, MainPID $old -> $new, task A kept, conffile edit kept"
+}
+run_check upgrade-keeps-data check_upgrade
+
+# 9. Remove keeps the state; purge removes it.
+check_remove() {
+  run_cx dpkg -r taskgate
+  [ "$RC" -eq 0 ] || { WHY="dpkg -r exited $RC: $(oneline "$OUT")"; return 1; }
+  local state procs
+  state=$(cx systemctl is-active taskgate.service 2>&1)
+  [ "$state" != active ] && [ "$state" != activating ] && [ "$state" != deactivating ] \
+    || { WHY="taskgate.service is $state after dpkg -r"; return 1; }
+  procs=$(cx sh -c 'for c in /proc/[0-9]*/comm; do [ "$(cat "$c" 2>/dev/null)" = taskgate ] && echo "${c%/comm}"; done')
+  [ -z "$procs" ] || { WHY="taskgate processes still running: $(oneline "$procs")"; return 1; }
+  cx test -f /var/lib/taskgate/tasks.db || { WHY="/var/lib/taskgate/tasks.db is gone after dpkg -r"; return 1; }
+  INFO="unit $state, no taskgate process, /var/lib/taskgate/tasks.db kept"
+}
+run_check remove-keeps-state check_remove
+
+check_purge() {
+  run_cx dpkg --purge taskgate
+  [ "$RC" -eq 0 ] || { WHY="dpkg --purge exited $RC: $(oneline "$OUT")"; return 1; }
+  ! cx test -e /var/lib/taskgate || { WHY="/var/lib/taskgate still exists after purge"; return 1; }
+  local st
+  st=$(cx dpkg-query -W -f '${Status}' taskgate 2>&1)
+  case $st in *not-installed* | *"no packages found"*) ;; *) WHY="dpkg-query says: $st"; return 1 ;; esac
+  INFO="/var/lib/taskgate removed"
+}
+run_check purge-removes-state check_purge
+
+exit 0

@@ -1,0 +1,571 @@
+//! `taskgate bench`: the capacity benchmark an operator runs on the host
+//! that will serve.
+//!
+//! It measures the disk first (raw SQLite commits with the production
+//! pragmas, [`crate::store::baseline`]), then starts a real daemon (this
+//! binary, `serve --bench-tool`) on a fresh private scratch directory on
+//! the same filesystem and drives tasks through the real MCP HTTP path:
+//!
+//! 1. serial: tasks created and polled to the end one at a time, for the
+//!    latency of one creation against one raw commit;
+//! 2. throughput: N creations by C concurrent clients;
+//! 3. completion: every task polled until it ended (all must complete);
+//! 4. retained: polls of random tasks with all N retained.
+//!
+//! The WAL size is sampled throughout and the daemon's peak RSS read at
+//! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
+
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::client::{Client, ClientError};
+use crate::config::{Config, Overrides};
+use crate::exit::{ExitClass, Refusal};
+use crate::mcp::tasks::BENCH_TOOL;
+use crate::store::baseline;
+
+pub use report::Summary;
+
+/// Commits of the single-row baseline.
+const BASELINE_SINGLES: usize = 400;
+/// Commits of the batched baseline.
+const BASELINE_BATCHES: usize = 60;
+/// Tasks of the serial phase, at most.
+const SERIAL_TASKS: usize = 200;
+/// Polls of the retained phase, at most.
+const RETAINED_POLLS: usize = 5000;
+/// How often the WAL size is sampled.
+const WAL_SAMPLE: Duration = Duration::from_millis(10);
+/// The poll interval the benchmark daemon advertises.
+const BENCH_POLL_INTERVAL_MS: u64 = 50;
+
+/// What the operator asked for.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub tasks: usize,
+    pub concurrency: usize,
+    /// Where the scratch directory is created (the disk under test).
+    pub dir: Option<PathBuf>,
+    /// Where the reports go.
+    pub out: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    /// Keep the scratch directory (database included) afterwards.
+    pub keep: bool,
+}
+
+fn refusal(class: ExitClass, msg: impl Into<String>) -> Refusal {
+    Refusal::new(class, msg)
+}
+
+/// Latencies and counters of one phase.
+#[derive(Debug, Default)]
+struct Phase {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+    refused: u64,
+}
+
+/// A running benchmark daemon; killed if dropped.
+struct BenchDaemon {
+    child: Child,
+    url: String,
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
+    let state = scratch.join("state");
+    let log_path = scratch.join("daemon.log");
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", log_path.display())))?;
+    let child = Command::new("/proc/self/exe")
+        .args([
+            "serve",
+            "--bench-tool",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("TASKGATE_LOG", "warn,taskgate=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| {
+            refusal(
+                ExitClass::Io,
+                format!("cannot start the benchmark daemon: {e}"),
+            )
+        })?;
+    let mut d = BenchDaemon {
+        child,
+        url: String::new(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(port) = text
+            .split("listen=127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        {
+            d.url = format!("http://127.0.0.1:{port}/mcp");
+            return Ok(d);
+        }
+        if let Ok(Some(status)) = d.child.try_wait() {
+            return Err(refusal(
+                ExitClass::Io,
+                format!("the benchmark daemon exited ({status}): {}", text.trim()),
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(refusal(
+                ExitClass::Io,
+                "the benchmark daemon did not start within 60 s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Peak resident set of a process, from /proc (KiB).
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn task_id_of(created: &Value) -> Option<String> {
+    (created.get("resultType").and_then(Value::as_str) == Some("task"))
+        .then(|| {
+            created
+                .get("taskId")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .flatten()
+}
+
+/// Progress on stderr: a bar when it is a terminal, phase lines otherwise.
+struct Progress {
+    tty: bool,
+}
+
+impl Progress {
+    fn show(&self, phase: &str, done: usize, total: usize) {
+        if !self.tty {
+            return;
+        }
+        let width = 30;
+        let filled = (done * width).checked_div(total).unwrap_or(width);
+        eprint!(
+            "\r{phase:<12} [{}{}] {done}/{total}   ",
+            "#".repeat(filled),
+            " ".repeat(width - filled)
+        );
+    }
+
+    fn done(&self, line: &str) {
+        if self.tty {
+            eprint!("\r{:<70}\r", "");
+        }
+        eprintln!("{line}");
+    }
+}
+
+async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase, Refusal> {
+    let client = Client::new(url, true).map_err(client_refusal)?;
+    let mut phase = Phase::default();
+    let start = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        let created = client
+            .call_tool(BENCH_TOOL, json!({}), None)
+            .await
+            .map_err(client_refusal)?;
+        phase.latencies.push(t.elapsed());
+        let id = task_id_of(&created)
+            .ok_or_else(|| refusal(ExitClass::Io, format!("no task was created: {created}")))?;
+        client
+            .wait_task(&id, &created)
+            .await
+            .map_err(client_refusal)?;
+        progress.show("serial", i + 1, n);
+    }
+    phase.elapsed = start.elapsed();
+    Ok(phase)
+}
+
+fn client_refusal(e: ClientError) -> Refusal {
+    refusal(ExitClass::Io, format!("benchmark client: {e}"))
+}
+
+/// Runs `work` for every index in 0..n on `c` concurrent clients.
+async fn concurrent<F, Fut>(
+    url: &str,
+    n: usize,
+    c: usize,
+    progress: Arc<AtomicUsize>,
+    work: F,
+) -> Result<(Vec<Duration>, Vec<(usize, String)>, u64, Duration), Refusal>
+where
+    F: Fn(Arc<Client>, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(Vec<Duration>, Option<String>, u64), ClientError>>
+        + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let work = Arc::new(work);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..c.max(1) {
+        let client = Arc::new(Client::new(url, true).map_err(client_refusal)?);
+        let (next, work, progress) = (next.clone(), work.clone(), progress.clone());
+        set.spawn(async move {
+            let mut lat = Vec::new();
+            let mut ids = Vec::new();
+            let mut refused = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let (l, id, r) = work(client.clone(), i).await?;
+                lat.extend(l);
+                refused += r;
+                if let Some(id) = id {
+                    ids.push((i, id));
+                }
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, ClientError>((lat, ids, refused))
+        });
+    }
+    let mut latencies = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    let mut refused = 0;
+    while let Some(r) = set.join_next().await {
+        let (l, i, r) = r
+            .map_err(|e| refusal(ExitClass::Io, format!("benchmark worker failed: {e}")))?
+            .map_err(client_refusal)?;
+        latencies.extend(l);
+        ids.extend(i);
+        refused += r;
+    }
+    ids.sort();
+    Ok((latencies, ids, refused, start.elapsed()))
+}
+
+/// Watches `what` while `fut` runs, drawing the progress bar.
+async fn with_progress<T>(
+    progress: &Progress,
+    phase: &str,
+    total: usize,
+    counter: Arc<AtomicUsize>,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
+    let phase = phase.to_string();
+    let tty = progress.tty;
+    let stop = Arc::new(AtomicBool::new(false));
+    let drawer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let p = Progress { tty };
+            while !stop.load(Ordering::Relaxed) {
+                p.show(&phase, counter.load(Ordering::Relaxed), total);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let out = fut.await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = drawer.await;
+    out
+}
+
+fn base_dir(opts: &BenchOptions) -> Result<PathBuf, Refusal> {
+    if let Some(d) = &opts.dir {
+        return Ok(d.clone());
+    }
+    let config = Config::load(&Overrides {
+        config_path: opts.config.clone(),
+        ..Default::default()
+    })?;
+    // Beside the state directory: the disk that will serve.
+    let parent = config
+        .state_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", parent.display())))?;
+    Ok(parent)
+}
+
+fn private_dir(path: &Path) -> Result<(), Refusal> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", path.display())))
+}
+
+/// Runs the whole benchmark; returns the terminal table.
+pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
+    if opts.tasks == 0 || opts.tasks > 1_000_000 {
+        return Err(refusal(ExitClass::Usage, "--tasks must be 1..=1000000"));
+    }
+    if opts.concurrency == 0 || opts.concurrency > 1024 {
+        return Err(refusal(ExitClass::Usage, "--concurrency must be 1..=1024"));
+    }
+    let base = base_dir(opts)?;
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let scratch = base.join(format!("taskgate-bench-{stamp}"));
+    private_dir(&scratch)?;
+    private_dir(&scratch.join("state"))?;
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("taskgate-bench-{stamp}")));
+    std::fs::create_dir_all(&out)
+        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", out.display())))?;
+    let result = run_in(opts, &scratch, &out);
+    if !opts.keep {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}
+
+fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Refusal> {
+    let progress = Progress {
+        tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let n = opts.tasks;
+    let c = opts.concurrency;
+    eprintln!(
+        "taskgate bench: {n} tasks, concurrency {c}, scratch {}",
+        scratch.display()
+    );
+
+    // The disk first, before anything else loads it.
+    let base = baseline::measure(scratch, BASELINE_SINGLES, BASELINE_BATCHES)?;
+    progress.done(&format!(
+        "baseline: one-row commit p50 {:.3} ms ({:.0} commits/s); {}-row commits {:.0} rows/s",
+        Summary::of(&base.single_commits).p50_ms,
+        base.single_commits_per_sec(),
+        baseline::BATCH_ROWS,
+        base.batch_rows_per_sec()
+    ));
+
+    let config = scratch.join("bench.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nmax_connections = {conns}\nmax_concurrent_requests = {conns}\n\
+             [store]\nmax_live_tasks = {live}\n\
+             [tasks]\nmax_running = {running}\npoll_interval_ms = {BENCH_POLL_INTERVAL_MS}\n",
+            conns = (c * 2 + 16).min(4096),
+            live = (n * 2 + 1000).min(1_000_000),
+            running = (c * 2).clamp(8, 1024),
+        ),
+    )
+    .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", config.display())))?;
+    let daemon = start_daemon(scratch, &config)?;
+    let wal_path = scratch.join("state").join("tasks.db-wal");
+    let peak_wal = Arc::new(AtomicU64::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, on, wal) = (peak_wal.clone(), sampling.clone(), wal_path.clone());
+        std::thread::spawn(move || {
+            while on.load(Ordering::Relaxed) {
+                if let Ok(m) = std::fs::metadata(&wal) {
+                    peak.fetch_max(m.len(), Ordering::Relaxed);
+                }
+                std::thread::sleep(WAL_SAMPLE);
+            }
+        })
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| refusal(ExitClass::Io, format!("runtime: {e}")))?;
+    let url = daemon.url.clone();
+    let phases = rt.block_on(async {
+        let serial = serial_phase(&url, SERIAL_TASKS.min(n), &progress).await?;
+        progress.done(&format!(
+            "serial: {} tasks created one at a time, p50 {:.3} ms",
+            serial.latencies.len(),
+            Summary::of(&serial.latencies).p50_ms
+        ));
+
+        let count = Arc::new(AtomicUsize::new(0));
+        let (create_lat, ids, _, create_elapsed) = with_progress(
+            &progress,
+            "create",
+            n,
+            count.clone(),
+            concurrent(&url, n, c, count, |client, _| async move {
+                let t = Instant::now();
+                let created = client.call_tool(BENCH_TOOL, json!({}), None).await?;
+                Ok((vec![t.elapsed()], task_id_of(&created), 0))
+            }),
+        )
+        .await?;
+        if ids.len() != n {
+            return Err(refusal(
+                ExitClass::Io,
+                format!("only {} of {n} calls created a task", ids.len()),
+            ));
+        }
+        progress.done(&format!(
+            "create: {n} tasks in {:.2} s ({:.0} tasks/s)",
+            create_elapsed.as_secs_f64(),
+            n as f64 / create_elapsed.as_secs_f64()
+        ));
+
+        let ids: Arc<Vec<String>> = Arc::new(ids.into_iter().map(|(_, id)| id).collect());
+        let count = Arc::new(AtomicUsize::new(0));
+        let all = ids.clone();
+        let (complete_lat, _, too_soon, complete_elapsed) = with_progress(
+            &progress,
+            "complete",
+            n,
+            count.clone(),
+            concurrent(&url, n, c, count, move |client, i| {
+                let id = all[i].clone();
+                async move {
+                    let mut lat = Vec::new();
+                    let mut refused = 0;
+                    loop {
+                        let t = Instant::now();
+                        match client.get_task(&id).await {
+                            Ok(task) => {
+                                lat.push(t.elapsed());
+                                match task.get("status").and_then(Value::as_str) {
+                                    Some("completed") => return Ok((lat, None, refused)),
+                                    Some("failed" | "cancelled") => {
+                                        return Err(ClientError::Decode(format!(
+                                            "task {id} ended {task}"
+                                        )));
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            Err(ClientError::Rpc { code: -32045, .. }) => refused += 1,
+                            Err(e) => return Err(e),
+                        }
+                        tokio::time::sleep(Duration::from_millis(BENCH_POLL_INTERVAL_MS)).await;
+                    }
+                }
+            }),
+        )
+        .await?;
+        progress.done(&format!(
+            "complete: all {n} tasks completed ({} polls, {too_soon} refused as too soon)",
+            complete_lat.len()
+        ));
+
+        let polls = RETAINED_POLLS.min(n);
+        let mut order: Vec<usize> = (0..n).collect();
+        shuffle(&mut order);
+        let order = Arc::new(order);
+        let count = Arc::new(AtomicUsize::new(0));
+        let all = ids.clone();
+        let (retained_lat, _, _, retained_elapsed) = with_progress(
+            &progress,
+            "poll",
+            polls,
+            count.clone(),
+            concurrent(&url, polls, c, count, move |client, i| {
+                let id = all[order[i]].clone();
+                async move {
+                    let t = Instant::now();
+                    client.get_task(&id).await?;
+                    Ok((vec![t.elapsed()], None, 0))
+                }
+            }),
+        )
+        .await?;
+        progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
+        Ok::<_, Refusal>((
+            serial,
+            Phase {
+                latencies: create_lat,
+                elapsed: create_elapsed,
+                refused: 0,
+            },
+            Phase {
+                latencies: complete_lat,
+                elapsed: complete_elapsed,
+                refused: too_soon,
+            },
+            Phase {
+                latencies: retained_lat,
+                elapsed: retained_elapsed,
+                refused: 0,
+            },
+        ))
+    })?;
+    let rss = peak_rss_kib(daemon.child.id());
+    let mut daemon = daemon;
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = daemon.child.wait();
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.join();
+    let db_bytes = std::fs::metadata(scratch.join("state").join("tasks.db"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+
+    let (serial, create, complete, retained) = phases;
+    let facts = report::HostFacts::of(scratch);
+    let r = report::Report {
+        tasks: n,
+        concurrency: c,
+        dir: scratch.to_path_buf(),
+        host: facts,
+        baseline: base,
+        serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0),
+        create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0),
+        complete: report::PhaseFigures::of(&complete.latencies, complete.elapsed, complete.refused),
+        retained: report::PhaseFigures::of(&retained.latencies, retained.elapsed, 0),
+        peak_wal_bytes: peak_wal.load(Ordering::Relaxed),
+        db_bytes,
+        peak_rss_kib: rss,
+        create_latencies: create.latencies,
+        poll_latencies: retained.latencies,
+        serial_latencies: serial.latencies,
+    };
+    r.write(out)?;
+    Ok(r.table())
+}
+
+/// A Fisher-Yates shuffle from the OS random source.
+fn shuffle(v: &mut [usize]) {
+    for i in (1..v.len()).rev() {
+        let mut b = [0u8; 8];
+        let _ = getrandom::fill(&mut b);
+        let j = (u64::from_le_bytes(b) % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}

@@ -1,0 +1,526 @@
+//! The benchmark's outputs: the terminal table, `bench.json`, `bench.md`
+//! and `latency.svg` (latency distributions a person can look at).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::exit::{ExitClass, Refusal};
+use crate::store::baseline::{BATCH_ROWS, Baseline};
+
+/// Percentiles of a latency sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Summary {
+    pub n: usize,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Summary {
+    pub fn of(sample: &[Duration]) -> Summary {
+        if sample.is_empty() {
+            return Summary::default();
+        }
+        let mut v: Vec<f64> = sample.iter().copied().map(ms).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        // Nearest-rank percentiles.
+        let pct =
+            |p: f64| v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Summary {
+            n: v.len(),
+            p50_ms: pct(50.0),
+            p95_ms: pct(95.0),
+            p99_ms: pct(99.0),
+            max_ms: v[v.len() - 1],
+            mean_ms: v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"n": self.n, "p50_ms": self.p50_ms, "p95_ms": self.p95_ms,
+               "p99_ms": self.p99_ms, "max_ms": self.max_ms, "mean_ms": self.mean_ms})
+    }
+}
+
+/// One phase: its latencies, duration, rate and refusals.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseFigures {
+    pub latency: Summary,
+    pub elapsed_s: f64,
+    pub per_sec: f64,
+    pub refused: u64,
+}
+
+impl PhaseFigures {
+    pub fn of(sample: &[Duration], elapsed: Duration, refused: u64) -> PhaseFigures {
+        let s = elapsed.as_secs_f64().max(1e-9);
+        PhaseFigures {
+            latency: Summary::of(sample),
+            elapsed_s: s,
+            per_sec: sample.len() as f64 / s,
+            refused,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"latency": self.latency.json(), "elapsed_s": self.elapsed_s,
+               "per_sec": self.per_sec, "refused_too_soon": self.refused})
+    }
+}
+
+/// What the measurements ran on.
+#[derive(Debug, Clone)]
+pub struct HostFacts {
+    pub kernel: String,
+    pub filesystem: String,
+    pub cpus: usize,
+    pub memory_kib: u64,
+    pub version: &'static str,
+}
+
+impl HostFacts {
+    pub fn of(dir: &Path) -> HostFacts {
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| {
+                format!(
+                    "{} {} {}",
+                    u.sysname().to_string_lossy(),
+                    u.release().to_string_lossy(),
+                    u.machine().to_string_lossy()
+                )
+            })
+            .unwrap_or_default();
+        let filesystem = nix::sys::statfs::statfs(dir)
+            .map(|s| fs_name(s.filesystem_type().0 as u64))
+            .unwrap_or_else(|_| "unknown".into());
+        let memory_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+            })
+            .unwrap_or(0);
+        HostFacts {
+            kernel,
+            filesystem,
+            cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            memory_kib,
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+}
+
+fn fs_name(magic: u64) -> String {
+    match magic {
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x0102_1994 => "tmpfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        0x2FC1_2FC1 => "zfs".into(),
+        0x6969 => "nfs".into(),
+        other => format!("0x{other:x}"),
+    }
+}
+
+pub struct Report {
+    pub tasks: usize,
+    pub concurrency: usize,
+    pub dir: PathBuf,
+    pub host: HostFacts,
+    pub baseline: Baseline,
+    pub serial: PhaseFigures,
+    pub create: PhaseFigures,
+    pub complete: PhaseFigures,
+    pub retained: PhaseFigures,
+    pub peak_wal_bytes: u64,
+    pub db_bytes: u64,
+    pub peak_rss_kib: Option<u64>,
+    pub create_latencies: Vec<Duration>,
+    pub poll_latencies: Vec<Duration>,
+    pub serial_latencies: Vec<Duration>,
+}
+
+/// A target of the capacity requirements, judged as information only.
+struct Target {
+    name: &'static str,
+    goal: String,
+    value: String,
+    met: bool,
+}
+
+impl Report {
+    fn single(&self) -> Summary {
+        Summary::of(&self.baseline.single_commits)
+    }
+
+    fn ratios(&self) -> (f64, f64, f64) {
+        let base = self.single();
+        (
+            self.serial.latency.p50_ms / base.p50_ms.max(1e-9),
+            self.create.per_sec / self.baseline.single_commits_per_sec().max(1e-9),
+            self.create.per_sec / self.baseline.batch_rows_per_sec().max(1e-9),
+        )
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        let (lat, vs_single, vs_batch) = self.ratios();
+        vec![
+            Target {
+                name: "create p50 at concurrency 1 vs one-row commit p50",
+                goal: "≤ 1.3×".into(),
+                value: format!("{lat:.2}×"),
+                met: lat <= 1.3,
+            },
+            Target {
+                name: "create throughput vs one-row serial commit rate",
+                goal: "≥ 5×".into(),
+                value: format!("{vs_single:.2}×"),
+                met: vs_single >= 5.0,
+            },
+            Target {
+                name: format!("create throughput vs {BATCH_ROWS}-row transactions").leak(),
+                goal: "≥ 0.5×".into(),
+                value: format!("{vs_batch:.2}×"),
+                met: vs_batch >= 0.5,
+            },
+            Target {
+                name: "poll p99 with all tasks retained",
+                goal: "< 3 ms".into(),
+                value: format!("{:.3} ms", self.retained.latency.p99_ms),
+                met: self.retained.latency.p99_ms < 3.0,
+            },
+            Target {
+                name: "peak WAL",
+                goal: "< 4 MiB".into(),
+                value: format!("{:.2} MiB", self.peak_wal_bytes as f64 / 1048576.0),
+                met: self.peak_wal_bytes < 4 * 1024 * 1024,
+            },
+        ]
+    }
+
+    pub fn json(&self) -> Value {
+        let base = self.single();
+        let batch = Summary::of(&self.baseline.batch_commits);
+        let (lat, vs_single, vs_batch) = self.ratios();
+        json!({
+            "taskgate_version": self.host.version,
+            "generated_at": chrono::Utc::now().to_rfc3339(),
+            "parameters": {"tasks": self.tasks, "concurrency": self.concurrency,
+                           "directory": self.dir.display().to_string()},
+            "host": {"kernel": self.host.kernel, "filesystem": self.host.filesystem,
+                     "cpus": self.host.cpus, "memory_kib": self.host.memory_kib},
+            "baseline": {
+                "single_row": {"commit": base.json(),
+                               "commits_per_sec": self.baseline.single_commits_per_sec()},
+                "batch": {"rows_per_transaction": BATCH_ROWS, "commit": batch.json(),
+                          "rows_per_sec": self.baseline.batch_rows_per_sec()},
+            },
+            "serial_create": self.serial.json(),
+            "create": self.create.json(),
+            "complete_polls": self.complete.json(),
+            "retained_polls": self.retained.json(),
+            "peak_wal_bytes": self.peak_wal_bytes,
+            "final_db_bytes": self.db_bytes,
+            "daemon_peak_rss_kib": self.peak_rss_kib,
+            "ratios": {
+                "serial_create_p50_to_commit_p50": lat,
+                "create_throughput_to_single_commit_rate": vs_single,
+                "create_throughput_to_batch_row_rate": vs_batch,
+            },
+            "targets": self.targets().iter().map(|t| json!({
+                "name": t.name, "goal": t.goal, "value": t.value, "met": t.met
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn rows(&self) -> Vec<[String; 7]> {
+        let row = |name: &str, s: &Summary, rate: String| {
+            [
+                name.to_string(),
+                s.n.to_string(),
+                format!("{:.3}", s.p50_ms),
+                format!("{:.3}", s.p95_ms),
+                format!("{:.3}", s.p99_ms),
+                format!("{:.3}", s.max_ms),
+                rate,
+            ]
+        };
+        vec![
+            row(
+                "baseline: 1-row commit",
+                &self.single(),
+                format!("{:.0} commits/s", self.baseline.single_commits_per_sec()),
+            ),
+            row(
+                &format!("baseline: {BATCH_ROWS}-row commit"),
+                &Summary::of(&self.baseline.batch_commits),
+                format!("{:.0} rows/s", self.baseline.batch_rows_per_sec()),
+            ),
+            row(
+                "create, concurrency 1",
+                &self.serial.latency,
+                format!("{:.0} tasks/s", self.serial.per_sec),
+            ),
+            row(
+                &format!("create, concurrency {}", self.concurrency),
+                &self.create.latency,
+                format!("{:.0} tasks/s", self.create.per_sec),
+            ),
+            row(
+                "poll until completed",
+                &self.complete.latency,
+                format!("{:.0} polls/s", self.complete.per_sec),
+            ),
+            row(
+                &format!("poll, {} retained", self.tasks),
+                &self.retained.latency,
+                format!("{:.0} polls/s", self.retained.per_sec),
+            ),
+        ]
+    }
+
+    /// The table printed on the terminal.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
+            "latency (ms)", "n", "p50", "p95", "p99", "max", "rate"
+        );
+        for r in self.rows() {
+            let _ = writeln!(
+                s,
+                "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+            );
+        }
+        let _ = writeln!(
+            s,
+            "peak WAL {:.2} MiB, final database {:.2} MiB, daemon peak RSS {}",
+            self.peak_wal_bytes as f64 / 1048576.0,
+            self.db_bytes as f64 / 1048576.0,
+            self.peak_rss_kib
+                .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
+                .unwrap_or_else(|| "unknown".into())
+        );
+        for t in self.targets() {
+            let _ = writeln!(
+                s,
+                "{} {:<52} {:>10} (target {})",
+                if t.met { "met    " } else { "not met" },
+                t.name,
+                t.value,
+                t.goal
+            );
+        }
+        s
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        let h = &self.host;
+        let _ = writeln!(s, "# taskgate bench\n");
+        let _ = writeln!(
+            s,
+            "taskgate {}, {} tasks at concurrency {}, on `{}` ({}); {}, {} CPUs, {:.1} GiB RAM.\n",
+            h.version,
+            self.tasks,
+            self.concurrency,
+            self.dir.display(),
+            h.filesystem,
+            h.kernel,
+            h.cpus,
+            h.memory_kib as f64 / 1048576.0
+        );
+        let _ = writeln!(
+            s,
+            "The baseline rows are raw SQLite commits on the same directory with taskgate's pragmas \
+             (WAL, synchronous=FULL, 4 KiB pages); read taskgate's rows as ratios to them: on a shared \
+             host absolute times alone vary several-fold between runs.\n"
+        );
+        let _ = writeln!(s, "| latency (ms) | n | p50 | p95 | p99 | max | rate |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|");
+        for r in self.rows() {
+            let _ = writeln!(s, "| {} |", r.join(" | "));
+        }
+        let _ = writeln!(
+            s,
+            "\nPeak WAL {:.2} MiB (sampled every 10 ms); final database {:.2} MiB; daemon peak RSS {}.\n",
+            self.peak_wal_bytes as f64 / 1048576.0,
+            self.db_bytes as f64 / 1048576.0,
+            self.peak_rss_kib
+                .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
+                .unwrap_or_else(|| "unknown".into())
+        );
+        let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
+        for t in self.targets() {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                t.name,
+                t.goal,
+                t.value,
+                if t.met { "met" } else { "not met" }
+            );
+        }
+        let _ = writeln!(s, "\n![latency distribution](latency.svg)");
+        s
+    }
+
+    /// Cumulative distributions of create and poll latency, log-scale.
+    fn svg(&self) -> String {
+        let (w, h) = (720.0, 420.0);
+        let (left, right, top, bottom) = (70.0, 20.0, 40.0, 60.0);
+        let all: Vec<f64> = self
+            .create_latencies
+            .iter()
+            .chain(&self.poll_latencies)
+            .chain(&self.serial_latencies)
+            .map(|d| ms(*d))
+            .filter(|v| *v > 0.0)
+            .collect();
+        let lo = all.iter().copied().fold(f64::MAX, f64::min).max(1e-3);
+        let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+        let (lmin, lmax) = (lo.log10().floor(), hi.log10().ceil());
+        let x = |v: f64| left + (v.max(lo).log10() - lmin) / (lmax - lmin) * (w - left - right);
+        let y = |p: f64| top + (1.0 - p) * (h - top - bottom);
+        let mut s = format!(
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{tx}" y="22" font-size="15" text-anchor="middle">taskgate bench: latency distribution ({n} tasks, concurrency {c})</text>
+"#,
+            tx = w / 2.0,
+            n = self.tasks,
+            c = self.concurrency
+        );
+        // Grid and axes.
+        let mut d = lmin;
+        while d <= lmax {
+            let v = 10f64.powf(d);
+            let gx = x(v);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{gx:.1}" y1="{top}" x2="{gx:.1}" y2="{yb}" stroke="#ddd"/><text x="{gx:.1}" y="{ty}" text-anchor="middle">{v}</text>"##,
+                yb = h - bottom,
+                ty = h - bottom + 16.0,
+                v = if v < 1.0 {
+                    format!("{v}")
+                } else {
+                    format!("{v:.0}")
+                }
+            );
+            d += 1.0;
+        }
+        for p in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
+            let gy = y(p);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" y1="{gy:.1}" x2="{xr}" y2="{gy:.1}" stroke="#eee"/><text x="{tx}" y="{ty:.1}" text-anchor="end">{p}</text>"##,
+                xr = w - right,
+                tx = left - 6.0,
+                ty = gy + 4.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{tx}" y="{ty}" text-anchor="middle">latency (ms, log scale)</text><text x="16" y="{my}" transform="rotate(-90 16 {my})" text-anchor="middle">fraction of requests at or below</text>"#,
+            tx = (left + w - right) / 2.0,
+            ty = h - 18.0,
+            my = (top + h - bottom) / 2.0
+        );
+        let series: [(&str, &str, &[Duration]); 3] = [
+            (
+                "#1f77b4",
+                &format!("create (concurrency {})", self.concurrency),
+                &self.create_latencies,
+            ),
+            ("#d62728", "poll (all retained)", &self.poll_latencies),
+            ("#2ca02c", "create (concurrency 1)", &self.serial_latencies),
+        ];
+        for (i, (color, label, sample)) in series.iter().enumerate() {
+            let mut v: Vec<f64> = sample.iter().map(|d| ms(*d)).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            if v.is_empty() {
+                continue;
+            }
+            let step = (v.len() / 400).max(1);
+            let mut pts = String::new();
+            for (k, val) in v.iter().enumerate().step_by(step) {
+                let _ = write!(
+                    pts,
+                    "{:.1},{:.1} ",
+                    x(*val),
+                    y((k + 1) as f64 / v.len() as f64)
+                );
+            }
+            let _ = write!(pts, "{:.1},{:.1}", x(v[v.len() - 1]), y(1.0));
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>"#
+            );
+            let ly = top + 16.0 + i as f64 * 16.0;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{lx}" y1="{ly}" x2="{lx2}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{tx}" y="{ty}">{label}</text>"#,
+                lx = left + 12.0,
+                lx2 = left + 36.0,
+                tx = left + 42.0,
+                ty = ly + 4.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="black"/></svg>"#,
+            pw = w - left - right,
+            ph = h - top - bottom
+        );
+        s
+    }
+
+    pub fn write(&self, out: &Path) -> Result<(), Refusal> {
+        let io = |p: &Path, e: std::io::Error| {
+            Refusal::new(ExitClass::Io, format!("{}: {e}", p.display()))
+        };
+        let files = [
+            (
+                "bench.json",
+                serde_json::to_string_pretty(&self.json()).unwrap_or_default(),
+            ),
+            ("bench.md", self.markdown()),
+            ("latency.svg", self.svg()),
+        ];
+        for (name, text) in files {
+            let p = out.join(name);
+            std::fs::write(&p, text).map_err(|e| io(&p, e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let s = Summary::of(&v);
+        assert_eq!(s.p50_ms, 50.0);
+        assert_eq!(s.p99_ms, 99.0);
+        assert_eq!(s.max_ms, 100.0);
+        assert_eq!(Summary::of(&[]).n, 0);
+    }
+}
