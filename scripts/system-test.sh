@@ -214,6 +214,10 @@ build_deb() { # revision -> BUILT: the .deb's path
   BUILT=$(printf '%s\n' "$out" | sed -n 's/^built //p' | tail -n1)
   [ -n "$BUILT" ] || { WHY="scripts/build-deb.sh printed no 'built' line"; return 1; }
   case $BUILT in /*) ;; *) BUILT="$repo/$BUILT" ;; esac
+  # cargo-deb deletes the other revisions from target/debian: keep a copy.
+  mkdir -p "$work/debs"
+  cp "$BUILT" "$work/debs/" || { WHY="cannot copy $BUILT"; return 1; }
+  BUILT="$work/debs/$(basename "$BUILT")"
 }
 
 deb1="" deb2=""

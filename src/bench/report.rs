@@ -297,8 +297,8 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
-            "latency (ms)", "n", "p50", "p95", "p99", "max", "rate"
+            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  rate",
+            "latency (ms)", "n", "p50", "p95", "p99", "max"
         );
         for r in self.rows() {
             let _ = writeln!(
