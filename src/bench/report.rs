@@ -145,6 +145,12 @@ pub struct Report {
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
     pub retained: PhaseFigures,
+    /// Calls that ran synchronously because the daemon could not take them
+    /// as tasks at that moment.
+    pub synchronous: usize,
+    /// During the create phase: host CPU busy %, daemon and client CPU %
+    /// (100 = one CPU).
+    pub create_cpu: (f64, f64, f64),
     pub peak_wal_bytes: u64,
     pub db_bytes: u64,
     pub peak_rss_kib: Option<u64>,
@@ -232,6 +238,10 @@ impl Report {
             "create": self.create.json(),
             "complete_polls": self.complete.json(),
             "retained_polls": self.retained.json(),
+            "synchronous_fallbacks": self.synchronous,
+            "create_phase_cpu": {"host_busy_percent": self.create_cpu.0,
+                                 "daemon_percent_of_one_cpu": self.create_cpu.1,
+                                 "client_percent_of_one_cpu": self.create_cpu.2},
             "peak_wal_bytes": self.peak_wal_bytes,
             "final_db_bytes": self.db_bytes,
             "daemon_peak_rss_kib": self.peak_rss_kib,
@@ -307,6 +317,18 @@ impl Report {
                 r[0], r[1], r[2], r[3], r[4], r[5], r[6]
             );
         }
+        if self.synchronous > 0 {
+            let _ = writeln!(
+                s,
+                "{} calls ran synchronously (no free slot or store busy at that moment)",
+                self.synchronous
+            );
+        }
+        let _ = writeln!(
+            s,
+            "create phase CPU: host {:.0}% busy; daemon {:.0}%, bench client {:.0}% of one CPU ({} CPUs)",
+            self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
+        );
         let _ = writeln!(
             s,
             "peak WAL {:.2} MiB, final database {:.2} MiB, daemon peak RSS {}",
@@ -364,6 +386,13 @@ impl Report {
             self.peak_rss_kib
                 .map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "unknown".into())
+        );
+        let _ = writeln!(
+            s,
+            "During the create phase the host's CPUs were {:.0}% busy: the daemon used {:.0}% and the \
+             benchmark client {:.0}% of one CPU ({} CPUs). Near 100% busy, the figures measure the CPU, \
+             not the disk.\n",
+            self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
         );
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
         for t in self.targets() {

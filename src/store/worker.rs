@@ -142,6 +142,12 @@ struct Worker {
 }
 
 impl Worker {
+    /// Runs one statement from the statement cache: the transaction and
+    /// savepoint statements run several times per batch.
+    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn().prepare_cached(sql)?.execute([]).map(|_| ())
+    }
+
     fn conn(&self) -> &Connection {
         // Only `close` takes the connection, and it ends the loop.
         self.conn.as_ref().expect("connection used after close")
@@ -337,7 +343,7 @@ impl Worker {
             return;
         }
         let now = now_ms();
-        if let Err(e) = self.conn().execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = self.exec("BEGIN IMMEDIATE") {
             let err = self.fail(e, "beginning a transaction");
             writes.into_iter().for_each(|(_, r)| r.fail(err.clone()));
             return;
@@ -384,7 +390,7 @@ impl Worker {
             }
         }
 
-        match self.conn().execute_batch("COMMIT") {
+        match self.exec("COMMIT") {
             Ok(()) => {
                 self.rows = (self.rows as i64 + delta).max(0) as u64;
                 done.into_iter().for_each(|(r, ok)| r.answer(ok));
@@ -435,16 +441,16 @@ impl Worker {
         &self,
         body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
-        let conn = self.conn();
-        conn.execute_batch("SAVEPOINT w")?;
-        match body(conn) {
+        self.exec("SAVEPOINT w")?;
+        match body(self.conn()) {
             Ok(v) => {
-                conn.execute_batch("RELEASE w")?;
+                self.exec("RELEASE w")?;
                 Ok(v)
             }
             Err(e) => {
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK TO w; RELEASE w");
+                if !self.conn().is_autocommit() {
+                    let _ = self.exec("ROLLBACK TO w");
+                    let _ = self.exec("RELEASE w");
                 }
                 Err(e)
             }
