@@ -700,7 +700,7 @@ check_tampered() {
   [ "$ev0" = "$ev1" ] || { WHY="a refused restore created an evidence directory"; return 1; }
   [ "$(unit_prop ActiveState)" = active ] || { WHY="the service did not start again afterwards"; return 1; }
   task_present "$TASK_A" alpha || { WHY="task A missing afterwards (exit $RC): $(oneline "$OUT")"; return 1; }
-  INFO="refused: $(oneline "$(grep -m1 -i 'checksum\|rejected\|refused' <<<"$refusal")" | cut -c1-140); live files unchanged"
+  INFO="live files unchanged; refused with: $(oneline "$(grep -m1 -i 'checksum\|rejected\|refused' <<<"$refusal")" | sed 's/^taskgate: refused: //' | cut -c1-150)"
 }
 run_check restore-refuses-tampered-snapshot check_tampered
 
