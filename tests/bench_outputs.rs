@@ -1,0 +1,93 @@
+//! `taskgate bench --tasks 1000` runs to the end on this machine and writes
+//! well-formed outputs. The figures themselves are not judged here: a
+//! benchmark is never a pass/fail timing test.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn bench_writes_json_markdown_and_svg() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "1000",
+            "--concurrency",
+            "16",
+            "--dir",
+            root.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stdout.contains("baseline: 1-row commit") && stdout.contains("peak WAL"),
+        "{stdout}"
+    );
+
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    assert_eq!(json["parameters"]["tasks"], 1000);
+    assert_eq!(json["parameters"]["concurrency"], 16);
+    for key in ["kernel", "filesystem", "cpus"] {
+        assert!(!json["host"][key].is_null(), "host.{key}");
+    }
+    for phase in [
+        "serial_create",
+        "create",
+        "complete_polls",
+        "retained_polls",
+    ] {
+        for p in ["p50_ms", "p95_ms", "p99_ms", "max_ms"] {
+            assert!(json[phase]["latency"][p].as_f64().is_some(), "{phase}.{p}");
+        }
+    }
+    assert!(
+        json["baseline"]["single_row"]["commits_per_sec"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(json["baseline"]["batch"]["rows_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["ratios"]["create_throughput_to_single_commit_rate"]
+            .as_f64()
+            .is_some()
+    );
+    assert!(json["peak_wal_bytes"].as_u64().is_some());
+    assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(json["targets"].as_array().unwrap().len(), 5);
+    // Every task created was completed (the run would have failed otherwise).
+    let created = json["create"]["latency"]["n"].as_u64().unwrap();
+    let synchronous = json["synchronous_fallbacks"].as_u64().unwrap();
+    assert_eq!(created, 1000);
+    assert!(synchronous < 1000);
+
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.starts_with("# taskgate bench"));
+    assert!(md.contains("| baseline: 1-row commit |"));
+    assert!(md.contains("![latency distribution](latency.svg)"));
+
+    let svg = std::fs::read_to_string(out.join("latency.svg")).unwrap();
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 3);
+    // Every element that opens either closes itself or is closed.
+    let opens = svg.matches("<text").count();
+    assert_eq!(opens, svg.matches("</text>").count());
+
+    // The scratch directory (its database included) is gone afterwards.
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("taskgate-bench-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
