@@ -95,7 +95,7 @@ fn sha256_of(path: &Path) -> Result<String, BackupError> {
 }
 
 /// Copies one file privately and durably; returns its sha256.
-fn copy_private(from: &Path, to: &Path, owner: Option<u32>) -> Result<String, BackupError> {
+fn copy_private(from: &Path, to: &Path, owner: Owner) -> Result<String, BackupError> {
     let mut src = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -123,9 +123,16 @@ fn copy_private(from: &Path, to: &Path, owner: Option<u32>) -> Result<String, Ba
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn give(path: &Path, owner: Option<u32>) {
-    if let Some(uid) = owner {
-        let _ = nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(uid)), None);
+/// Who restored files belong to: the state directory's user and group.
+type Owner = Option<(u32, u32)>;
+
+fn give(path: &Path, owner: Owner) {
+    if let Some((uid, gid)) = owner {
+        let _ = nix::unistd::chown(
+            path,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        );
     }
 }
 
@@ -135,7 +142,7 @@ fn sync_dir(dir: &Path) -> Result<(), BackupError> {
         .map_err(io_err(dir))
 }
 
-fn make_private_dir(path: &Path, owner: Option<u32>) -> Result<(), BackupError> {
+fn make_private_dir(path: &Path, owner: Owner) -> Result<(), BackupError> {
     fs::DirBuilder::new()
         .mode(0o700)
         .create(path)
@@ -349,7 +356,13 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
     let snapshot = absolute(snapshot)?;
     let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
     let _lock = dir.lock()?;
-    let owner = (nix::unistd::geteuid().is_root() && dir.owner() != 0).then_some(dir.owner());
+    let owner = if nix::unistd::geteuid().is_root() && dir.owner() != 0 {
+        use std::os::unix::fs::MetadataExt;
+        let gid = fs::metadata(dir.path()).map(|m| m.gid()).unwrap_or(0);
+        Some((dir.owner(), gid))
+    } else {
+        None
+    };
     let parent = dir.path().parent().unwrap_or(Path::new("/")).to_path_buf();
     let name = dir
         .path()

@@ -203,6 +203,9 @@ pub struct InitArgs {
     /// Where to write the starter configuration; refuses to overwrite.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Set `[store] directory` to this (absolute) directory.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl CommonArgs {

@@ -767,24 +767,41 @@ fn invalid_toml(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
     }
 }
 
-/// The commented starter configuration written by `taskgate init`.
-pub fn starter_config() -> String {
+/// The state directory of the packaged service (systemd's StateDirectory=).
+pub const PACKAGE_STATE_DIR: &str = "/var/lib/taskgate";
+
+/// The commented starter configuration written by `taskgate init`; with a
+/// directory, `[store] directory` is set to it (the packaged file sets the
+/// service's, so that `taskgate check --config` run by an operator looks
+/// where the service keeps its state).
+pub fn starter_config(directory: Option<&str>) -> String {
+    let directory = match directory {
+        Some(d) => format!("directory = {:?}", d),
+        None => format!("# directory = {PACKAGE_STATE_DIR:?}"),
+    };
     format!(
         r#"# taskgate configuration. Every key is optional; the values shown are the
 # defaults. Settings are read once at startup. Any key can also be set in the
 # environment as TASKGATE_<SECTION>_<KEY>, e.g. TASKGATE_STORE_QUEUE_DEPTH=256;
-# command-line flags override both.
+# command-line flags override both. See taskgate.toml(5).
 
 [server]
 # Address of the HTTP endpoint (/mcp, /healthz, /readyz). Loopback only until
 # authentication is configured.
 listen = "{listen}"
+# Open connections, and /mcp requests in flight; past either a client gets
+# 503 at once.
+max_connections = {conns}
+max_concurrent_requests = {reqs}
+# Largest request body in bytes.
+max_request_bytes = {body}
 
 [store]
 # Private state directory (absolute path, mode 0700, owned by the service
-# user). When unset: $STATE_DIRECTORY under systemd, else
-# $XDG_STATE_HOME/taskgate (~/.local/state/taskgate), created on first start.
-# directory = "/var/lib/taskgate"
+# user). Under systemd $STATE_DIRECTORY takes precedence; when neither is
+# set, $XDG_STATE_HOME/taskgate (~/.local/state/taskgate), created on first
+# start.
+{directory}
 
 # Commands waiting for the store thread; more are refused at once as busy.
 queue_depth = {queue}
@@ -797,12 +814,52 @@ checkpoint_interval_secs = {ckpt}
 
 # SQLite page cap (4 KiB pages): 1048576 pages = 4 GiB.
 max_db_pages = {pages}
+
+[tasks]
+# How long a task stays readable after creation; a finished task stays at
+# least one hour after it finished.
+default_ttl_secs = {ttl}
+# The poll interval clients are told to keep; faster polling is refused.
+poll_interval_ms = {poll}
+# Background tasks running at once; past it a call runs synchronously.
+max_running = {running}
+# Between SIGTERM and SIGKILL when a task is cancelled or the daemon stops.
+cancel_grace_ms = {grace}
+# Disk space for results over 16 KiB, in total and per result.
+artifacts_max_total_bytes = {art_total}
+artifact_max_bytes = {art_one}
+
+# Tools are commands. This one would run `/usr/bin/date -u +FORMAT` as a
+# background task for clients that negotiate Tasks; see taskgate.toml(5).
+#
+# [[tool]]
+# name = "utc_date"
+# description = "Prints the current UTC date in the given strftime format."
+# argv = ["/usr/bin/date", "-u", "+{{format}}"]
+# effect = "read_only"          # read_only | idempotent_write | non_idempotent_write
+# task = "optional"             # never | optional | required
+# timeout_secs = 10
+# [tool.input_schema]
+# type = "object"
+# required = ["format"]
+# [tool.input_schema.properties.format]
+# type = "string"
+# maxLength = 64
 "#,
         listen = DEFAULT_LISTEN,
+        conns = bounds::MAX_CONNECTIONS_DEFAULT,
+        reqs = bounds::MAX_CONCURRENT_REQUESTS_DEFAULT,
+        body = bounds::MAX_REQUEST_BYTES_DEFAULT,
         queue = bounds::QUEUE_DEPTH_DEFAULT,
         live = bounds::MAX_LIVE_TASKS_DEFAULT,
         ckpt = bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT,
         pages = bounds::MAX_DB_PAGES_DEFAULT,
+        ttl = bounds::DEFAULT_TTL_SECS_DEFAULT,
+        poll = bounds::POLL_INTERVAL_MS_DEFAULT,
+        running = bounds::MAX_RUNNING_DEFAULT,
+        grace = bounds::CANCEL_GRACE_MS_DEFAULT,
+        art_total = bounds::ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT,
+        art_one = bounds::ARTIFACT_MAX_BYTES_DEFAULT,
     )
 }
 
@@ -936,12 +993,32 @@ mod tests {
     fn starter_config_parses_to_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, starter_config()).unwrap();
+        std::fs::write(&file, starter_config(None)).unwrap();
         let over = Overrides {
-            config_path: Some(file),
+            config_path: Some(file.clone()),
             ..Default::default()
         };
         let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
         assert_eq!(c.store.queue_depth, 128);
+        assert_eq!(c.tasks.max_running, 8);
+        assert_eq!(c.state_dir, PathBuf::from("/h/.local/state/taskgate"));
+        std::fs::write(&file, starter_config(Some(PACKAGE_STATE_DIR))).unwrap();
+        let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from(PACKAGE_STATE_DIR));
+        // The commented tool example is a valid tool once uncommented.
+        let tool: String = starter_config(None)
+            .lines()
+            .skip_while(|l| !l.starts_with("# [[tool]]"))
+            .map(|l| {
+                format!(
+                    "{}\n",
+                    l.trim_start_matches("# ").split("  #").next().unwrap_or("")
+                )
+            })
+            .collect();
+        std::fs::write(&file, tool).unwrap();
+        let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.tools.len(), 1);
+        crate::exec::Registry::build(&c.tools).unwrap();
     }
 }

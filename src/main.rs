@@ -268,7 +268,7 @@ fn man_pages(out: &std::path::Path) -> Result<(), Refusal> {
 }
 
 fn init(args: &InitArgs) -> Result<(), Refusal> {
-    let text = config::starter_config();
+    let text = config::starter_config(args.state_dir.as_deref().and_then(|p| p.to_str()));
     match &args.config {
         None => {
             let _ = std::io::stdout().write_all(text.as_bytes());

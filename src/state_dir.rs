@@ -209,7 +209,12 @@ impl StateDir {
     /// Gives a file root created on the owner's behalf to the owner.
     pub fn give_to_owner(&self, path: &Path) {
         if euid() == 0 && self.owner != 0 {
-            let _ = nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(self.owner)), None);
+            let gid = fs::metadata(&self.path).map(|m| m.gid()).ok();
+            let _ = nix::unistd::chown(
+                path,
+                Some(nix::unistd::Uid::from_raw(self.owner)),
+                gid.map(nix::unistd::Gid::from_raw),
+            );
         }
     }
 

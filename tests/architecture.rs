@@ -59,7 +59,7 @@ fn packaged_configuration_is_the_starter_file() {
     .unwrap();
     assert_eq!(
         shipped,
-        taskgate::config::starter_config(),
-        "regenerate with: taskgate init > packaging/taskgate.toml"
+        taskgate::config::starter_config(Some(taskgate::config::PACKAGE_STATE_DIR)),
+        "regenerate with: taskgate init --state-dir /var/lib/taskgate > packaging/taskgate.toml"
     );
 }

@@ -217,11 +217,14 @@ fn root_backs_up_and_restores_a_directory_owned_by_the_service_user() {
     let root = private_dir();
     let state = state_dir(root.path());
     populate(&state, 3);
-    let uid = nix::unistd::Uid::from_raw(4242);
+    let (uid, gid) = (
+        nix::unistd::Uid::from_raw(4242),
+        nix::unistd::Gid::from_raw(4343),
+    );
     for entry in std::fs::read_dir(&state).unwrap() {
-        nix::unistd::chown(&entry.unwrap().path(), Some(uid), None).unwrap();
+        nix::unistd::chown(&entry.unwrap().path(), Some(uid), Some(gid)).unwrap();
     }
-    nix::unistd::chown(&state, Some(uid), None).unwrap();
+    nix::unistd::chown(&state, Some(uid), Some(gid)).unwrap();
     let s = state.to_str().unwrap();
     let snap = root.path().join("snap");
     let out = run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()]);
