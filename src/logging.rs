@@ -28,8 +28,14 @@ fn stderr_is_journal() -> bool {
     }
 }
 
+/// The default filter: taskgate's own events at info; the protocol
+/// libraries only when something is wrong (rmcp reports every finished
+/// stateless request at info, which would flood the journal).
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn,hyper=warn,axum=warn,tower=warn";
+
 pub fn init() {
-    let filter = || EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        || EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     if stderr_is_journal()
         && let Ok(layer) = tracing_journald::layer()
     {

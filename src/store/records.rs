@@ -1,5 +1,7 @@
 //! SQL on the `tasks` table. Called only from the store thread.
 
+use std::sync::LazyLock;
+
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 
@@ -111,11 +113,12 @@ pub(crate) fn find_owned(
     owner: &Digest,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
-    conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3"
-    ))?
-    .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
-    .optional()
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
+    });
+    conn.prepare_cached(&SQL)?
+        .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
+        .optional()
 }
 
 /// An unexpired task by ID alone (the executor's own view).
@@ -124,11 +127,11 @@ pub(crate) fn find_unexpired(
     id: &TaskId,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
-    conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND expires_ms > ?2"
-    ))?
-    .query_row(params![id.as_str(), now], decode_row)
-    .optional()
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND expires_ms > ?2"));
+    conn.prepare_cached(&SQL)?
+        .query_row(params![id.as_str(), now], decode_row)
+        .optional()
 }
 
 /// A task found by its creation reference.
@@ -177,19 +180,32 @@ pub(crate) fn finish(
     payload: Option<&[u8]>,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
-    conn.prepare_cached(&format!(
-        "UPDATE tasks SET status = :status, status_message = :message, payload = :payload, updated_ms = :now, {RETAIN}
-         WHERE id = :id AND status IN {NONTERMINAL} AND expires_ms > :now"
-    ))?
-    .execute(named_params! {
-        ":status": status.as_str(),
-        ":message": message,
-        ":payload": payload,
-        ":now": now,
-        ":retain": TERMINAL_RETENTION_MS,
-        ":id": id.as_str(),
-    })?;
-    find_unexpired(conn, id, now)
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE tasks SET status = :status, status_message = :message, payload = :payload, updated_ms = :now, {RETAIN}
+             WHERE id = :id AND status IN {NONTERMINAL} AND expires_ms > :now
+             RETURNING {COLUMNS}"
+        )
+    });
+    let updated = conn
+        .prepare_cached(&SQL)?
+        .query_row(
+            named_params! {
+                ":status": status.as_str(),
+                ":message": message,
+                ":payload": payload,
+                ":now": now,
+                ":retain": TERMINAL_RETENTION_MS,
+                ":id": id.as_str(),
+            },
+            decode_row,
+        )
+        .optional()?;
+    match updated {
+        Some(record) => Ok(Some(record)),
+        // Already terminal (or expired): the stored outcome stands.
+        None => find_unexpired(conn, id, now),
+    }
 }
 
 /// Records the cancel intent on the owner's nonterminal task.
