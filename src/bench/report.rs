@@ -453,7 +453,7 @@ impl Report {
             );
             d += 1.0;
         }
-        for p in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
+        for p in [0.0, 0.25, 0.5, 0.75, 0.9, 1.0] {
             let gy = y(p);
             let _ = writeln!(
                 s,
@@ -470,6 +470,18 @@ impl Report {
             ty = h - 18.0,
             my = (top + h - bottom) / 2.0
         );
+        // The disk's own one-row commit, for reference.
+        let commit = self.single().p50_ms;
+        if commit > 0.0 {
+            let cx = x(commit);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{cx:.1}" y1="{top}" x2="{cx:.1}" y2="{yb}" stroke="#555" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{ty}" fill="#555">raw commit p50</text>"##,
+                yb = h - bottom,
+                tx = cx + 4.0,
+                ty = h - bottom - 6.0
+            );
+        }
         let series: [(&str, &str, &[Duration]); 3] = [
             (
                 "#1f77b4",
@@ -500,7 +512,10 @@ impl Report {
                 s,
                 r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>"#
             );
-            let ly = top + 16.0 + i as f64 * 16.0;
+            // The legend sits bottom right: slow and rare, where the
+            // cumulative curves are not.
+            let ly = h - bottom - 60.0 + i as f64 * 16.0;
+            let left = w - right - 230.0;
             let _ = writeln!(
                 s,
                 r#"<line x1="{lx}" y1="{ly}" x2="{lx2}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{tx}" y="{ty}">{label}</text>"#,
