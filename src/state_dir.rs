@@ -170,21 +170,7 @@ impl StateDir {
             Actor::Operator if euid() == 0 => meta.uid(),
             _ => euid(),
         };
-        if meta.uid() != me {
-            return Err(PathError::WrongOwner {
-                path,
-                found: meta.uid(),
-                expected: me,
-            });
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & GROUP_OTHER_BITS != 0 {
-            return Err(PathError::GroupOtherAccess {
-                path,
-                mode,
-                fix: 0o700,
-            });
-        }
+        check_private_dir(&path, &meta, me)?;
         for ancestor in path.ancestors().skip(1) {
             check_ancestor(ancestor, me)?;
         }
@@ -247,21 +233,7 @@ impl StateDir {
                 if !meta.is_dir() {
                     return Err(PathError::NotADirectory { path });
                 }
-                if meta.uid() != me {
-                    return Err(PathError::WrongOwner {
-                        path,
-                        found: meta.uid(),
-                        expected: me,
-                    });
-                }
-                let mode = meta.mode() & 0o7777;
-                if mode & GROUP_OTHER_BITS != 0 {
-                    return Err(PathError::GroupOtherAccess {
-                        path,
-                        mode,
-                        fix: 0o700,
-                    });
-                }
+                check_private_dir(&path, &meta, me)?;
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(source) => return Err(PathError::Inspect { path, source }),
@@ -350,6 +322,26 @@ fn check_ancestor(path: &Path, me: u32) -> Result<(), PathError> {
             why: format!(
                 "mode {mode:04o} is writable by group/other and not a root-owned sticky directory"
             ),
+        });
+    }
+    Ok(())
+}
+
+/// A directory of the store: ours, no group/other bits.
+fn check_private_dir(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), PathError> {
+    if meta.uid() != me {
+        return Err(PathError::WrongOwner {
+            path: path.to_path_buf(),
+            found: meta.uid(),
+            expected: me,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_BITS != 0 {
+        return Err(PathError::GroupOtherAccess {
+            path: path.to_path_buf(),
+            mode,
+            fix: 0o700,
         });
     }
     Ok(())
