@@ -94,7 +94,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Where to write bench.json, bench.md and latency.svg.
-    /// Default: ./taskgate-bench-<time>.
+    /// Default: ./taskgate-bench-<time>-<pid>.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Configuration whose state directory locates the default --dir.

@@ -397,7 +397,12 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
         return Err(refusal(ExitClass::Usage, "--concurrency must be 1..=1024"));
     }
     let base = base_dir(opts)?;
-    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    // The pid keeps two runs started in the same second apart.
+    let stamp = format!(
+        "{}-{}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%SZ"),
+        std::process::id()
+    );
     let scratch = base.join(format!("taskgate-bench-{stamp}"));
     private_dir(&scratch)?;
     private_dir(&scratch.join("state"))?;
