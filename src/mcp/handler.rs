@@ -125,7 +125,12 @@ impl Handler {
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
         let builder = ServerCapabilities::builder().enable_tools();
-        let capabilities = if !self.is_legacy() && self.svc.tasks_available() {
+        // Advertised to every 2026-07-28 request once the store opened (the
+        // daemon does not serve otherwise), also after a disk error has
+        // disabled it: then tasks/* answer TG_STORE_UNAVAILABLE, which says
+        // what happened, rather than method-not-found, and calls run
+        // synchronously.
+        let capabilities = if !self.is_legacy() {
             builder.enable_tasks().build()
         } else {
             builder.build()

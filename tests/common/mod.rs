@@ -2,6 +2,8 @@
 //! binary, real SQLite files.
 #![allow(dead_code)]
 
+pub mod strace;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
