@@ -36,7 +36,8 @@ pub mod bounds {
     pub const MAX_LIVE_TASKS: RangeInclusive<u64> = 1..=1_000_000;
     pub const CHECKPOINT_INTERVAL_SECS_DEFAULT: u64 = 60;
     pub const CHECKPOINT_INTERVAL_SECS: RangeInclusive<u64> = 1..=86_400;
-    /// 1,048,576 pages of 4 KiB: the 4 GiB ceiling of spec 002.
+    /// 1,048,576 pages of 4 KiB: a 4 GiB ceiling, room for 100,000 full
+    /// 16 KiB results plus rows and indexes.
     pub const MAX_DB_PAGES_DEFAULT: u64 = 1_048_576;
     pub const MAX_DB_PAGES: RangeInclusive<u64> = 64..=1_048_576;
 

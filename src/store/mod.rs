@@ -29,7 +29,8 @@ use crate::exit::{Classify, ExitClass};
 
 pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_read_only};
 
-/// Largest encoded terminal payload a record may hold (spec 002: 16 KiB).
+/// Largest encoded terminal payload a record may hold (16 KiB); larger
+/// results are spilled to artifacts.
 pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
 /// Largest status message a record may hold.
 pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;

@@ -45,7 +45,8 @@ CREATE INDEX tasks_expires ON tasks (expires_ms);
 PRAGMA user_version = 1;
 ";
 
-/// Version 2 adds the optional approval-proposal reference (spec 002), in
+/// Version 2 adds the optional approval-proposal reference (for tasks that
+/// wait on an administrator's approval), in
 /// two statements the migration runs in one transaction.
 const V2_ADD_PROPOSAL: &str = "ALTER TABLE tasks ADD COLUMN proposal TEXT";
 const V2_PROPOSAL_INDEX: &str = "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL";
