@@ -120,14 +120,14 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
 #[test]
 fn spilled_results_go_when_their_task_expires() {
     use taskgate::artifacts::Artifacts;
-    use taskgate::store::{Digest, Store, StoreOptions};
+    use taskgate::store::{Store, StoreOptions};
     let root = private_dir();
     let state = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
         let (store, _) = Store::open(StoreOptions::new(state.join("tasks.db"))).unwrap();
         let artifacts = Artifacts::open(&state, 1 << 20, 1 << 24).unwrap();
-        let owner = Digest::of(b"someone");
+        let owner = common::owner();
         let short = store
             .create(new_task(300))
             .await

@@ -177,9 +177,3 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
     }
     outcome
 }
-
-/// True while any process is in the group.
-pub fn group_alive(pgid: i32) -> bool {
-    // Signal 0 checks for existence without sending anything.
-    killpg(Pid::from_raw(pgid), None).is_ok()
-}

@@ -197,7 +197,10 @@ impl TaskService {
         client_cancel: CancellationToken,
     ) -> Result<Delivery, ErrorData> {
         if name == ARTIFACT_READ_TOOL {
-            return self.artifact_read(arguments, owner).map(Delivery::Now);
+            return self
+                .artifact_read(arguments, owner)
+                .await
+                .map(Delivery::Now);
         }
         if name == BENCH_TOOL && self.bench_tool_enabled() {
             if negotiated
@@ -432,7 +435,10 @@ impl TaskService {
         }
     }
 
-    fn artifact_read(
+    /// The whole result of one of the owner's tasks, while the task is
+    /// visible: an expired task's artifact is gone at once, whether or not
+    /// the sweep has deleted its file yet.
+    async fn artifact_read(
         &self,
         arguments: Option<Map<String, Value>>,
         owner: Digest,
@@ -456,6 +462,11 @@ impl TaskService {
                 )
             })?;
         let id = TaskId::parse(id).ok_or_else(unavailable)?;
+        match self.store.get(&id, &owner).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(unavailable()),
+            Err(e) => return Err(self.store_error(e)),
+        }
         match self.artifacts.read(&id, &owner) {
             Ok(Some(v)) => serde_json::from_value::<CallToolResult>(v)
                 .map_err(|e| ErrorData::internal_error(format!("artifact encoding: {e}"), None)),
@@ -465,12 +476,6 @@ impl TaskService {
                 Err(unavailable())
             }
         }
-    }
-
-    /// Whether an artifact's task still exists decides that it may be read;
-    /// the store is asked first so an expired task's artifact is invisible.
-    pub async fn artifact_visible(&self, id: &TaskId, owner: &Digest) -> bool {
-        matches!(self.store.get(id, owner).await, Ok(Some(_)))
     }
 
     fn unknown_task(&self) -> ErrorData {

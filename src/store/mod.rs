@@ -655,10 +655,6 @@ impl Store {
         self.shared.progress.load(Ordering::Relaxed)
     }
 
-    pub fn queue_depth(&self) -> usize {
-        self.shared.depth
-    }
-
     /// Final TRUNCATE checkpoint, close, and join the store thread. Commands
     /// queued before this are answered first.
     pub async fn shutdown(&self) -> Result<(), StoreError> {
