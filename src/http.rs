@@ -170,6 +170,8 @@ impl axum::serve::Listener for LimitedListener {
             };
             match self.permits.clone().try_acquire_owned() {
                 Ok(permit) => {
+                    // Request/response traffic: send each response at once.
+                    let _ = stream.set_nodelay(true);
                     return (
                         Limited {
                             stream,
