@@ -17,6 +17,16 @@ fn open_with(dir: &std::path::Path, f: impl FnOnce(&mut StoreOptions)) -> Store 
     Store::open(o).unwrap().0
 }
 
+/// Creates a task for the test owner and returns its record.
+async fn created(store: &Store, ttl_ms: i64) -> taskgate::store::TaskRecord {
+    store
+        .create(new_task(ttl_ms))
+        .await
+        .unwrap()
+        .record()
+        .clone()
+}
+
 fn physical_rows(dir: &std::path::Path) -> i64 {
     let c = rusqlite::Connection::open_with_flags(
         dir.join("tasks.db"),
@@ -125,7 +135,7 @@ fn expired_tasks_are_invisible_before_the_sweep() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |_| {});
-        let t = store.create(new_task(200)).await.unwrap().record().clone();
+        let t = created(&store, 200).await;
         assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
         tokio::time::sleep(Duration::from_millis(250)).await;
         // Still in the file (the sweep runs each second), but not visible.
@@ -215,15 +225,7 @@ fn lowering_the_limit_keeps_existing_records_readable() {
         let store = open_with(&dir, |_| {});
         let mut ids = Vec::new();
         for _ in 0..20 {
-            ids.push(
-                store
-                    .create(new_task(60_000))
-                    .await
-                    .unwrap()
-                    .record()
-                    .id
-                    .clone(),
-            );
+            ids.push(created(&store, 60_000).await.id);
         }
         store.shutdown().await.unwrap();
 
@@ -299,12 +301,7 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |_| {});
-        let t = store
-            .create(new_task(5_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
+        let t = created(&store, 5_000).await;
         let result = Outcome::Result(serde_json::json!({"content": []}));
         let done = store
             .finish(&t.id, TaskStatus::Completed, None, Some(result.clone()))
@@ -328,12 +325,7 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
         assert_eq!(late.outcome, Some(result));
 
         let big = Outcome::Result(serde_json::json!("z".repeat(17 * 1024)));
-        let t2 = store
-            .create(new_task(5_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
+        let t2 = created(&store, 5_000).await;
         assert!(matches!(
             store
                 .finish(&t2.id, TaskStatus::Completed, None, Some(big))
@@ -351,12 +343,7 @@ fn cancel_intent_is_owner_scoped_and_ignores_terminal_tasks() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |_| {});
-        let t = store
-            .create(new_task(60_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
+        let t = created(&store, 60_000).await;
         assert_eq!(
             store
                 .request_cancel(&t.id, &Digest::of(b"stranger"))
@@ -372,12 +359,7 @@ fn cancel_intent_is_owner_scoped_and_ignores_terminal_tasks() {
         assert!(marked.cancel_requested);
         assert_eq!(marked.status, TaskStatus::Working);
 
-        let done = store
-            .create(new_task(60_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
+        let done = created(&store, 60_000).await;
         store
             .finish(
                 &done.id,
@@ -405,20 +387,8 @@ fn unknown_expired_and_foreign_ids_look_the_same() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |_| {});
-        let mine = store
-            .create(new_task(60_000))
-            .await
-            .unwrap()
-            .record()
-            .id
-            .clone();
-        let expiring = store
-            .create(new_task(100))
-            .await
-            .unwrap()
-            .record()
-            .id
-            .clone();
+        let mine = created(&store, 60_000).await.id;
+        let expiring = created(&store, 100).await.id;
         tokio::time::sleep(Duration::from_millis(150)).await;
         let unknown = taskgate::store::TaskId::generate().unwrap();
         let foreign = store.get(&mine, &Digest::of(b"stranger")).await;
@@ -438,18 +408,8 @@ fn restart_fails_running_tasks_and_keeps_finished_ones() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |_| {});
-        let running = store
-            .create(new_task(60_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
-        let finished = store
-            .create(new_task(60_000))
-            .await
-            .unwrap()
-            .record()
-            .clone();
+        let running = created(&store, 60_000).await;
+        let finished = created(&store, 60_000).await;
         let result =
             Outcome::Result(serde_json::json!({"content": [{"type": "text", "text": "done"}]}));
         store
