@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -169,21 +169,6 @@ fn kill(child: &Child) {
     .expect("SIGKILL the child");
 }
 
-/// Waits for the child to end; one still there after `limit` fails the test.
-fn reap(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("child {} did not end within {limit:?}", child.id());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Complete lines only: a trailing fragment without its newline is dropped.
 fn complete_lines(bytes: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(bytes);
@@ -259,7 +244,7 @@ fn acknowledged_tasks_survive_sigkill() {
         std::thread::sleep(delay);
         let early = child.try_wait().expect("poll the child");
         kill(&child);
-        let status = reap(&mut child, REAP_TIMEOUT);
+        let status = wait_timeout(&mut child, REAP_TIMEOUT);
         let out = stdout.join().unwrap();
         let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
         assert!(

@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
@@ -27,11 +27,75 @@ timeout_secs = 60
 type = "object"
 [tool.input_schema.properties.seconds]
 type = "number"
-"#
+
+[[tool]]
+name = "hold"
+argv = ["/bin/sh", "-c", "echo started > {started}; sleep $0; printf rested", "{{seconds}}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 60
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.seconds]
+type = "number"
+"#,
+            started = started_fifo(dir).display()
         ),
     )
     .unwrap();
     p
+}
+
+/// Where the `hold` tool says it has started (made by `Fifo::new`).
+fn started_fifo(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("started")
+}
+
+/// A keep-alive GET whose whole response is read: the server has accepted
+/// the connection and keeps it (and its permit) open.
+fn held_connection(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = s.read(&mut buf).expect("read the healthz response");
+        assert!(
+            n > 0,
+            "connection closed: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .expect("content-length");
+            if body.len() >= len {
+                assert!(head.starts_with("HTTP/1.1 200"), "{text:?}");
+                return s;
+            }
+        }
+    }
+}
+
+fn healthz(port: u16) -> String {
+    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        d,
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = d.read_to_string(&mut reply);
+    reply
 }
 
 #[test]
@@ -40,28 +104,29 @@ fn connections_past_the_bound_get_a_clear_503() {
     let state = state_dir(root.path());
     let cfg = config(root.path(), "[server]\nmax_connections = 2\n");
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
-    let _a = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
-    let _b = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let a = held_connection(daemon.port);
+    let b = held_connection(daemon.port);
     let mut c = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut reply = String::new();
     let _ = c.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 503"), "{reply:?}");
     assert!(reply.contains("server.max_connections = 2"), "{reply:?}");
-    drop((_a, _b));
-    std::thread::sleep(Duration::from_millis(200));
-    // Capacity is back once the others have gone.
-    let mut d = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
-    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        d,
-        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut ok = String::new();
-    let _ = d.read_to_string(&mut ok);
-    assert!(ok.starts_with("HTTP/1.1 200"), "{ok:?}");
+    drop((a, b));
+    // Capacity is back once the server has seen the others go; until then
+    // (a moment) it still answers 503.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ok = healthz(daemon.port);
+        if ok.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(ok.starts_with("HTTP/1.1 503"), "{ok:?}");
+        assert!(
+            Instant::now() < deadline,
+            "capacity not back 5 s after the connections closed"
+        );
+    }
     assert!(daemon.stop().success());
 }
 
@@ -78,13 +143,15 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
     rt.block_on(async {
         // One slow synchronous call holds the only request slot.
         let url = daemon.url();
+        let started = Fifo::new(&started_fifo(root.path()));
         let slow = tokio::spawn(async move {
             taskgate::client::Client::new(&url, false)
                 .unwrap()
-                .call_tool("nap", json!({"seconds": 1.5}), None)
+                .call_tool("hold", json!({"seconds": 1.5}), None)
                 .await
         });
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The tool runs: the call holds the slot.
+        started.read(Duration::from_secs(20));
         let refused = daemon
             .client(false)
             .call_tool("nap", json!({"seconds": 0}), None)

@@ -14,7 +14,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::ChildStdin;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use taskgate::store::{Digest, NewTask, Store, StoreOptions};
+use taskgate::wire;
 
-const BIN: &str = env!("CARGO_BIN_EXE_taskgate");
 const V2026: &str = "2026-07-28";
 const LEGACY: &str = "2025-11-25";
 const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
@@ -110,69 +110,17 @@ impl Fixture {
     }
 }
 
-/// A child process that is SIGKILLed and reaped when dropped, unless it
-/// was already waited for.
-struct Proc {
-    child: Child,
-    log: PathBuf,
-    done: bool,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], fx: &Fixture, log_name: &str, stdio: bool) -> Proc {
-        let log = fx.path(log_name);
-        let err = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .arg("--config")
-            .arg(&fx.config)
-            .arg("--state-dir")
-            .arg(&fx.state)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .stderr(err);
-        if stdio {
-            cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
-        } else {
-            cmd.stdin(Stdio::null()).stdout(Stdio::null());
-        }
-        let child = cmd.spawn().expect("start taskgate");
-        Proc {
-            child,
-            log,
-            done: false,
-        }
+/// The real daemon with this fixture's config and state directory.
+fn daemon(fx: &Fixture, log_name: &str, stdio: bool) -> common::Daemon {
+    let mut opts = common::Daemon::builder()
+        .config(&fx.config)
+        .state_dir(&fx.state)
+        .log(&fx.path(log_name))
+        .ready_within(STEP);
+    if stdio {
+        opts = opts.stdio();
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the exit, failing the test after `limit`.
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                self.done = true;
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "taskgate did not exit within {limit:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    opts.start()
 }
 
 /// One JSON-RPC response: its exact text and its parsed form.
@@ -347,7 +295,7 @@ trait Wire {
 // stdio: newline-delimited JSON-RPC on the child's stdin and stdout.
 
 struct StdioWire {
-    proc: Proc,
+    proc: common::Daemon,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     /// Responses that arrived while another was awaited.
@@ -357,7 +305,7 @@ struct StdioWire {
 
 impl StdioWire {
     fn start(fx: &Fixture, log_name: &str) -> StdioWire {
-        let mut proc = Proc::spawn(&["serve", "--stdio"], fx, log_name, true);
+        let mut proc = daemon(fx, log_name, true);
         let stdin = proc.child.stdin.take();
         let stdout = proc.child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
@@ -389,14 +337,14 @@ impl StdioWire {
     /// Closes stdin: the daemon must stop cleanly with exit 0.
     fn close_and_expect_clean_exit(mut self) {
         drop(self.stdin.take());
-        let status = self.proc.wait(STEP);
+        let status = self.proc.wait_exit(STEP);
         assert_eq!(
             status.code(),
             Some(0),
             "closing stdin must stop the daemon cleanly ({status}); log:\n{}",
-            self.proc.log()
+            self.proc.log_text()
         );
-        let log = self.proc.log();
+        let log = self.proc.log_text();
         assert!(log.contains("stopped cleanly"), "log:\n{log}");
     }
 }
@@ -415,7 +363,7 @@ impl Wire for StdioWire {
                 Ok(line) => line,
                 Err(e) => panic!(
                     "no stdio response to {msg} ({e}); log:\n{}",
-                    self.proc.log()
+                    self.proc.log_text()
                 ),
             };
             let Ok(v) = serde_json::from_str::<Value>(&line) else {
@@ -443,11 +391,11 @@ impl Wire for StdioWire {
     }
 
     fn log(&self) -> String {
-        self.proc.log()
+        self.proc.log_text()
     }
 
     fn daemon_pid(&self) -> i32 {
-        self.proc.child.id() as i32
+        self.proc.pid().as_raw()
     }
 }
 
@@ -455,7 +403,7 @@ impl Wire for StdioWire {
 // HTTP: one connection per POST to /mcp; JSON bodies or SSE streams.
 
 struct HttpWire {
-    proc: Proc,
+    proc: common::Daemon,
     port: u16,
     rt: tokio::runtime::Runtime,
     /// Set by a legacy `initialize`: the `Mcp-Session-Id` to send back.
@@ -473,29 +421,8 @@ struct HttpReply {
 
 impl HttpWire {
     fn start(fx: &Fixture, log_name: &str) -> HttpWire {
-        let mut proc = Proc::spawn(&["serve", "--listen", "127.0.0.1:0"], fx, log_name, false);
-        let deadline = Instant::now() + STEP;
-        let port = loop {
-            let log = proc.log();
-            if let Some(port) = log
-                .lines()
-                .filter(|l| l.contains("serving MCP over HTTP at /mcp"))
-                .find_map(|l| l.split("listen=127.0.0.1:").nth(1))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|p| p.parse::<u16>().ok())
-            {
-                break port;
-            }
-            if let Some(status) = proc.child.try_wait().unwrap() {
-                proc.done = true;
-                panic!("taskgate exited early ({status}); log:\n{log}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "taskgate did not start; log:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let proc = daemon(fx, log_name, false);
+        let port = proc.port;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -553,22 +480,22 @@ impl HttpWire {
             Ok(r) => r,
             Err(_) => panic!(
                 "no HTTP response to {msg} within {STEP:?}; log:\n{}",
-                self.proc.log()
+                self.proc.log_text()
             ),
         }
     }
 
     /// SIGTERM: the daemon must stop cleanly with exit 0.
     fn stop_and_expect_clean_exit(mut self) {
-        kill(Pid::from_raw(self.proc.child.id() as i32), Signal::SIGTERM).unwrap();
-        let status = self.proc.wait(STEP);
+        self.proc.signal(Signal::SIGTERM);
+        let status = self.proc.wait_exit(STEP);
         assert_eq!(
             status.code(),
             Some(0),
             "SIGTERM must stop the daemon cleanly ({status}); log:\n{}",
-            self.proc.log()
+            self.proc.log_text()
         );
-        let log = self.proc.log();
+        let log = self.proc.log_text();
         assert!(log.contains("stopped cleanly"), "log:\n{log}");
     }
 }
@@ -673,7 +600,7 @@ impl Wire for HttpWire {
             panic!(
                 "HTTP {} with no JSON-RPC response to {msg}; log:\n{}",
                 r.status,
-                self.proc.log()
+                self.proc.log_text()
             )
         });
         Reply::new(raw)
@@ -694,11 +621,11 @@ impl Wire for HttpWire {
     }
 
     fn log(&self) -> String {
-        self.proc.log()
+        self.proc.log_text()
     }
 
     fn daemon_pid(&self) -> i32 {
-        self.proc.child.id() as i32
+        self.proc.pid().as_raw()
     }
 }
 
@@ -713,7 +640,7 @@ fn poll_until_terminal(w: &mut dyn Wire, id: &str, limit: Duration) -> Value {
     loop {
         std::thread::sleep(wait);
         let r = w.call("tasks/get", json!({"taskId": id}), true);
-        if r.code() == Some(-32045) {
+        if r.code() == Some(wire::POLL_TOO_SOON.code) {
             wait = retry_after(&r);
         } else {
             let task = r.result().clone();
@@ -753,6 +680,17 @@ fn retry_after(r: &Reply) -> Duration {
     Duration::from_millis(ms)
 }
 
+/// Expects exactly the registered "no such task" error.
+fn assert_unknown_task(r: &Reply, what: &str) {
+    assert_eq!(r.code(), Some(wire::UNKNOWN_TASK.code), "{what}: {}", r.raw);
+    assert_eq!(
+        r.error().pointer("/data/name").and_then(Value::as_str),
+        Some(wire::UNKNOWN_TASK.name),
+        "{what}: {}",
+        r.raw
+    );
+}
+
 /// Expects `resultType: "task"` and returns the task ID.
 fn created_task(r: &Reply) -> String {
     let res = r.result();
@@ -783,7 +721,7 @@ fn create_poll_complete(w: &mut dyn Wire, text: &str) {
     let mut refused = None;
     for _ in 0..10 {
         let r = w.call("tasks/get", json!({"taskId": id}), true);
-        if r.code() == Some(-32045) {
+        if r.code() == Some(wire::POLL_TOO_SOON.code) {
             refused = Some(r);
             break;
         }
@@ -967,10 +905,9 @@ const UNKNOWN_ID: &str = "tg-0123456789abcdef0123456789abcdef";
 /// negotiation, not a missing feature.
 fn tasks_exist_for_2026(w: &mut dyn Wire) {
     let r = w.call("tasks/get", json!({"taskId": UNKNOWN_ID}), true);
-    assert!(
-        r.code().is_some() && r.code() != Some(-32601),
-        "tasks/get on 2026-07-28 must exist: {}",
-        r.raw
+    assert_unknown_task(
+        &r,
+        "tasks/get on 2026-07-28 must exist and not know this ID",
     );
     let r = w.call("server/discover", json!({}), true);
     let caps = &r.result()["capabilities"];
@@ -1164,11 +1101,9 @@ fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
         .map(|(what, id)| (what, w.call(method, json!({"taskId": id}), true)))
         .collect();
         let (_, first) = &replies[0];
-        let code = first.code();
-        assert!(
-            code.is_some() && code != Some(-32045),
-            "{method} on another owner's task must be an error like an unknown ID: {}",
-            first.raw
+        assert_unknown_task(
+            first,
+            &format!("{method} on another owner's task must be an unknown ID's error"),
         );
         for (what, r) in &replies[1..] {
             assert_eq!(

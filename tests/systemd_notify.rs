@@ -5,51 +5,10 @@
 
 mod common;
 
-use std::os::unix::net::UnixDatagram;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
-
-struct Notifications {
-    sock: UnixDatagram,
-}
-
-impl Notifications {
-    /// Messages received until `until` passes.
-    fn collect_for(&self, span: Duration) -> Vec<String> {
-        let until = Instant::now() + span;
-        let mut out = Vec::new();
-        let mut buf = [0u8; 4096];
-        while Instant::now() < until {
-            let left = until
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1));
-            self.sock.set_read_timeout(Some(left)).unwrap();
-            if let Ok(n) = self.sock.recv(&mut buf) {
-                out.push(String::from_utf8_lossy(&buf[..n]).to_string());
-            }
-        }
-        out
-    }
-
-    /// Waits up to `limit` for a message containing `needle`.
-    fn wait_for(&self, needle: &str, limit: Duration) -> String {
-        let deadline = Instant::now() + limit;
-        let mut buf = [0u8; 4096];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "no notification containing {needle:?}");
-            self.sock.set_read_timeout(Some(left)).unwrap();
-            if let Ok(n) = self.sock.recv(&mut buf) {
-                let m = String::from_utf8_lossy(&buf[..n]).to_string();
-                if m.contains(needle) {
-                    return m;
-                }
-            }
-        }
-    }
-}
+use nix::sys::signal::Signal;
 
 fn watchdogs(msgs: &[String]) -> usize {
     msgs.iter()
@@ -62,53 +21,28 @@ fn ready_status_watchdog_and_stopping_reach_the_service_manager() {
     let root = private_dir();
     let dir = state_dir(root.path());
     populate(&dir, 3);
-    let sock_path = root.path().join("notify.sock");
-    let notes = Notifications {
-        sock: UnixDatagram::bind(&sock_path).unwrap(),
-    };
     let stall = root.path().join("stall");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--state-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .env_clear()
-        .env("NOTIFY_SOCKET", &sock_path)
+    let mut daemon = Daemon::builder()
+        .state_dir(&dir)
         .env("WATCHDOG_USEC", "400000")
         .env("TASKGATE_TEST_STALL_FILE", &stall)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .start();
 
-    let ready = notes.wait_for("READY=1", Duration::from_secs(30));
-    let status = ready
-        .lines()
-        .find_map(|l| l.strip_prefix("STATUS="))
-        .expect("READY comes with a STATUS line")
-        .to_string();
+    let status = daemon.status.clone();
     assert!(status.contains(dir.to_str().unwrap()), "{status}");
     assert!(status.contains("retained 3, unexpired 3"), "{status}");
-    let port: u16 = status
-        .split("serving on 127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split(';').next())
-        .and_then(|p| p.parse().ok())
-        .expect("status names the port");
+    let port = daemon.port;
     assert!(http_get(port, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(http_get(port, "/readyz").starts_with("HTTP/1.1 200"));
 
     // Pings every 200 ms while the store thread answers.
-    let healthy = notes.collect_for(Duration::from_secs(2));
+    let healthy = daemon.collect_for(Duration::from_secs(2));
     assert!(watchdogs(&healthy) >= 4, "{healthy:?}");
 
     // Hang the store thread: the pings stop, the process stays alive.
     std::fs::write(&stall, "").unwrap();
-    let _grace = notes.collect_for(Duration::from_millis(800));
-    let hung = notes.collect_for(Duration::from_secs(2));
+    let _grace = daemon.collect_for(Duration::from_millis(800));
+    let hung = daemon.collect_for(Duration::from_secs(2));
     assert_eq!(
         watchdogs(&hung),
         0,
@@ -118,15 +52,11 @@ fn ready_status_watchdog_and_stopping_reach_the_service_manager() {
 
     // Released, it answers again and the pings resume.
     std::fs::remove_file(&stall).unwrap();
-    notes.wait_for("WATCHDOG=1", Duration::from_secs(5));
+    daemon.wait_for("WATCHDOG=1", Duration::from_secs(5));
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    notes.wait_for("STOPPING=1", Duration::from_secs(10));
-    let status = child.wait().unwrap();
+    daemon.signal(Signal::SIGTERM);
+    daemon.wait_for("STOPPING=1", Duration::from_secs(10));
+    let status = daemon.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0));
     assert!(!dir.join("tasks.db-wal").exists(), "clean stop checkpoints");
 }
@@ -136,18 +66,17 @@ fn a_refused_start_leaves_its_reason_in_status() {
     let root = private_dir();
     let dir = state_dir(root.path());
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let sock_path = root.path().join("notify.sock");
-    let notes = Notifications {
-        sock: UnixDatagram::bind(&sock_path).unwrap(),
-    };
-    let out = Command::new(BIN)
-        .args(["serve", "--state-dir", dir.to_str().unwrap()])
-        .env_clear()
-        .env("NOTIFY_SOCKET", &sock_path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(77));
-    let m = notes.wait_for("STATUS=", Duration::from_secs(5));
+    let mut daemon = Daemon::builder().state_dir(&dir).spawn();
+    let status = daemon.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(77));
+    let notes = daemon.notifications().to_vec();
+    let m = notes
+        .iter()
+        .find(|m| m.contains("STATUS="))
+        .unwrap_or_else(|| panic!("no STATUS= among {notes:?}"));
     assert!(m.contains("unsafe path") && m.contains("chmod 700"), "{m}");
-    assert!(!m.contains("READY=1"));
+    assert!(
+        !notes.iter().any(|m| m.contains("READY=1")),
+        "a refused start sent READY=1: {notes:?}"
+    );
 }

@@ -4,9 +4,16 @@
 
 pub mod strace;
 
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 
 use sha2::{Digest as _, Sha256};
 use taskgate::store::{Digest, NewTask, Store, StoreOptions};
@@ -136,54 +143,221 @@ pub fn one_line_stderr(out: &Output) -> String {
     lines[0].to_string()
 }
 
-/// A real `taskgate serve` over HTTP on an ephemeral loopback port, with
-/// its stderr in a file. Killed (SIGKILL) when dropped unless stopped.
+/// What the harness hears about a daemon: a service-manager notification,
+/// or the end of the process.
+enum Event {
+    Notify(String),
+    Exited,
+}
+
+/// How to start a daemon: `Daemon::builder()…start()`.
+pub struct DaemonOptions {
+    config: Option<PathBuf>,
+    state: Option<PathBuf>,
+    log: Option<PathBuf>,
+    envs: Vec<(OsString, OsString)>,
+    args: Vec<OsString>,
+    stdio: bool,
+    ready_within: Duration,
+}
+
+impl DaemonOptions {
+    /// `--config PATH`.
+    pub fn config(mut self, path: &Path) -> Self {
+        self.config = Some(path.to_path_buf());
+        self
+    }
+
+    /// `--state-dir PATH`.
+    pub fn state_dir(mut self, path: &Path) -> Self {
+        self.state = Some(path.to_path_buf());
+        self
+    }
+
+    /// Where the daemon's stderr goes (by default a file in the harness's
+    /// own private directory).
+    pub fn log(mut self, path: &Path) -> Self {
+        self.log = Some(path.to_path_buf());
+        self
+    }
+
+    /// One more environment variable (the environment is otherwise only
+    /// PATH and NOTIFY_SOCKET).
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.envs
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// One more command-line argument after `serve`.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    /// Serve MCP on stdin/stdout (piped, in `Daemon::child`) instead of HTTP.
+    pub fn stdio(mut self) -> Self {
+        self.stdio = true;
+        self
+    }
+
+    /// How long READY=1 may take (30 s unless set).
+    pub fn ready_within(mut self, limit: Duration) -> Self {
+        self.ready_within = limit;
+        self
+    }
+
+    /// Starts the daemon and returns once it sent READY=1: over HTTP its
+    /// port is then known from STATUS=. A daemon that ends first, or is not
+    /// ready in time, fails the test.
+    pub fn start(self) -> Daemon {
+        let limit = self.ready_within;
+        let mut d = self.spawn();
+        let ready = d.wait_for("READY=1", limit);
+        let status = ready
+            .lines()
+            .find_map(|l| l.strip_prefix("STATUS="))
+            .unwrap_or_else(|| panic!("READY=1 came without a STATUS= line: {ready:?}"))
+            .to_string();
+        if !d.stdio {
+            d.port = status
+                .split("serving on 127.0.0.1:")
+                .nth(1)
+                .and_then(|r| r.split(';').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("STATUS= names no loopback port: {status:?}"));
+        }
+        d.status = status;
+        d
+    }
+
+    /// Starts the daemon without waiting for anything: for tests of what
+    /// happens before READY=1 (or instead of it).
+    pub fn spawn(self) -> Daemon {
+        let dir = private_dir();
+        let sock_path = dir.path().join("notify.sock");
+        let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
+        let log = self.log.unwrap_or_else(|| dir.path().join("daemon.log"));
+        let err = std::fs::File::create(&log).expect("create the daemon log");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve");
+        if self.stdio {
+            cmd.arg("--stdio")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped());
+        } else {
+            cmd.args(["--listen", "127.0.0.1:0"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null());
+        }
+        if let Some(config) = &self.config {
+            cmd.arg("--config").arg(config);
+        }
+        if let Some(state) = &self.state {
+            cmd.arg("--state-dir").arg(state);
+        }
+        cmd.args(&self.args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("NOTIFY_SOCKET", &sock_path)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stderr(err);
+        let child = cmd.spawn().expect("start taskgate serve");
+
+        let (tx, events) = mpsc::channel();
+        let reader = sock.try_clone().expect("clone the notify socket");
+        let notes_tx = tx.clone();
+        // Ends once the socket is shut down and its queue read out.
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while let Ok(n) = reader.recv(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let m = String::from_utf8_lossy(&buf[..n]).to_string();
+                if notes_tx.send(Event::Notify(m)).is_err() {
+                    break;
+                }
+            }
+        });
+        let pid = Pid::from_raw(child.id() as i32);
+        std::thread::spawn(move || {
+            exited(pid);
+            let _ = tx.send(Event::Exited);
+        });
+        Daemon {
+            child,
+            port: 0,
+            log,
+            status: String::new(),
+            stdio: self.stdio,
+            events,
+            notes: Vec::new(),
+            exit: None,
+            sock,
+            _dir: dir,
+        }
+    }
+}
+
+/// Blocks until `pid`, a child of this process, has ended, leaving it
+/// unreaped (WNOWAIT): its pid cannot be reused until `Child::wait` reaps
+/// it, so a later kill can never reach another process.
+fn exited(pid: Pid) {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    loop {
+        match waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => return,
+        }
+    }
+}
+
+/// A real `taskgate serve` (HTTP on an ephemeral loopback port, or stdio)
+/// that tells the test it is ready, and everything else it tells systemd,
+/// through a NOTIFY_SOCKET the harness owns. SIGKILLed when dropped unless
+/// it has already ended.
 pub struct Daemon {
-    pub child: std::process::Child,
+    pub child: Child,
+    /// The HTTP port from STATUS= (0 over stdio).
     pub port: u16,
     pub log: PathBuf,
+    /// The STATUS= line sent with READY=1.
+    pub status: String,
+    stdio: bool,
+    events: Receiver<Event>,
+    /// Every notification received so far, in order.
+    notes: Vec<String>,
+    exit: Option<ExitStatus>,
+    sock: UnixDatagram,
+    /// Holds the notify socket (and the default log).
+    _dir: tempfile::TempDir,
 }
 
 impl Daemon {
-    pub fn start(config: &Path, state: &Path, log: &Path) -> Daemon {
-        let err = std::fs::File::create(log).unwrap();
-        let child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .arg("--state-dir")
-            .arg(state)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .stdout(std::process::Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("start taskgate");
-        let mut d = Daemon {
-            child,
-            port: 0,
-            log: log.to_path_buf(),
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            if let Some(p) = text
-                .split("listen=127.0.0.1:")
-                .nth(1)
-                .and_then(|r| r.split_whitespace().next())
-                .and_then(|p| p.parse().ok())
-            {
-                d.port = p;
-                return d;
-            }
-            if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("taskgate exited early ({status}): {text}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "taskgate did not start: {text}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
+    pub fn builder() -> DaemonOptions {
+        DaemonOptions {
+            config: None,
+            state: None,
+            log: None,
+            envs: Vec::new(),
+            args: Vec::new(),
+            stdio: false,
+            ready_within: Duration::from_secs(30),
         }
+    }
+
+    /// HTTP with a config file and a state directory, stderr in `log`.
+    pub fn start(config: &Path, state: &Path, log: &Path) -> Daemon {
+        Daemon::builder()
+            .config(config)
+            .state_dir(state)
+            .log(log)
+            .start()
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
     }
 
     pub fn url(&self) -> String {
@@ -194,48 +368,164 @@ impl Daemon {
         taskgate::client::Client::new(&self.url(), tasks).unwrap()
     }
 
-    /// SIGTERM and wait: a clean stop.
-    pub fn stop(mut self) -> std::process::ExitStatus {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = wait_timeout(&mut self.child, std::time::Duration::from_secs(30));
-        std::mem::forget(self);
+    /// The daemon's stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        if self.exit.is_none() {
+            nix::sys::signal::kill(self.pid(), sig).expect("signal the daemon");
+        }
+    }
+
+    /// Waits up to `limit` for a notification containing `needle` and
+    /// returns it. The daemon ending first, or the time running out, fails
+    /// the test.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Event::Notify(m)) => {
+                    self.notes.push(m.clone());
+                    if m.contains(needle) {
+                        return m;
+                    }
+                }
+                Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.reap();
+                    panic!(
+                        "taskgate ended ({status}) before notifying {needle:?}; notifications {:?}; log:\n{}",
+                        self.notes,
+                        self.log_text()
+                    );
+                }
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "taskgate sent no {needle:?} within {limit:?}; notifications {:?}; log:\n{}",
+                    self.notes,
+                    self.log_text()
+                ),
+            }
+        }
+    }
+
+    /// The notifications that arrive during the next `span`.
+    pub fn collect_for(&mut self, span: Duration) -> Vec<String> {
+        let until = Instant::now() + span;
+        let mut got = Vec::new();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Event::Notify(m)) => {
+                    self.notes.push(m.clone());
+                    got.push(m);
+                }
+                Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.reap();
+                    panic!(
+                        "taskgate ended ({status}) unexpectedly; log:\n{}",
+                        self.log_text()
+                    );
+                }
+                Err(RecvTimeoutError::Timeout) => return got,
+            }
+        }
+    }
+
+    /// Every notification received so far (those already queued included).
+    pub fn notifications(&mut self) -> &[String] {
+        while let Ok(e) = self.events.try_recv() {
+            if let Event::Notify(m) = e {
+                self.notes.push(m);
+            }
+        }
+        &self.notes
+    }
+
+    /// Waits for the process to end and reaps it; after `limit` it is
+    /// SIGKILLed and the test fails. The notifications it sent before it
+    /// ended are all in `notifications()` afterwards.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        if let Some(status) = self.exit {
+            return status;
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Event::Notify(m)) => self.notes.push(m),
+                Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => return self.reap(),
+                Err(RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    let status = self.reap();
+                    panic!(
+                        "taskgate did not end within {limit:?} (killed: {status}); notifications {:?}; log:\n{}",
+                        self.notes,
+                        self.log_text()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Reaps the ended process and reads out what it sent before.
+    fn reap(&mut self) -> ExitStatus {
+        let status = self.child.wait().expect("reap taskgate");
+        self.exit = Some(status);
+        // Shut down, the socket still hands out what is queued, then ends
+        // the reader; the reader's end closes the channel.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Event::Notify(m)) => self.notes.push(m),
+                Ok(Event::Exited) => {}
+                Err(_) => break,
+            }
+        }
         status
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        self.wait_exit(Duration::from_secs(30))
     }
 
     /// SIGKILL and reap: a crash.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::mem::forget(self);
+        self.signal(Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(30));
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 
-pub fn wait_timeout(
-    child: &mut std::process::Child,
-    limit: std::time::Duration,
-) -> std::process::ExitStatus {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("process did not exit within {limit:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+/// Waits for a child to end; one still running after `limit` is SIGKILLed
+/// and fails the test.
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> ExitStatus {
+    let (tx, rx) = mpsc::channel();
+    let pid = Pid::from_raw(child.id() as i32);
+    std::thread::spawn(move || {
+        exited(pid);
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(limit).is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("process {pid} did not exit within {limit:?}");
     }
+    child.wait().expect("reap the child")
 }
 
 /// A plain HTTP GET on loopback; the whole response, status line first.
@@ -252,4 +542,39 @@ pub fn http_get(port: u16, path: &str) -> String {
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     text
+}
+
+/// A named pipe a tool writes a line into when it gets that far: reading
+/// it blocks until then, so a test waits for a tool without polling.
+pub struct Fifo {
+    pub path: PathBuf,
+}
+
+impl Fifo {
+    pub fn new(path: &Path) -> Fifo {
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+        Fifo {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// What the tool wrote, once it has closed its end; a tool that has not
+    /// written within `limit` fails the test.
+    pub fn read(&self, limit: Duration) -> String {
+        let (tx, rx) = mpsc::channel();
+        let path = self.path.clone();
+        // Opening a FIFO for reading blocks until a writer opens it; the
+        // thread is left behind only when the test fails anyway.
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::read_to_string(&path));
+        });
+        match rx.recv_timeout(limit) {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => panic!("reading {}: {e}", self.path.display()),
+            Err(_) => panic!(
+                "nothing was written to {} within {limit:?}",
+                self.path.display()
+            ),
+        }
+    }
 }
