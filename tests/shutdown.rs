@@ -1,0 +1,336 @@
+//! Stopping, through the real binary, real sockets and real signals:
+//! a SIGTERM at any moment after READY=1 is a clean stop (STOPPING=1, the
+//! final checkpoint, exit 0); once stopping has begun no new call is
+//! admitted and the client is told so; and under load every in-flight call
+//! gets its real answer, so no task is committed whose handle never reached
+//! its client.
+//!
+//! `TASKGATE_SHUTDOWN_ROUNDS` sets the SIGTERM-upon-READY rounds (default
+//! 30); `TASKGATE_SHUTDOWN_LOAD_ROUNDS` the stops under load (default 3).
+
+mod common;
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use taskgate::client::{Client, ClientError};
+
+const ROUNDS_ENV: &str = "TASKGATE_SHUTDOWN_ROUNDS";
+const DEFAULT_ROUNDS: u32 = 30;
+const LOAD_ROUNDS_ENV: &str = "TASKGATE_SHUTDOWN_LOAD_ROUNDS";
+const DEFAULT_LOAD_ROUNDS: u32 = 3;
+/// Longest a stop may take here (the tools' grace included).
+const STOP_LIMIT: Duration = Duration::from_secs(30);
+
+fn rounds(var: &str, default: u32) -> u32 {
+    match std::env::var(var) {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} must be a number")),
+        Err(_) => default,
+    }
+}
+
+fn stopping_notified(notes: &[String]) -> bool {
+    notes.iter().any(|m| m.lines().any(|l| l == "STOPPING=1"))
+}
+
+/// What a state directory holds after a clean stop: the database and the
+/// lock, and at most an empty artifacts directory; no WAL or shared-memory
+/// sidecar (the final TRUNCATE checkpoint removed them).
+fn unclean_leftovers(state: &Path) -> Vec<String> {
+    let mut odd = Vec::new();
+    let mut names = BTreeSet::new();
+    for e in std::fs::read_dir(state).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().to_string();
+        if name == "artifacts" {
+            let inside = std::fs::read_dir(e.path()).unwrap().count();
+            if inside != 0 {
+                odd.push(format!("artifacts/ holds {inside} entries"));
+            }
+        } else if name != "tasks.db" && name != "tasks.lock" {
+            odd.push(name.clone());
+        }
+        names.insert(name);
+    }
+    for want in ["tasks.db", "tasks.lock"] {
+        if !names.contains(want) {
+            odd.push(format!("no {want}"));
+        }
+    }
+    odd
+}
+
+/// Defect 1: the signal handlers must be in place before READY=1 is sent,
+/// or a service manager that stops the daemon right after startup kills it
+/// by the default action, without STOPPING=1 and without the final
+/// checkpoint.
+#[test]
+#[ignore = "fixed by the core reshape: defect 1"]
+fn sigterm_the_moment_ready_arrives_is_a_clean_stop() {
+    let rounds = rounds(ROUNDS_ENV, DEFAULT_ROUNDS);
+    let mut failed = Vec::new();
+    for round in 1..=rounds {
+        let root = private_dir();
+        let state = state_dir(root.path());
+        let mut daemon = Daemon::builder().state_dir(&state).start();
+        daemon.signal(Signal::SIGTERM);
+        let status = daemon.wait_exit(STOP_LIMIT);
+        let stopping = stopping_notified(daemon.notifications());
+        let leftovers = unclean_leftovers(&state);
+        if status.code() != Some(0) || !stopping || !leftovers.is_empty() {
+            failed.push(format!(
+                "round {round}: {status}, STOPPING=1 {}, left behind {leftovers:?}",
+                if stopping { "sent" } else { "never sent" }
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {rounds} SIGTERMs sent upon READY=1 were not a clean stop:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// A tool that ignores SIGTERM (so a stop waits out the cancel grace) and
+/// says when it runs, and a tool that leaves a mark when it runs.
+fn stopping_config(dir: &Path, started: &Path, mark: &Path) -> std::path::PathBuf {
+    let p = dir.join("taskgate.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"[tasks]
+poll_interval_ms = 50
+cancel_grace_ms = 3000
+
+[[tool]]
+name = "stubborn"
+argv = ["/bin/sh", "-c", "trap '' TERM; echo started > {started}; exec sleep 60"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+
+[[tool]]
+name = "mark"
+argv = ["/bin/sh", "-c", "echo ran >> {mark}; printf marked"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 60
+"#,
+            started = started.display(),
+            mark = mark.display()
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Defect 2: once stopping has begun (STOPPING=1), a call that arrives is
+/// refused with the registered "stopping" error and its tool never starts,
+/// even while a stubborn task keeps the stop waiting.
+#[test]
+#[ignore = "fixed by the core reshape: defect 2"]
+fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let started = Fifo::new(&root.path().join("started"));
+    let mark = root.path().join("mark");
+    let config = stopping_config(root.path(), &started.path, &mark);
+    let mut daemon = Daemon::builder()
+        .config(&config)
+        .state_dir(&state)
+        .log(&root.path().join("log"))
+        .start();
+    let rt = runtime();
+    let late = Client::new(&daemon.url(), false).unwrap();
+    rt.block_on(async {
+        let created = daemon
+            .client(true)
+            .call_tool("stubborn", json!({}), None)
+            .await
+            .unwrap();
+        assert_eq!(created["resultType"], "task", "{created}");
+        // The connection the late call will use is open before the signal.
+        late.request("tools/list", json!({}), None, None)
+            .await
+            .unwrap();
+    });
+    started.read(Duration::from_secs(20));
+
+    daemon.signal(Signal::SIGTERM);
+    daemon.wait_for("STOPPING=1", Duration::from_secs(10));
+    let answer = rt.block_on(async {
+        tokio::time::timeout(STOP_LIMIT, late.call_tool("mark", json!({}), None)).await
+    });
+    let status = daemon.wait_exit(STOP_LIMIT);
+    let ran = mark.exists();
+    let refused_as_stopping = matches!(
+        &answer,
+        Ok(Err(ClientError::Rpc { error, .. }))
+            if error.pointer("/data/name").and_then(Value::as_str) == Some("TG_SERVER_STOPPING")
+    );
+    assert!(
+        refused_as_stopping && !ran,
+        "a call after STOPPING=1: answered {answer:?}; its tool ran: {ran}; daemon {status}; log:\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(status.code(), Some(0), "log:\n{}", daemon.log_text());
+}
+
+/// What one client saw during a stop under load.
+#[derive(Default)]
+struct Seen {
+    /// Task handles received.
+    handles: Vec<String>,
+    /// Answers that are neither a JSON-RPC result nor a JSON-RPC error.
+    broken: Vec<String>,
+    /// JSON-RPC errors (e.g. "stopping").
+    errors: usize,
+    /// Connections closed before an answer arrived.
+    closed: usize,
+}
+
+/// Most calls one client makes in a round.
+const MAX_CALLS: usize = 2000;
+/// Handles received before the SIGTERM.
+const BEFORE_SIGNAL: usize = 40;
+
+/// Creates tasks until the daemon no longer accepts connections.
+fn load_client(url: String, acks: mpsc::Sender<()>) -> Seen {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = Client::new(&url, true).unwrap();
+    let mut seen = Seen::default();
+    let deadline = Instant::now() + STOP_LIMIT;
+    for _ in 0..MAX_CALLS {
+        if Instant::now() > deadline {
+            break;
+        }
+        let answer = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                client.call_tool("quick", json!({}), None),
+            )
+            .await
+        });
+        match answer {
+            Ok(Ok(result)) => {
+                if let Some(id) = result.get("taskId").and_then(Value::as_str) {
+                    seen.handles.push(id.to_string());
+                    let _ = acks.send(());
+                }
+            }
+            Ok(Err(ClientError::Rpc { .. })) => seen.errors += 1,
+            // The listener is closed: the daemon is (nearly) gone.
+            Ok(Err(ClientError::Connect { .. })) => break,
+            Ok(Err(ClientError::Http { .. })) => seen.closed += 1,
+            Ok(Err(e)) => seen.broken.push(e.to_string()),
+            Err(_) => seen.broken.push("no answer within 20 s".into()),
+        }
+    }
+    seen
+}
+
+/// Every task ID in the database, read without changing the files.
+fn committed_ids(state: &Path) -> HashSet<String> {
+    let conn = rusqlite::Connection::open_with_flags(
+        state.join("tasks.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    conn.prepare("SELECT id FROM tasks")
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Defect 8: SIGTERM while four clients create tasks. Every call gets a
+/// JSON-RPC answer (or finds the connection gone before it was taken), and
+/// every task the database holds was handed to some client.
+#[test]
+#[ignore = "fixed by the core reshape: defect 8"]
+fn a_stop_under_load_answers_every_call_and_loses_no_handle() {
+    let rounds = rounds(LOAD_ROUNDS_ENV, DEFAULT_LOAD_ROUNDS);
+    let mut failed = Vec::new();
+    for round in 1..=rounds {
+        let root = private_dir();
+        let state = state_dir(root.path());
+        let config = root.path().join("taskgate.toml");
+        std::fs::write(
+            &config,
+            r#"[[tool]]
+name = "quick"
+argv = ["/bin/sh", "-c", "printf ok"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 60
+"#,
+        )
+        .unwrap();
+        let mut daemon = Daemon::builder()
+            .config(&config)
+            .state_dir(&state)
+            .log(&root.path().join("log"))
+            .start();
+        let (tx, acks) = mpsc::channel();
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                let (url, tx) = (daemon.url(), tx.clone());
+                std::thread::spawn(move || load_client(url, tx))
+            })
+            .collect();
+        drop(tx);
+        for n in 0..BEFORE_SIGNAL {
+            if let Err(e) = acks.recv_timeout(Duration::from_secs(20)) {
+                panic!(
+                    "round {round}: only {n} handles before the signal ({e}); log:\n{}",
+                    daemon.log_text()
+                );
+            }
+        }
+        daemon.signal(Signal::SIGTERM);
+        let status = daemon.wait_exit(STOP_LIMIT);
+        let seen: Vec<Seen> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+
+        let handed: HashSet<String> = seen.iter().flat_map(|s| s.handles.clone()).collect();
+        let committed = committed_ids(&state);
+        let lost: Vec<&String> = committed.difference(&handed).collect();
+        let broken: Vec<&String> = seen.iter().flat_map(|s| &s.broken).collect();
+        let errors: usize = seen.iter().map(|s| s.errors).sum();
+        let closed: usize = seen.iter().map(|s| s.closed).sum();
+        println!(
+            "round {round}: {status}, handles {}, committed {}, JSON-RPC errors {errors}, closed {closed}, broken {}, lost {}",
+            handed.len(),
+            committed.len(),
+            broken.len(),
+            lost.len()
+        );
+        if status.code() != Some(0) || !broken.is_empty() || !lost.is_empty() {
+            failed.push(format!(
+                "round {round}: {status}; {} answers neither result nor JSON-RPC error, e.g. {:?}; {} of {} committed tasks never reached a client, e.g. {:?}",
+                broken.len(),
+                broken.iter().take(2).collect::<Vec<_>>(),
+                lost.len(),
+                committed.len(),
+                lost.iter().take(2).collect::<Vec<_>>()
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {rounds} stops under load broke calls:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
