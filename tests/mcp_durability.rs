@@ -85,6 +85,7 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
     let root = private_dir();
     let state = state_dir(root.path());
     let marker = root.path().join("started");
+    let running = Fifo::new(&root.path().join("running"));
     let grandchild = root.path().join("grandchild.pid");
     let config = write_config(
         root.path(),
@@ -94,9 +95,10 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
             tool(
                 "slow",
                 &format!(
-                    "sleep 60 & echo $! > {}; echo started >> {}; wait",
+                    "sleep 60 & echo $! > {}; echo started >> {}; echo > {}; wait",
                     grandchild.display(),
-                    marker.display()
+                    marker.display(),
+                    running.path.display()
                 ),
                 "optional"
             )
@@ -109,13 +111,9 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
         let done = task_id(&c.call_tool("quick", json!({}), None).await.unwrap());
         let t = poll_until_terminal(&c, &done, Duration::from_secs(20)).await;
         assert_eq!(t["status"], "completed");
-        let running = task_id(&c.call_tool("slow", json!({}), None).await.unwrap());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while lines(&marker) == 0 {
-            assert!(Instant::now() < deadline, "the slow tool never started");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        (done, running)
+        let slow = task_id(&c.call_tool("slow", json!({}), None).await.unwrap());
+        running.read(Duration::from_secs(20));
+        (done, slow)
     });
     daemon.kill();
     // Nothing the tool started outlives the daemon, even a SIGKILLed one.

@@ -793,37 +793,28 @@ fn members_of_group(pgid: i32) -> Vec<String> {
     out
 }
 
-fn read_marker(path: &Path, w: &dyn Wire) -> (i32, i32) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            let pids: Vec<i32> = text
-                .split_whitespace()
-                .map(|p| p.parse().expect("marker holds pids"))
-                .collect();
-            assert_eq!(pids.len(), 2, "marker: {text:?}");
-            return (pids[0], pids[1]);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the tool never wrote its marker; log:\n{}",
-            w.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The "<shell pid> <background sleep pid>" the `hang` tool writes into
+/// its marker, a FIFO: reading blocks until the tool has written.
+fn read_marker(marker: &common::Fifo) -> (i32, i32) {
+    let text = marker.read(STEP);
+    let pids: Vec<i32> = text
+        .split_whitespace()
+        .map(|p| p.parse().expect("marker holds pids"))
+        .collect();
+    assert_eq!(pids.len(), 2, "marker: {text:?}");
+    (pids[0], pids[1])
 }
 
 fn cancel_kills_the_group(w: &mut dyn Wire, marker: &Path) {
     become_subreaper();
+    let marker = common::Fifo::new(marker);
     let r = w.call(
         "tools/call",
-        json!({"name": "hang", "arguments": {"marker": marker.to_str().unwrap()}}),
+        json!({"name": "hang", "arguments": {"marker": marker.path.to_str().unwrap()}}),
         true,
     );
     let id = created_task(&r);
-    let (shell, sleeper) = read_marker(marker, w);
+    let (shell, sleeper) = read_marker(&marker);
 
     // The tool runs in a process group of its own (led by the daemon's
     // exec-tool shim), and its background sleep is in that group too.

@@ -6,8 +6,6 @@ mod common;
 
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -154,44 +152,15 @@ fn missing_configured_directory() {
     assert!(one_line_stderr(&out).contains("install -d -m 700"));
 }
 
-fn spawn_server(dir: &Path) -> Child {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--state-dir",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .env_clear()
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Serving once the lock file names its pid.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let want = child.id().to_string();
-    loop {
-        let text = std::fs::read_to_string(dir.join("tasks.lock")).unwrap_or_default();
-        if text.trim() == want {
-            // The store finishes opening right after the lock; give it a moment.
-            std::thread::sleep(Duration::from_millis(300));
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("server exited early: {status}");
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
+fn spawn_server(dir: &Path) -> Daemon {
+    Daemon::builder().state_dir(dir).start()
 }
 
 #[test]
 fn second_process_is_refused_by_the_lock() {
     let (_root, dir) = valid_store();
-    let mut first = spawn_server(&dir);
-    let pid = first.id().to_string();
+    let first = spawn_server(&dir);
+    let pid = first.child.id().to_string();
     for sub in ["serve", "check"] {
         let out = taskgate(
             &[
@@ -208,12 +177,7 @@ fn second_process_is_refused_by_the_lock() {
         assert!(line.contains("tasks.lock") && line.contains(&pid), "{line}");
         assert!(line.contains("never delete the lock file"), "{line}");
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert!(first.wait().unwrap().success());
+    assert!(first.stop().success());
     assert!(
         dir.join("tasks.lock").exists(),
         "the lock file is never deleted"
@@ -422,26 +386,9 @@ fn default_directory_is_created_private() {
     let out = taskgate(&["check"], &[("XDG_STATE_HOME", xdg_s)]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!xdg.exists());
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env_clear()
-        .env("XDG_STATE_HOME", xdg_s)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = Daemon::builder().env("XDG_STATE_HOME", xdg_s).start();
     let dir = xdg.join("taskgate");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !dir.join("tasks.lock").exists() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert!(child.wait().unwrap().success());
+    assert!(daemon.stop().success());
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
     for f in ["tasks.db", "tasks.lock"] {
