@@ -17,6 +17,7 @@
 
 mod report;
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use crate::config::{Config, Overrides};
 use crate::exit::{ExitClass, Refusal};
 use crate::mcp::tasks::BENCH_TOOL;
 use crate::store::baseline;
+use crate::wire;
 
 pub use report::Summary;
 
@@ -239,7 +241,8 @@ impl Progress {
         }
         let width = 30;
         let filled = (done * width).checked_div(total).unwrap_or(width);
-        eprint!(
+        let _ = write!(
+            std::io::stderr(),
             "\r{phase:<12} [{}{}] {done}/{total}   ",
             "#".repeat(filled),
             " ".repeat(width - filled)
@@ -248,9 +251,9 @@ impl Progress {
 
     fn done(&self, line: &str) {
         if self.tty {
-            eprint!("\r{:<70}\r", "");
+            let _ = write!(std::io::stderr(), "\r{:<70}\r", "");
         }
-        eprintln!("{line}");
+        let _ = writeln!(std::io::stderr(), "{line}");
     }
 }
 
@@ -425,7 +428,8 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
     };
     let n = opts.tasks;
     let c = opts.concurrency;
-    eprintln!(
+    let _ = writeln!(
+        std::io::stderr(),
         "taskgate bench: {n} tasks, concurrency {c}, scratch {}",
         scratch.display()
     );
@@ -541,7 +545,11 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
                                     _ => {}
                                 }
                             }
-                            Err(ClientError::Rpc { code: -32045, .. }) => refused += 1,
+                            Err(ClientError::Rpc { code, .. })
+                                if code == wire::POLL_TOO_SOON.code =>
+                            {
+                                refused += 1
+                            }
                             Err(e) => return Err(e),
                         }
                         tokio::time::sleep(Duration::from_millis(BENCH_POLL_INTERVAL_MS)).await;

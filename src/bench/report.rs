@@ -5,13 +5,13 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::exit::{ExitClass, Refusal};
 use crate::store::baseline::{BATCH_ROWS, Baseline};
 
 /// Percentiles of a latency sample, in milliseconds.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Summary {
     pub n: usize,
     pub p50_ms: f64,
@@ -44,19 +44,16 @@ impl Summary {
             mean_ms: v.iter().sum::<f64>() / v.len() as f64,
         }
     }
-
-    fn json(&self) -> Value {
-        json!({"n": self.n, "p50_ms": self.p50_ms, "p95_ms": self.p95_ms,
-               "p99_ms": self.p99_ms, "max_ms": self.max_ms, "mean_ms": self.mean_ms})
-    }
 }
 
 /// One phase: its latencies, duration, rate and refusals.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct PhaseFigures {
     pub latency: Summary,
     pub elapsed_s: f64,
     pub per_sec: f64,
+    /// Polls refused as too soon (`TG_TASK_POLL_TOO_SOON`).
+    #[serde(rename = "refused_too_soon")]
     pub refused: u64,
 }
 
@@ -70,20 +67,17 @@ impl PhaseFigures {
             refused,
         }
     }
-
-    fn json(&self) -> Value {
-        json!({"latency": self.latency.json(), "elapsed_s": self.elapsed_s,
-               "per_sec": self.per_sec, "refused_too_soon": self.refused})
-    }
 }
 
 /// What the measurements ran on.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct HostFacts {
     pub kernel: String,
     pub filesystem: String,
     pub cpus: usize,
     pub memory_kib: u64,
+    /// Reported at the top level of bench.json, as `taskgate_version`.
+    #[serde(skip)]
     pub version: &'static str,
 }
 
@@ -160,11 +154,73 @@ pub struct Report {
 }
 
 /// A target of the capacity requirements, judged as information only.
+#[derive(Serialize)]
 struct Target {
-    name: &'static str,
+    name: String,
     goal: String,
     value: String,
     met: bool,
+}
+
+/// bench.json: every figure of a run, for machines.
+#[derive(Serialize)]
+struct BenchJson<'a> {
+    taskgate_version: &'a str,
+    generated_at: String,
+    parameters: Parameters,
+    host: &'a HostFacts,
+    baseline: BaselineJson,
+    serial_create: PhaseFigures,
+    create: PhaseFigures,
+    complete_polls: PhaseFigures,
+    retained_polls: PhaseFigures,
+    synchronous_fallbacks: usize,
+    create_phase_cpu: CpuJson,
+    peak_wal_bytes: u64,
+    final_db_bytes: u64,
+    daemon_peak_rss_kib: Option<u64>,
+    ratios: Ratios,
+    targets: Vec<Target>,
+}
+
+#[derive(Serialize)]
+struct Parameters {
+    tasks: usize,
+    concurrency: usize,
+    directory: String,
+}
+
+#[derive(Serialize)]
+struct BaselineJson {
+    single_row: SingleRow,
+    batch: Batch,
+}
+
+#[derive(Serialize)]
+struct SingleRow {
+    commit: Summary,
+    commits_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct Batch {
+    rows_per_transaction: usize,
+    commit: Summary,
+    rows_per_sec: f64,
+}
+
+#[derive(Serialize)]
+struct CpuJson {
+    host_busy_percent: f64,
+    daemon_percent_of_one_cpu: f64,
+    client_percent_of_one_cpu: f64,
+}
+
+#[derive(Serialize)]
+struct Ratios {
+    serial_create_p50_to_commit_p50: f64,
+    create_throughput_to_single_commit_rate: f64,
+    create_throughput_to_batch_row_rate: f64,
 }
 
 impl Report {
@@ -185,31 +241,31 @@ impl Report {
         let (lat, vs_single, vs_batch) = self.ratios();
         vec![
             Target {
-                name: "create p50 at concurrency 1 vs one-row commit p50",
+                name: "create p50 at concurrency 1 vs one-row commit p50".into(),
                 goal: "≤ 1.3×".into(),
                 value: format!("{lat:.2}×"),
                 met: lat <= 1.3,
             },
             Target {
-                name: "create throughput vs one-row serial commit rate",
+                name: "create throughput vs one-row serial commit rate".into(),
                 goal: "≥ 5×".into(),
                 value: format!("{vs_single:.2}×"),
                 met: vs_single >= 5.0,
             },
             Target {
-                name: format!("create throughput vs {BATCH_ROWS}-row transactions").leak(),
+                name: format!("create throughput vs {BATCH_ROWS}-row transactions"),
                 goal: "≥ 0.5×".into(),
                 value: format!("{vs_batch:.2}×"),
                 met: vs_batch >= 0.5,
             },
             Target {
-                name: "poll p99 with all tasks retained",
+                name: "poll p99 with all tasks retained".into(),
                 goal: "< 3 ms".into(),
                 value: format!("{:.3} ms", self.retained.latency.p99_ms),
                 met: self.retained.latency.p99_ms < 3.0,
             },
             Target {
-                name: "peak WAL",
+                name: "peak WAL".into(),
                 goal: "< 4 MiB".into(),
                 value: format!("{:.2} MiB", self.peak_wal_bytes as f64 / 1048576.0),
                 met: self.peak_wal_bytes < 4 * 1024 * 1024,
@@ -217,43 +273,48 @@ impl Report {
         ]
     }
 
-    pub fn json(&self) -> Value {
-        let base = self.single();
-        let batch = Summary::of(&self.baseline.batch_commits);
+    fn json(&self) -> BenchJson<'_> {
         let (lat, vs_single, vs_batch) = self.ratios();
-        json!({
-            "taskgate_version": self.host.version,
-            "generated_at": chrono::Utc::now().to_rfc3339(),
-            "parameters": {"tasks": self.tasks, "concurrency": self.concurrency,
-                           "directory": self.dir.display().to_string()},
-            "host": {"kernel": self.host.kernel, "filesystem": self.host.filesystem,
-                     "cpus": self.host.cpus, "memory_kib": self.host.memory_kib},
-            "baseline": {
-                "single_row": {"commit": base.json(),
-                               "commits_per_sec": self.baseline.single_commits_per_sec()},
-                "batch": {"rows_per_transaction": BATCH_ROWS, "commit": batch.json(),
-                          "rows_per_sec": self.baseline.batch_rows_per_sec()},
+        BenchJson {
+            taskgate_version: self.host.version,
+            generated_at: chrono::Utc::now().to_rfc3339(),
+            parameters: Parameters {
+                tasks: self.tasks,
+                concurrency: self.concurrency,
+                directory: self.dir.display().to_string(),
             },
-            "serial_create": self.serial.json(),
-            "create": self.create.json(),
-            "complete_polls": self.complete.json(),
-            "retained_polls": self.retained.json(),
-            "synchronous_fallbacks": self.synchronous,
-            "create_phase_cpu": {"host_busy_percent": self.create_cpu.0,
-                                 "daemon_percent_of_one_cpu": self.create_cpu.1,
-                                 "client_percent_of_one_cpu": self.create_cpu.2},
-            "peak_wal_bytes": self.peak_wal_bytes,
-            "final_db_bytes": self.db_bytes,
-            "daemon_peak_rss_kib": self.peak_rss_kib,
-            "ratios": {
-                "serial_create_p50_to_commit_p50": lat,
-                "create_throughput_to_single_commit_rate": vs_single,
-                "create_throughput_to_batch_row_rate": vs_batch,
+            host: &self.host,
+            baseline: BaselineJson {
+                single_row: SingleRow {
+                    commit: self.single(),
+                    commits_per_sec: self.baseline.single_commits_per_sec(),
+                },
+                batch: Batch {
+                    rows_per_transaction: BATCH_ROWS,
+                    commit: Summary::of(&self.baseline.batch_commits),
+                    rows_per_sec: self.baseline.batch_rows_per_sec(),
+                },
             },
-            "targets": self.targets().iter().map(|t| json!({
-                "name": t.name, "goal": t.goal, "value": t.value, "met": t.met
-            })).collect::<Vec<_>>(),
-        })
+            serial_create: self.serial,
+            create: self.create,
+            complete_polls: self.complete,
+            retained_polls: self.retained,
+            synchronous_fallbacks: self.synchronous,
+            create_phase_cpu: CpuJson {
+                host_busy_percent: self.create_cpu.0,
+                daemon_percent_of_one_cpu: self.create_cpu.1,
+                client_percent_of_one_cpu: self.create_cpu.2,
+            },
+            peak_wal_bytes: self.peak_wal_bytes,
+            final_db_bytes: self.db_bytes,
+            daemon_peak_rss_kib: self.peak_rss_kib,
+            ratios: Ratios {
+                serial_create_p50_to_commit_p50: lat,
+                create_throughput_to_single_commit_rate: vs_single,
+                create_throughput_to_batch_row_rate: vs_batch,
+            },
+            targets: self.targets(),
+        }
     }
 
     fn rows(&self) -> Vec<[String; 7]> {
@@ -538,11 +599,10 @@ impl Report {
         let io = |p: &Path, e: std::io::Error| {
             Refusal::new(ExitClass::Io, format!("{}: {e}", p.display()))
         };
+        let json = serde_json::to_string_pretty(&self.json())
+            .map_err(|e| Refusal::new(ExitClass::Io, format!("cannot encode bench.json: {e}")))?;
         let files = [
-            (
-                "bench.json",
-                serde_json::to_string_pretty(&self.json()).unwrap_or_default(),
-            ),
+            ("bench.json", json),
             ("bench.md", self.markdown()),
             ("latency.svg", self.svg()),
         ];
