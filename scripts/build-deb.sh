@@ -19,8 +19,7 @@ cargo build --release --locked "${features[@]}"
 
 rm -rf target/man
 mkdir -p target/man/man1 target/man/man5 target/man/man8
-target/release/taskgate man --out target/man/man1 >/dev/null
-cp packaging/taskgate.toml.5 target/man/man5/
+target/release/taskgate man --out target/man >/dev/null
 cp packaging/taskgate-backup.8 packaging/taskgate-restore.8 target/man/man8/
 find target/man -type f ! -name '*.gz' -exec gzip -9n {} +
 

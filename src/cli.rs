@@ -16,7 +16,9 @@ use crate::config::Overrides;
 revision 2026-07-28) from a private SQLite store: a task a client was told exists is on disk, \
 survives restarts, and is never run twice.\n\n\
 Exit codes: 0 ok, 64 usage, 65 database validation failed, 74 I/O or recovery failure, \
-75 ownership lock held, 77 unsafe path or permissions, 78 invalid configuration."
+75 ownership lock held, 77 unsafe path or permissions, 78 invalid configuration. \
+`call` and `task` also exit 1 when the call failed, 69 when the daemon is unreachable and 76 \
+when it refused the request or its answer was not understood."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -35,11 +37,18 @@ pub enum Command {
     Init(InitArgs),
     /// Call a tool on a running daemon and print the result as JSON.
     ///
-    /// Exit status: 0 success, 1 the server answered with an error (a
-    /// JSON-RPC error, a failed or cancelled task, or a result with
-    /// isError), 64 bad arguments, 69 the daemon cannot be reached.
+    /// Exit status: 0 success; 1 the call failed (a result with isError, or
+    /// a task that ended failed or cancelled); 64 bad arguments; 69 the
+    /// daemon cannot be reached, did not answer in time or answered 503;
+    /// 76 the daemon refused the request with a JSON-RPC error (printed as
+    /// {"error": …}) or answered in a way that is not MCP. When the reader
+    /// of the output goes away (`| head`) the rest is dropped quietly.
     Call(CallArgs),
     /// Read or cancel a task on a running daemon.
+    ///
+    /// Exit status as for `call`: 0 success, 1 the task ended failed or
+    /// cancelled (get), 64 bad arguments, 69 daemon unreachable, 76 request
+    /// refused (an unknown task, for one) or answer not understood.
     Task(TaskArgs),
     /// Copy a stopped daemon's state directory to a new private directory,
     /// with a sha256 manifest, and verify the copy. Refused while a daemon
@@ -52,7 +61,9 @@ pub enum Command {
     /// real daemon on a scratch directory driven through MCP over HTTP;
     /// writes bench.json, bench.md and latency.svg.
     Bench(BenchArgs),
-    /// Write the man pages (taskgate(1) and one per command) into a directory.
+    /// Write the man pages (taskgate(1) and one per command into DIR/man1,
+    /// taskgate.toml(5) into DIR/man5), or print the configuration
+    /// reference table of docs/operations.md.
     #[command(hide = true)]
     Man(ManArgs),
     /// Internal: runs one tool for the daemon (see exec/shim.rs).
@@ -106,10 +117,15 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
 pub struct ManArgs {
-    /// Directory to write the pages into.
+    /// Directory to write the pages into (man1/ and man5/ are created).
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub out: Option<PathBuf>,
+    /// Print the configuration reference (markdown, with the markers that
+    /// delimit it in docs/operations.md) instead.
+    #[arg(long)]
+    pub reference: bool,
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 use thiserror::Error;
 use tokio::net::TcpStream;
 
+use crate::exit::{Classify, ExitClass};
+
 pub const PROTOCOL_VERSION: &str = "2026-07-28";
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8765/mcp";
@@ -45,6 +47,24 @@ pub enum ClientError {
     },
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+}
+
+impl Classify for ClientError {
+    /// The operator commands' exit status for each way a request can fail.
+    fn exit_class(&self) -> ExitClass {
+        match self {
+            ClientError::BadUrl(_) => ExitClass::Usage,
+            ClientError::Connect { .. } | ClientError::Http { .. } | ClientError::Timeout(_) => {
+                ExitClass::Unreachable
+            }
+            // 503 is the daemon saying it cannot take the request now
+            // (connection or request limit, or stopping).
+            ClientError::Status { status: 503, .. } => ExitClass::Unreachable,
+            ClientError::Status { .. } | ClientError::Decode(_) | ClientError::Rpc { .. } => {
+                ExitClass::Protocol
+            }
+        }
+    }
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;

@@ -1,8 +1,10 @@
-//! Exit classes of the command line (sysexits), one per kind of refused start.
+//! Exit classes of the command line (sysexits), one per kind of refused
+//! start, and one per outcome of the operator commands (`call`, `task`).
 //!
-//! systemd's `RestartPreventExitStatus=` lists the non-retryable ones, so a
-//! code must never change meaning. Every module error that can end the
-//! process maps itself to one of these through [`Classify`].
+//! systemd's `RestartPreventExitStatus=` lists exactly the classes for which
+//! [`ExitClass::prevents_restart`] holds (a test reads the unit), so a code
+//! must never change meaning. Every module error that can end the process
+//! maps itself to one of these through [`Classify`].
 
 use std::fmt;
 
@@ -22,9 +24,35 @@ pub enum ExitClass {
     UnsafePath,
     /// Invalid configuration: unknown key, relative path, bound out of range (78).
     Config,
+    /// Operator commands: the call ended in failure: the tool's result has
+    /// `isError`, or the task ended failed or cancelled (1). sysexits has no
+    /// class for a negative answer; 1 is the Unix convention for one.
+    CallFailed,
+    /// Operator commands: the daemon cannot be reached, the connection
+    /// broke, no answer came in time, or it answered HTTP 503 (69,
+    /// EX_UNAVAILABLE).
+    Unreachable,
+    /// Operator commands: the daemon refused the request with a JSON-RPC
+    /// error (unknown tool or task, invalid arguments, polled too soon, a
+    /// tool that could not run), or answered in a way that is not MCP (76,
+    /// EX_PROTOCOL).
+    Protocol,
 }
 
 impl ExitClass {
+    /// Every class, for tests and generated docs.
+    pub const ALL: [ExitClass; 9] = [
+        ExitClass::Usage,
+        ExitClass::DatabaseInvalid,
+        ExitClass::Io,
+        ExitClass::LockHeld,
+        ExitClass::UnsafePath,
+        ExitClass::Config,
+        ExitClass::CallFailed,
+        ExitClass::Unreachable,
+        ExitClass::Protocol,
+    ];
+
     pub fn code(self) -> u8 {
         match self {
             ExitClass::Usage => 64,
@@ -33,7 +61,22 @@ impl ExitClass {
             ExitClass::LockHeld => 75,
             ExitClass::UnsafePath => 77,
             ExitClass::Config => 78,
+            ExitClass::CallFailed => 1,
+            ExitClass::Unreachable => 69,
+            ExitClass::Protocol => 76,
         }
+    }
+
+    /// Whether restarting the service would only meet the same refusal:
+    /// the database, a permission or the configuration needs an operator.
+    /// A held lock (the other process may exit) and an I/O error (the disk
+    /// may recover or be freed) are worth retrying. The unit's
+    /// `RestartPreventExitStatus=` lists exactly these codes.
+    pub fn prevents_restart(self) -> bool {
+        matches!(
+            self,
+            ExitClass::DatabaseInvalid | ExitClass::UnsafePath | ExitClass::Config
+        )
     }
 
     pub fn label(self) -> &'static str {
@@ -44,6 +87,9 @@ impl ExitClass {
             ExitClass::LockHeld => "ownership lock held",
             ExitClass::UnsafePath => "unsafe path or permissions",
             ExitClass::Config => "invalid configuration",
+            ExitClass::CallFailed => "the call failed",
+            ExitClass::Unreachable => "daemon unreachable",
+            ExitClass::Protocol => "request refused or answer not understood",
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The `taskgate` binary: parse the command line, run one command, map its
-//! refusal to an exit code. Everything else lives in the library.
+//! The `taskgate` binary: parse the command line, run one command, print
+//! its output and map its refusal to an exit code. Everything else lives in
+//! the library.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use sd_notify::NotifyState;
 
 use taskgate::cli::{CallArgs, Cli, Command, InitArgs, TaskAction, TaskArgs};
 use taskgate::client::{Client, ClientError};
-use taskgate::exit::{ExitClass, Refusal};
+use taskgate::exit::{Classify, ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
 use taskgate::store::CheckReport;
 use taskgate::{config, logging, service};
@@ -37,7 +38,16 @@ fn main() -> ExitCode {
     }
     logging::init();
     match cli.command {
-        Command::Call(args) => return operator(|rt| rt.block_on(call(&args))),
+        Command::Call(args) => {
+            let arguments = match call_arguments(&args) {
+                Ok(v) => v,
+                Err(refusal) => {
+                    say(&format!("taskgate: {}", refusal.message));
+                    return ExitCode::from(refusal.class.code());
+                }
+            };
+            return operator(|rt| rt.block_on(call(&args, arguments)));
+        }
         Command::Task(args) => return operator(|rt| rt.block_on(task(&args))),
         _ => {}
     }
@@ -45,12 +55,34 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) => {
             let line = refusal.line();
-            eprintln!("{line}");
+            say(&line);
             // systemd keeps the last STATUS= of a failed start.
             service::notify(&[NotifyState::Status(&line)]);
             ExitCode::from(refusal.class.code())
         }
     }
+}
+
+/// Writes one line of the command's output on stdout. A reader that has
+/// gone away (`taskgate call … | head`) has all it wanted: the rest of the
+/// output is dropped quietly, as any Unix tool does, and the command still
+/// ends with its own status. Any other write error is an I/O failure.
+fn out(line: impl std::fmt::Display) -> Result<(), Refusal> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Refusal::new(
+            ExitClass::Io,
+            format!("cannot write to standard output: {e}"),
+        )),
+    }
+}
+
+/// Writes a line on stderr; if stderr itself is gone there is nobody left
+/// to tell, so the error is dropped.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn run(cli: Cli) -> Result<(), Refusal> {
@@ -67,8 +99,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Init(args) => init(&args),
         Command::Backup(args) => {
             let lines = taskgate::backup::backup(&args.common.overrides(), &args.to)?;
-            lines.iter().for_each(|l| println!("{l}"));
-            Ok(())
+            lines.iter().try_for_each(out)
         }
         Command::Restore(args) => {
             let lines = if args.verify_only {
@@ -76,10 +107,12 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             } else {
                 taskgate::backup::restore(&args.common.overrides(), &args.from)?
             };
-            lines.iter().for_each(|l| println!("{l}"));
-            Ok(())
+            lines.iter().try_for_each(out)
         }
-        Command::Man(args) => man_pages(&args.out),
+        Command::Man(args) => match &args.out {
+            Some(dir) => man_pages(dir),
+            None => out(config::keys::reference_markdown().trim_end()),
+        },
         Command::Bench(args) => {
             let table = taskgate::bench::run(&taskgate::bench::BenchOptions {
                 tasks: args.tasks,
@@ -89,8 +122,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                 config: args.config,
                 keep: args.keep,
             })?;
-            print!("{table}");
-            Ok(())
+            out(table.trim_end())
         }
         Command::Call(_) | Command::Task(_) | Command::ExecTool(_) => Ok(()),
     }
@@ -103,9 +135,10 @@ enum Answer {
     Failed(serde_json::Value),
 }
 
-/// Runs an operator command on a small runtime and maps its outcome to an
-/// exit status: 0 ok, 1 failure answered by the server, 64 usage, 69
-/// unreachable.
+/// Runs an operator command on a small runtime, prints its JSON on stdout
+/// and maps its outcome to an exit status (see [`ExitClass`]: 0 ok,
+/// 1 the call failed, 64 usage, 69 daemon unreachable, 76 request refused
+/// or answer not understood).
 fn operator(f: impl FnOnce(&tokio::runtime::Runtime) -> Result<Answer, ClientError>) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -113,37 +146,30 @@ fn operator(f: impl FnOnce(&tokio::runtime::Runtime) -> Result<Answer, ClientErr
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("taskgate: cannot start the async runtime: {e}");
+            say(&format!("taskgate: cannot start the async runtime: {e}"));
             return ExitCode::from(ExitClass::Io.code());
         }
     };
-    let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    match f(&rt) {
-        Ok(Answer::Ok(v)) => {
-            println!("{}", pretty(&v));
-            ExitCode::SUCCESS
-        }
-        Ok(Answer::Failed(v)) => {
-            println!("{}", pretty(&v));
-            ExitCode::from(1)
-        }
-        Err(ClientError::Rpc { error, .. }) => {
-            println!("{}", pretty(&serde_json::json!({ "error": error })));
-            ExitCode::from(1)
-        }
-        Err(e @ ClientError::BadUrl(_)) => {
-            eprintln!("taskgate: {e}");
-            ExitCode::from(ExitClass::Usage.code())
-        }
-        Err(e @ ClientError::Connect { .. }) => {
-            eprintln!("taskgate: {e}");
-            ExitCode::from(69)
-        }
+    let (class, shown) = match f(&rt) {
+        Ok(Answer::Ok(v)) => (None, Some(v)),
+        Ok(Answer::Failed(v)) => (Some(ExitClass::CallFailed), Some(v)),
+        Err(ClientError::Rpc { error, .. }) => (
+            Some(ExitClass::Protocol),
+            Some(serde_json::json!({ "error": error })),
+        ),
         Err(e) => {
-            eprintln!("taskgate: {e}");
-            ExitCode::from(1)
+            say(&format!("taskgate: {e}"));
+            (Some(e.exit_class()), None)
+        }
+    };
+    if let Some(v) = shown {
+        let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+        if let Err(refusal) = out(text) {
+            say(&refusal.line());
+            return ExitCode::from(refusal.class.code());
         }
     }
+    class.map_or(ExitCode::SUCCESS, |c| ExitCode::from(c.code()))
 }
 
 fn judge(v: serde_json::Value) -> Answer {
@@ -159,14 +185,18 @@ fn judge(v: serde_json::Value) -> Answer {
     }
 }
 
-async fn call(args: &CallArgs) -> Result<Answer, ClientError> {
-    let arguments: serde_json::Value = match serde_json::from_str(&args.args) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        _ => {
-            eprintln!("taskgate: --args must be a JSON object, e.g. --args '{{\"name\": \"x\"}}'");
-            std::process::exit(ExitClass::Usage.code().into());
-        }
-    };
+/// `--args`, which must be a JSON object.
+fn call_arguments(args: &CallArgs) -> Result<serde_json::Value, Refusal> {
+    match serde_json::from_str(&args.args) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        _ => Err(Refusal::new(
+            ExitClass::Usage,
+            "--args must be a JSON object, e.g. --args '{\"name\": \"x\"}'",
+        )),
+    }
+}
+
+async fn call(args: &CallArgs, arguments: serde_json::Value) -> Result<Answer, ClientError> {
     let client = Client::new(&args.url, args.task)?;
     let result = client
         .call_tool(&args.tool, arguments, args.operation_id.as_deref())
@@ -178,7 +208,9 @@ async fn call(args: &CallArgs) -> Result<Answer, ClientError> {
             .and_then(|i| i.as_str())
             .unwrap_or_default()
             .to_string();
-        eprintln!("taskgate: task {id} created; waiting for it to end");
+        say(&format!(
+            "taskgate: task {id} created; waiting for it to end"
+        ));
         return client.wait_task(&id, &result).await.map(judge);
     }
     Ok(judge(result))
@@ -205,57 +237,66 @@ async fn task(args: &TaskArgs) -> Result<Answer, ClientError> {
 
 fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     match startup::check(overrides)? {
-        CheckOutcome::NotCreatedYet(dir) => {
-            println!(
-                "state directory {} does not exist yet; `taskgate serve` creates it",
-                dir.display()
-            );
-        }
+        CheckOutcome::NotCreatedYet(dir) => out(format!(
+            "state directory {} does not exist yet; `taskgate serve` creates it",
+            dir.display()
+        )),
         CheckOutcome::Checked(dir, report) => {
             let d = dir.path().display();
             match report {
-                CheckReport::Missing => {
-                    println!("ok: {d} is private; no database yet (serve creates it)")
-                }
-                CheckReport::Pristine => println!(
+                CheckReport::Missing => out(format!(
+                    "ok: {d} is private; no database yet (serve creates it)"
+                )),
+                CheckReport::Pristine => out(format!(
                     "ok: {d} is private; tasks.db is empty (an interrupted first start); serve initialises it"
-                ),
+                )),
                 CheckReport::Valid {
                     version,
                     retained,
                     unexpired,
                     nonterminal,
                 } => {
-                    println!(
+                    out(format!(
                         "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
-                    );
+                    ))?;
                     if version < taskgate::store::SCHEMA_VERSION {
-                        println!(
+                        out(format!(
                             "note: serve will migrate schema {version} to {}",
                             taskgate::store::SCHEMA_VERSION
-                        );
+                        ))?;
                     }
                     if nonterminal > 0 {
-                        println!(
+                        out(format!(
                             "note: {nonterminal} tasks were running at the last stop; serve marks them failed (interrupted), never re-runs them"
-                        );
+                        ))?;
                     }
+                    Ok(())
                 }
             }
         }
     }
-    Ok(())
 }
 
-fn man_pages(out: &std::path::Path) -> Result<(), Refusal> {
+/// Writes taskgate(1) and one page per command into `dir/man1`, and
+/// taskgate.toml(5), rendered from the configuration table, into
+/// `dir/man5`.
+fn man_pages(dir: &std::path::Path) -> Result<(), Refusal> {
     use clap::CommandFactory;
-    let io = |e: std::io::Error| Refusal::new(ExitClass::Io, format!("{}: {e}", out.display()));
-    std::fs::create_dir_all(out).map_err(io)?;
+    let io = |path: &std::path::Path, e: std::io::Error| {
+        Refusal::new(ExitClass::Io, format!("{}: {e}", path.display()))
+    };
+    let (man1, man5) = (dir.join("man1"), dir.join("man5"));
+    for d in [&man1, &man5] {
+        std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
+    }
     let cmd = Cli::command();
     let write = |name: &str, cmd: clap::Command| -> Result<(), Refusal> {
+        let path = man1.join(format!("{name}.1"));
         let mut buf = Vec::new();
-        clap_mangen::Man::new(cmd).render(&mut buf).map_err(io)?;
-        std::fs::write(out.join(format!("{name}.1")), buf).map_err(io)
+        clap_mangen::Man::new(cmd)
+            .render(&mut buf)
+            .map_err(|e| io(&path, e))?;
+        std::fs::write(&path, buf).map_err(|e| io(&path, e))
     };
     write("taskgate", cmd.clone())?;
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
@@ -263,17 +304,15 @@ fn man_pages(out: &std::path::Path) -> Result<(), Refusal> {
         let leaked: &'static str = Box::leak(name.clone().into_boxed_str());
         write(&name, sub.clone().name(leaked))?;
     }
-    println!("man pages written to {}", out.display());
-    Ok(())
+    let page = man5.join("taskgate.toml.5");
+    std::fs::write(&page, config::keys::man_page()).map_err(|e| io(&page, e))?;
+    out(format!("man pages written to {}", dir.display()))
 }
 
 fn init(args: &InitArgs) -> Result<(), Refusal> {
     let text = config::starter_config(args.state_dir.as_deref().and_then(|p| p.to_str()));
     match &args.config {
-        None => {
-            let _ = std::io::stdout().write_all(text.as_bytes());
-            Ok(())
-        }
+        None => out(text.trim_end()),
         Some(path) => {
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
@@ -291,8 +330,7 @@ fn init(args: &InitArgs) -> Result<(), Refusal> {
                     format!("{}: cannot write: {e}", path.display()),
                 )
             })?;
-            println!("wrote {}", path.display());
-            Ok(())
+            out(format!("wrote {}", path.display()))
         }
     }
 }

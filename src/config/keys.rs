@@ -1,0 +1,705 @@
+//! Every configuration key, defined once: section, name, type, default,
+//! range, one line of documentation and when a change takes effect.
+//!
+//! The loader validates against this table, and everything an operator
+//! reads about a key is rendered from it: the starter file `taskgate init`
+//! writes (which is also the packaged conffile), the reference table in
+//! docs/operations.md and the taskgate.toml(5) man page. Adding a key here
+//! and a field in [`super::Config`] is the whole change.
+
+use std::fmt::Write as _;
+use std::ops::RangeInclusive;
+
+/// A `[section]` of the file, or the per-tool `[[tool]]` tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Server,
+    Store,
+    Tasks,
+    /// Keys of each `[[tool]]` table; not settable from the environment.
+    Tool,
+}
+
+impl Section {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Section::Server => "server",
+            Section::Store => "store",
+            Section::Tasks => "tasks",
+            Section::Tool => "tool",
+        }
+    }
+
+    /// The sections that hold settings, in the order they are documented.
+    pub const SETTINGS: [Section; 3] = [Section::Server, Section::Store, Section::Tasks];
+}
+
+/// What an integer counts, for rendering its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Count,
+    Bytes,
+    Seconds,
+    Millis,
+    /// SQLite pages of 4 KiB.
+    Pages,
+}
+
+/// A bounded integer key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntSpec {
+    pub default: u64,
+    pub min: u64,
+    pub max: u64,
+    pub unit: Unit,
+    /// A key whose value is a further upper bound on this one.
+    pub at_most: Option<&'static str>,
+}
+
+impl IntSpec {
+    pub const fn range(&self) -> RangeInclusive<u64> {
+        RangeInclusive::new(self.min, self.max)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A socket address such as 127.0.0.1:8765.
+    Address {
+        default: &'static str,
+    },
+    /// An absolute path; no embedded default (the state directory has its
+    /// own precedence, see [`super::StateDirSource`]).
+    Path,
+    Int(IntSpec),
+}
+
+/// When a changed value takes effect. Every key is read once at startup
+/// today; a reload command will mark the keys it can apply live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applies {
+    AtStart,
+}
+
+impl Applies {
+    pub const fn label(self) -> &'static str {
+        match self {
+            Applies::AtStart => "at start",
+        }
+    }
+}
+
+/// One configuration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySpec {
+    pub section: Section,
+    pub name: &'static str,
+    pub kind: Kind,
+    /// One line; `code` spans in backquotes are rendered per medium.
+    pub doc: &'static str,
+    /// The command-line flag that overrides the key, if any.
+    pub flag: Option<&'static str>,
+    pub applies: Applies,
+}
+
+impl KeySpec {
+    /// `section.name`, as error messages and the docs name the key.
+    pub fn dotted(&self) -> String {
+        format!("{}.{}", self.section.name(), self.name)
+    }
+
+    /// `TASKGATE_SECTION_NAME`; tool keys have none.
+    pub fn env_var(&self) -> Option<String> {
+        (self.section != Section::Tool).then(|| {
+            format!(
+                "TASKGATE_{}_{}",
+                self.section.name().to_ascii_uppercase(),
+                self.name.to_ascii_uppercase()
+            )
+        })
+    }
+
+    /// The integer spec; only for keys the table declares as integers
+    /// (a const so that a wrong use fails the build, not a start).
+    pub const fn int(&self) -> IntSpec {
+        match self.kind {
+            Kind::Int(spec) => spec,
+            _ => panic!("not an integer key"),
+        }
+    }
+
+    pub fn is_startup_only(&self) -> bool {
+        self.applies == Applies::AtStart
+    }
+}
+
+const fn int(
+    section: Section,
+    name: &'static str,
+    default: u64,
+    range: (u64, u64),
+    unit: Unit,
+    doc: &'static str,
+) -> KeySpec {
+    KeySpec {
+        section,
+        name,
+        kind: Kind::Int(IntSpec {
+            default,
+            min: range.0,
+            max: range.1,
+            unit,
+            at_most: None,
+        }),
+        doc,
+        flag: None,
+        applies: Applies::AtStart,
+    }
+}
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const GIB: u64 = 1024 * MIB;
+const DAY: u64 = 86_400;
+
+pub const SERVER_LISTEN: KeySpec = KeySpec {
+    section: Section::Server,
+    name: "listen",
+    kind: Kind::Address {
+        default: "127.0.0.1:8765",
+    },
+    doc: "Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused until authentication is configured.",
+    flag: Some("--listen"),
+    applies: Applies::AtStart,
+};
+pub const SERVER_MAX_CONNECTIONS: KeySpec = int(
+    Section::Server,
+    "max_connections",
+    256,
+    (1, 65_536),
+    Unit::Count,
+    "Open HTTP connections; past it a new connection gets `503 too many connections` and is closed.",
+);
+pub const SERVER_MAX_CONCURRENT_REQUESTS: KeySpec = int(
+    Section::Server,
+    "max_concurrent_requests",
+    64,
+    (1, 4096),
+    Unit::Count,
+    "`/mcp` requests in flight (and synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
+);
+pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
+    Section::Server,
+    "max_request_bytes",
+    MIB,
+    (4 * KIB, 16 * MIB),
+    Unit::Bytes,
+    "Largest request body.",
+);
+
+pub const STORE_DIRECTORY: KeySpec = KeySpec {
+    section: Section::Store,
+    name: "directory",
+    kind: Kind::Path,
+    doc: "Private state directory: an absolute path, mode 0700, owned by the service user. `--state-dir` and systemd's `$STATE_DIRECTORY` take precedence; without any, `$XDG_STATE_HOME/taskgate`, created on first start.",
+    flag: Some("--state-dir"),
+    applies: Applies::AtStart,
+};
+pub const STORE_QUEUE_DEPTH: KeySpec = int(
+    Section::Store,
+    "queue_depth",
+    128,
+    (1, 4096),
+    Unit::Count,
+    "Commands waiting for the store thread; more are refused as busy at once.",
+);
+pub const STORE_MAX_LIVE_TASKS: KeySpec = int(
+    Section::Store,
+    "max_live_tasks",
+    100_000,
+    (1, 1_000_000),
+    Unit::Count,
+    "Unexpired tasks retained at most; creation beyond it is refused (capacity). Lowering it keeps existing tasks readable.",
+);
+pub const STORE_CHECKPOINT_INTERVAL_SECS: KeySpec = int(
+    Section::Store,
+    "checkpoint_interval_secs",
+    60,
+    (1, DAY),
+    Unit::Seconds,
+    "Seconds between `wal_checkpoint(TRUNCATE)` runs (one also runs at a clean stop).",
+);
+/// 1,048,576 pages of 4 KiB: a 4 GiB ceiling, room for 100,000 full
+/// 16 KiB results plus rows and indexes.
+pub const STORE_MAX_DB_PAGES: KeySpec = int(
+    Section::Store,
+    "max_db_pages",
+    1_048_576,
+    (64, 1_048_576),
+    Unit::Pages,
+    "SQLite page cap in 4 KiB pages (the default is 4 GiB); at the cap new tasks are refused (capacity).",
+);
+
+pub const TASKS_DEFAULT_TTL_SECS: KeySpec = int(
+    Section::Tasks,
+    "default_ttl_secs",
+    DAY,
+    (60, 30 * DAY),
+    Unit::Seconds,
+    "How long a task stays readable after creation (`ttlMs`); a finished task stays at least one hour after it finished.",
+);
+pub const TASKS_POLL_INTERVAL_MS: KeySpec = int(
+    Section::Tasks,
+    "poll_interval_ms",
+    1000,
+    (50, 60_000),
+    Unit::Millis,
+    "Advertised `pollIntervalMs`; a client may poll three times in a row, after that faster polls get `TG_TASK_POLL_TOO_SOON` with `retryAfterMs`.",
+);
+pub const TASKS_MAX_RUNNING: KeySpec = int(
+    Section::Tasks,
+    "max_running",
+    8,
+    (1, 1024),
+    Unit::Count,
+    "Background tasks running at once; when all are busy a call runs synchronously instead.",
+);
+pub const TASKS_CANCEL_GRACE_MS: KeySpec = int(
+    Section::Tasks,
+    "cancel_grace_ms",
+    5000,
+    (0, 60_000),
+    Unit::Millis,
+    "Time between SIGTERM and SIGKILL when a task is cancelled or the daemon stops.",
+);
+pub const TASKS_ARTIFACTS_MAX_TOTAL_BYTES: KeySpec = int(
+    Section::Tasks,
+    "artifacts_max_total_bytes",
+    GIB,
+    (MIB, 64 * GIB),
+    Unit::Bytes,
+    "Disk space for results over 16 KiB, kept in `artifacts/`; when full, a task whose result would not fit fails.",
+);
+pub const TASKS_ARTIFACT_MAX_BYTES: KeySpec = KeySpec {
+    kind: Kind::Int(IntSpec {
+        default: 16 * MIB,
+        min: 16 * KIB,
+        max: GIB,
+        unit: Unit::Bytes,
+        at_most: Some("tasks.artifacts_max_total_bytes"),
+    }),
+    ..int(
+        Section::Tasks,
+        "artifact_max_bytes",
+        0,
+        (0, 0),
+        Unit::Bytes,
+        "Largest single result kept in `artifacts/`.",
+    )
+};
+
+pub const TOOL_TIMEOUT_SECS: KeySpec = int(
+    Section::Tool,
+    "timeout_secs",
+    300,
+    (1, 7 * DAY),
+    Unit::Seconds,
+    "Seconds a call may run; then the tool's process group is killed and the call fails.",
+);
+pub const TOOL_MAX_STDOUT_BYTES: KeySpec = int(
+    Section::Tool,
+    "max_stdout_bytes",
+    MIB,
+    (1, GIB),
+    Unit::Bytes,
+    "Largest output the tool may write; more is an error, never a truncated result.",
+);
+pub const TOOL_MAX_STDERR_BYTES: KeySpec = int(
+    Section::Tool,
+    "max_stderr_bytes",
+    64 * KIB,
+    (0, 64 * MIB),
+    Unit::Bytes,
+    "Largest error output the tool may write; more is an error.",
+);
+
+/// The settings of `[server]`, `[store]` and `[tasks]`, in documented order.
+pub static KEYS: &[KeySpec] = &[
+    SERVER_LISTEN,
+    SERVER_MAX_CONNECTIONS,
+    SERVER_MAX_CONCURRENT_REQUESTS,
+    SERVER_MAX_REQUEST_BYTES,
+    STORE_DIRECTORY,
+    STORE_QUEUE_DEPTH,
+    STORE_MAX_LIVE_TASKS,
+    STORE_CHECKPOINT_INTERVAL_SECS,
+    STORE_MAX_DB_PAGES,
+    TASKS_DEFAULT_TTL_SECS,
+    TASKS_POLL_INTERVAL_MS,
+    TASKS_MAX_RUNNING,
+    TASKS_CANCEL_GRACE_MS,
+    TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
+    TASKS_ARTIFACT_MAX_BYTES,
+];
+
+/// The bounded keys of each `[[tool]]` table (the others are described in
+/// the man page's prose: they have no default to speak of).
+pub static TOOL_KEYS: &[KeySpec] = &[
+    TOOL_TIMEOUT_SECS,
+    TOOL_MAX_STDOUT_BYTES,
+    TOOL_MAX_STDERR_BYTES,
+];
+
+/// The setting `section.name`, if there is one.
+pub fn find(section: &str, name: &str) -> Option<&'static KeySpec> {
+    KEYS.iter()
+        .find(|k| k.section.name() == section && k.name == name)
+}
+
+/// The setting an environment variable names, if any.
+pub fn by_env_var(var: &str) -> Option<&'static KeySpec> {
+    KEYS.iter().find(|k| k.env_var().as_deref() == Some(var))
+}
+
+// ---- rendering -------------------------------------------------------
+
+/// How a medium writes the parts of a line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Medium {
+    /// Comments of the starter TOML file: plain ASCII.
+    Toml,
+    Markdown,
+    Roff,
+}
+
+fn human_bytes(v: u64) -> String {
+    for (unit, size) in [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
+        if v >= size && v.is_multiple_of(size) {
+            return format!("{} {unit}", v / size);
+        }
+    }
+    v.to_string()
+}
+
+fn value_text(spec: &IntSpec, v: u64) -> String {
+    match spec.unit {
+        Unit::Bytes => human_bytes(v),
+        _ => v.to_string(),
+    }
+}
+
+fn default_text(key: &KeySpec) -> String {
+    match key.kind {
+        Kind::Address { default } => default.to_string(),
+        Kind::Path => "none".to_string(),
+        Kind::Int(spec) => value_text(&spec, spec.default),
+    }
+}
+
+fn range_text(key: &KeySpec, medium: Medium) -> String {
+    let dash = if medium == Medium::Toml { "-" } else { "–" };
+    match key.kind {
+        Kind::Address { .. } => "loopback address".to_string(),
+        Kind::Path => "absolute path".to_string(),
+        Kind::Int(spec) => {
+            let mut s = format!(
+                "{}{dash}{}",
+                value_text(&spec, spec.min),
+                value_text(&spec, spec.max)
+            );
+            if let Some(other) = spec.at_most {
+                let _ = write!(s, ", at most {other}");
+            }
+            s
+        }
+    }
+}
+
+/// The doc line for a medium: backquoted spans become code, bold or plain.
+fn doc_text(text: &str, medium: Medium) -> String {
+    let mut out = String::new();
+    for (i, part) in text.split('`').enumerate() {
+        let code = i % 2 == 1;
+        match medium {
+            Medium::Markdown if code => {
+                let _ = write!(out, "`{part}`");
+            }
+            Medium::Roff if code => {
+                let _ = write!(out, "\\fB{}\\fR", roff_escape(part));
+            }
+            Medium::Roff => out.push_str(&roff_escape(part)),
+            _ => out.push_str(part),
+        }
+    }
+    out
+}
+
+/// Escapes text for the body of a roff line.
+fn roff_escape(text: &str) -> String {
+    text.replace('\\', "\\e")
+        .replace('-', "\\-")
+        .replace('–', "\\(en")
+}
+
+/// A roff text line, guarded against a leading control character.
+fn roff_line(text: &str) -> String {
+    if text.starts_with('.') || text.starts_with('\'') {
+        format!("\\&{text}\n")
+    } else {
+        format!("{text}\n")
+    }
+}
+
+fn wrap_comment(text: &str, out: &mut String) {
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() + 1 + word.len() > 78 && line.len() > 1 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+/// The state directory of the packaged service (systemd's StateDirectory=).
+pub const PACKAGE_STATE_DIR: &str = "/var/lib/taskgate";
+
+/// The commented starter configuration written by `taskgate init` (and
+/// shipped as the package's conffile); with a directory, `[store]
+/// directory` is set to it, so that `taskgate check --config` run by an
+/// operator looks where the service keeps its state.
+pub fn starter_config(directory: Option<&str>) -> String {
+    let mut s = String::from(
+        "# taskgate configuration. Every key is optional; the values shown are the
+# defaults. Settings are read once at startup. Any key can also be set in the
+# environment as TASKGATE_<SECTION>_<KEY>, e.g. TASKGATE_STORE_QUEUE_DEPTH=256;
+# command-line flags override both. See taskgate.toml(5).
+",
+    );
+    for section in Section::SETTINGS {
+        let _ = write!(s, "\n[{}]\n", section.name());
+        for (i, key) in KEYS.iter().filter(|k| k.section == section).enumerate() {
+            if i > 0 {
+                s.push('\n');
+            }
+            let mut doc = doc_text(key.doc, Medium::Toml);
+            if let Kind::Int(_) = key.kind {
+                let _ = write!(doc, " Range {}.", range_text(key, Medium::Toml));
+            }
+            wrap_comment(&doc, &mut s);
+            let _ = match key.kind {
+                Kind::Address { default } => writeln!(s, "{} = {default:?}", key.name),
+                Kind::Path => match directory {
+                    Some(d) => writeln!(s, "{} = {d:?}", key.name),
+                    None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
+                },
+                Kind::Int(spec) => writeln!(s, "{} = {}", key.name, spec.default),
+            };
+        }
+    }
+    s.push_str(
+        r#"
+# Tools are commands. This one would run `/usr/bin/date -u +FORMAT` as a
+# background task for clients that negotiate Tasks; see taskgate.toml(5).
+#
+# [[tool]]
+# name = "utc_date"
+# description = "Prints the current UTC date in the given strftime format."
+# argv = ["/usr/bin/date", "-u", "+{format}"]
+# effect = "read_only"          # read_only | idempotent_write | non_idempotent_write
+# task = "optional"             # never | optional | required
+# timeout_secs = 10
+# [tool.input_schema]
+# type = "object"
+# required = ["format"]
+# [tool.input_schema.properties.format]
+# type = "string"
+# maxLength = 64
+"#,
+    );
+    s
+}
+
+/// The first and last lines around the generated table in
+/// docs/operations.md.
+pub const REFERENCE_BEGIN: &str =
+    "<!-- configuration keys: generated by `taskgate man --reference`; edit src/config/keys.rs -->";
+pub const REFERENCE_END: &str = "<!-- end of configuration keys -->";
+
+fn markdown_rows(keys: &[KeySpec], out: &mut String) {
+    let _ = writeln!(out, "| key | default | range | applied | meaning |");
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for key in keys {
+        let mut meaning = doc_text(key.doc, Medium::Markdown);
+        if let Some(flag) = key.flag {
+            let _ = write!(meaning, " Flag: `{flag}`.");
+        }
+        let name = if key.section == Section::Tool {
+            key.name.to_string()
+        } else {
+            key.dotted()
+        };
+        let _ = writeln!(
+            out,
+            "| `{name}` | {} | {} | {} | {meaning} |",
+            default_text(key),
+            range_text(key, Medium::Markdown),
+            key.applies.label(),
+        );
+    }
+}
+
+/// The reference tables of docs/operations.md (settings, then the bounded
+/// keys of a `[[tool]]`), markers included.
+pub fn reference_markdown() -> String {
+    let mut s = format!("{REFERENCE_BEGIN}\n");
+    markdown_rows(KEYS, &mut s);
+    s.push_str("\nBounded keys of each `[[tool]]` table (see *Tools* below):\n\n");
+    markdown_rows(TOOL_KEYS, &mut s);
+    s.push_str(REFERENCE_END);
+    s.push('\n');
+    s
+}
+
+fn roff_key(key: &KeySpec, out: &mut String) {
+    out.push_str(".TP\n");
+    let _ = writeln!(out, ".B {}", key.name);
+    let mut text = doc_text(key.doc, Medium::Roff);
+    let _ = write!(text, " Default {}", roff_escape(&default_text(key)));
+    if let Kind::Int(_) = key.kind {
+        let _ = write!(
+            text,
+            "; range {}",
+            roff_escape(&range_text(key, Medium::Roff))
+        );
+    }
+    text.push('.');
+    if let Some(flag) = key.flag {
+        let _ = write!(text, " Overridden by \\fB{}\\fR.", roff_escape(flag));
+    }
+    if let Some(var) = key.env_var() {
+        let _ = write!(text, " Environment: {}.", roff_escape(&var));
+    }
+    out.push_str(&roff_line(&text));
+}
+
+/// The taskgate.toml(5) man page.
+pub fn man_page() -> String {
+    let mut s = format!(
+        ".TH TASKGATE.TOML 5 \"\" \"taskgate {}\" \"File Formats\"\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    s.push_str(
+        r#".SH NAME
+taskgate.toml \- configuration of the taskgate MCP Tasks daemon
+.SH SYNOPSIS
+.B /etc/taskgate/taskgate.toml
+.SH DESCRIPTION
+A TOML file read once by
+.BR taskgate (1)
+at startup. Every key is optional; the embedded defaults apply to keys left out.
+Any key can also be given in the environment as
+.BI TASKGATE_ SECTION _ KEY\fR,
+for example
+.BR TASKGATE_STORE_QUEUE_DEPTH=256 ,
+and command\-line flags override both. Unknown keys, relative paths and values out of
+range refuse the start with exit status 78, naming the key.
+.B taskgate init
+prints a commented file with every key and its default.
+"#,
+    );
+    for section in Section::SETTINGS {
+        let _ = writeln!(s, ".SH \"[{}]\"", section.name());
+        for key in KEYS.iter().filter(|k| k.section == section) {
+            roff_key(key, &mut s);
+        }
+    }
+    s.push_str(
+        r#".SH "[[tool]]"
+Each table declares a command tool:
+.BR name ,
+.BR description ,
+.B argv
+(absolute program path, then arguments with
+.BI { name }
+placeholders filled from the call's arguments; never a shell),
+.B input_schema
+(JSON Schema of the arguments),
+.B working_dir
+(absolute),
+.B env
+(variable names passed through),
+.B effect
+(read_only, idempotent_write or non_idempotent_write, the default) and
+.B task
+(never, the default, optional or required). A non_idempotent_write tool cannot run as a task.
+The bounded keys:
+"#,
+    );
+    for key in TOOL_KEYS {
+        roff_key(key, &mut s);
+    }
+    s.push_str(
+        r#".SH FILES
+.TP
+.I /var/lib/taskgate
+The state directory: tasks.db, its \-wal and \-shm files, tasks.lock and artifacts/.
+.SH "SEE ALSO"
+.BR taskgate (1),
+.BR taskgate\-backup (8),
+.BR taskgate\-restore (8),
+/usr/share/doc/taskgate/operations.md
+"#,
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_defaults_in_range() {
+        let all: Vec<&KeySpec> = KEYS.iter().chain(TOOL_KEYS).collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert!(a.dotted() != b.dotted(), "{} twice", a.dotted());
+            }
+            if let Kind::Int(spec) = a.kind {
+                assert!(spec.range().contains(&spec.default), "{}", a.dotted());
+                if let Some(other) = spec.at_most {
+                    let (s, n) = other.split_once('.').unwrap_or(("", other));
+                    assert!(find(s, n).is_some(), "{} names {other}", a.dotted());
+                }
+            }
+            assert!(
+                !a.doc.contains('\n') && a.doc.ends_with('.'),
+                "{}",
+                a.dotted()
+            );
+            assert_eq!(a.doc.matches('`').count() % 2, 0, "{}", a.dotted());
+        }
+        assert_eq!(
+            by_env_var("TASKGATE_STORE_QUEUE_DEPTH"),
+            Some(&STORE_QUEUE_DEPTH)
+        );
+    }
+
+    #[test]
+    fn man_page_names_every_key_and_has_no_stray_requests() {
+        let page = man_page();
+        for key in KEYS.iter().chain(TOOL_KEYS) {
+            assert!(page.contains(&format!(".B {}\n", key.name)), "{}", key.name);
+        }
+        for line in page.lines() {
+            assert!(
+                !line.starts_with('.') || line.len() > 1,
+                "empty request line in {line:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,923 @@
+//! One configuration, layered: embedded defaults → TOML file → `TASKGATE_*`
+//! environment → command-line flags.
+//!
+//! Every key is defined once, in [`keys`]: the loader validates against
+//! that table, and the starter file, the docs' reference table and the man
+//! page are rendered from it. Every setting is read once at startup;
+//! nothing reloads. Unknown keys, relative paths and out-of-range bounds
+//! refuse the start (exit 78) naming the key and where it came from. The
+//! state directory has its own precedence (flag, then systemd's
+//! `$STATE_DIRECTORY`, then the layered `[store] directory`, then the XDG
+//! default) because systemd owns the directory when it runs the unit.
+
+pub mod keys;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::exit::{Classify, ExitClass};
+use keys::{KeySpec, Kind, Section};
+
+pub use keys::{PACKAGE_STATE_DIR, starter_config};
+
+/// Environment variables with the `TASKGATE_` prefix that are not settings.
+pub const ENV_CONFIG_PATH: &str = "TASKGATE_CONFIG";
+pub const ENV_LOG: &str = "TASKGATE_LOG";
+const ENV_PREFIX: &str = "TASKGATE_";
+const ENV_RESERVED_PREFIX: &str = "TASKGATE_TEST_";
+
+pub const DEFAULT_LISTEN: &str = match keys::SERVER_LISTEN.kind {
+    Kind::Address { default } => default,
+    _ => panic!("server.listen is an address"),
+};
+
+/// The bounds an operator may set, with their defaults and ranges, as named
+/// constants for code that needs them without a configuration (the store's
+/// defaults, tests). They are read from [`keys`], never written here.
+pub mod bounds {
+    use super::keys::*;
+    use std::ops::RangeInclusive;
+
+    pub const QUEUE_DEPTH_DEFAULT: u64 = STORE_QUEUE_DEPTH.int().default;
+    pub const QUEUE_DEPTH: RangeInclusive<u64> = STORE_QUEUE_DEPTH.int().range();
+    pub const MAX_LIVE_TASKS_DEFAULT: u64 = STORE_MAX_LIVE_TASKS.int().default;
+    pub const MAX_LIVE_TASKS: RangeInclusive<u64> = STORE_MAX_LIVE_TASKS.int().range();
+    pub const CHECKPOINT_INTERVAL_SECS_DEFAULT: u64 = STORE_CHECKPOINT_INTERVAL_SECS.int().default;
+    pub const CHECKPOINT_INTERVAL_SECS: RangeInclusive<u64> =
+        STORE_CHECKPOINT_INTERVAL_SECS.int().range();
+    pub const MAX_DB_PAGES_DEFAULT: u64 = STORE_MAX_DB_PAGES.int().default;
+    pub const MAX_DB_PAGES: RangeInclusive<u64> = STORE_MAX_DB_PAGES.int().range();
+
+    pub const MAX_CONNECTIONS_DEFAULT: u64 = SERVER_MAX_CONNECTIONS.int().default;
+    pub const MAX_CONNECTIONS: RangeInclusive<u64> = SERVER_MAX_CONNECTIONS.int().range();
+    pub const MAX_CONCURRENT_REQUESTS_DEFAULT: u64 = SERVER_MAX_CONCURRENT_REQUESTS.int().default;
+    pub const MAX_CONCURRENT_REQUESTS: RangeInclusive<u64> =
+        SERVER_MAX_CONCURRENT_REQUESTS.int().range();
+    pub const MAX_REQUEST_BYTES_DEFAULT: u64 = SERVER_MAX_REQUEST_BYTES.int().default;
+    pub const MAX_REQUEST_BYTES: RangeInclusive<u64> = SERVER_MAX_REQUEST_BYTES.int().range();
+
+    pub const DEFAULT_TTL_SECS_DEFAULT: u64 = TASKS_DEFAULT_TTL_SECS.int().default;
+    pub const DEFAULT_TTL_SECS: RangeInclusive<u64> = TASKS_DEFAULT_TTL_SECS.int().range();
+    pub const POLL_INTERVAL_MS_DEFAULT: u64 = TASKS_POLL_INTERVAL_MS.int().default;
+    pub const POLL_INTERVAL_MS: RangeInclusive<u64> = TASKS_POLL_INTERVAL_MS.int().range();
+    pub const MAX_RUNNING_DEFAULT: u64 = TASKS_MAX_RUNNING.int().default;
+    pub const MAX_RUNNING: RangeInclusive<u64> = TASKS_MAX_RUNNING.int().range();
+    pub const CANCEL_GRACE_MS_DEFAULT: u64 = TASKS_CANCEL_GRACE_MS.int().default;
+    pub const CANCEL_GRACE_MS: RangeInclusive<u64> = TASKS_CANCEL_GRACE_MS.int().range();
+    pub const ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT: u64 =
+        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().default;
+    pub const ARTIFACTS_MAX_TOTAL_BYTES: RangeInclusive<u64> =
+        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().range();
+    pub const ARTIFACT_MAX_BYTES_DEFAULT: u64 = TASKS_ARTIFACT_MAX_BYTES.int().default;
+    pub const ARTIFACT_MAX_BYTES: RangeInclusive<u64> = TASKS_ARTIFACT_MAX_BYTES.int().range();
+
+    pub const TOOL_TIMEOUT_SECS_DEFAULT: u64 = TOOL_TIMEOUT_SECS.int().default;
+    pub const TOOL_MAX_STDOUT_BYTES_DEFAULT: u64 = TOOL_MAX_STDOUT_BYTES.int().default;
+    pub const TOOL_MAX_STDERR_BYTES_DEFAULT: u64 = TOOL_MAX_STDERR_BYTES.int().default;
+    /// Most tools a configuration may declare.
+    pub const MAX_TOOLS: usize = 1024;
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error(
+        "{path}: cannot read the configuration file: {source}; check the path given to --config"
+    )]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: {message}; fix or remove that key (see `taskgate init` for every key)")]
+    Invalid { origin: String, message: String },
+    #[error(
+        "{key} = {value} (from {origin}) is out of range {min}..={max}; choose a value in range"
+    )]
+    OutOfRange {
+        key: String,
+        value: u64,
+        origin: String,
+        min: u64,
+        max: u64,
+    },
+    #[error("{key} = {value:?} (from {origin}) is a relative path; give an absolute path")]
+    RelativePath {
+        key: String,
+        value: PathBuf,
+        origin: String,
+    },
+    #[error("{key} = {value:?} (from {origin}) is not a socket address like 127.0.0.1:8765")]
+    BadAddress {
+        key: String,
+        value: String,
+        origin: String,
+    },
+    #[error(
+        "no state directory: neither --state-dir, $STATE_DIRECTORY, [store] directory, $XDG_STATE_HOME nor $HOME is set; pass --state-dir"
+    )]
+    NoStateDir,
+}
+
+impl Classify for ConfigError {
+    fn exit_class(&self) -> ExitClass {
+        ExitClass::Config
+    }
+}
+
+/// What the command line contributes.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config_path: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+}
+
+/// Where the state directory choice came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateDirSource {
+    Flag,
+    SystemdStateDirectory,
+    Configured(String),
+    /// The XDG default; the only directory taskgate creates itself.
+    Default,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub queue_depth: usize,
+    pub max_live_tasks: u64,
+    pub checkpoint_interval: Duration,
+    pub max_db_pages: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub max_connections: usize,
+    pub max_concurrent_requests: usize,
+    pub max_request_bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct TaskSettings {
+    pub default_ttl: Duration,
+    pub poll_interval: Duration,
+    pub max_running: usize,
+    pub cancel_grace: Duration,
+    pub artifacts_max_total_bytes: u64,
+    pub artifact_max_bytes: u64,
+}
+
+/// What a tool does to the world, declared by the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    ReadOnly,
+    IdempotentWrite,
+    NonIdempotentWrite,
+}
+
+/// Whether a tool runs as a background task when the client negotiated Tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskMode {
+    Never,
+    Optional,
+    Required,
+}
+
+/// A command tool, validated.
+#[derive(Debug, Clone)]
+pub struct ToolConfig {
+    pub name: String,
+    pub description: String,
+    pub argv: Vec<String>,
+    pub input_schema: serde_json::Value,
+    pub working_dir: Option<PathBuf>,
+    pub env: Vec<String>,
+    pub timeout: Duration,
+    pub max_stdout_bytes: u64,
+    pub max_stderr_bytes: u64,
+    pub effect: Effect,
+    pub task: TaskMode,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    pub state_dir_source: StateDirSource,
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub tasks: TaskSettings,
+    pub tools: Vec<ToolConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    name: String,
+    description: Option<String>,
+    argv: Vec<String>,
+    input_schema: Option<toml::Table>,
+    working_dir: Option<PathBuf>,
+    env: Option<Vec<String>>,
+    timeout_secs: Option<u64>,
+    max_stdout_bytes: Option<u64>,
+    max_stderr_bytes: Option<u64>,
+    effect: Option<Effect>,
+    task: Option<TaskMode>,
+}
+
+/// Only the `[[tool]]` tables of a file, deserialised from its text so
+/// that an error in one points at its line.
+#[derive(Debug, Default, Deserialize)]
+struct RawTools {
+    #[serde(default)]
+    tool: Vec<RawTool>,
+}
+
+/// A value one layer set, and where it came from.
+struct Setting {
+    value: toml::Value,
+    origin: String,
+}
+
+/// The settings the file and the environment gave, by dotted key; a later
+/// layer replaces an earlier one's value.
+#[derive(Default)]
+struct Layers(BTreeMap<String, Setting>);
+
+const EMBEDDED: &str = "the embedded default";
+
+impl Layers {
+    fn set(&mut self, key: &KeySpec, value: toml::Value, origin: String) {
+        self.0.insert(key.dotted(), Setting { value, origin });
+    }
+
+    /// An integer key, checked against its range (and against the key that
+    /// bounds it from above, if any).
+    fn int(&self, key: &KeySpec) -> Result<u64, ConfigError> {
+        let spec = key.int();
+        let Some(set) = self.0.get(&key.dotted()) else {
+            return Ok(spec.default);
+        };
+        let value = match &set.value {
+            toml::Value::Integer(i) => u64::try_from(*i).ok(),
+            // The environment gives text.
+            toml::Value::String(s) => s.trim().parse::<u64>().ok(),
+            _ => None,
+        };
+        let Some(value) = value else {
+            return Err(ConfigError::Invalid {
+                origin: set.origin.clone(),
+                message: format!(
+                    "{} must be a whole number in {}..={}",
+                    key.dotted(),
+                    spec.min,
+                    spec.max
+                ),
+            });
+        };
+        let mut max = spec.max;
+        if let Some(other) = spec.at_most.and_then(|o| {
+            let (section, name) = o.split_once('.')?;
+            keys::find(section, name)
+        }) {
+            max = max.min(self.int(other)?);
+        }
+        if (spec.min..=max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(ConfigError::OutOfRange {
+                key: key.dotted(),
+                value,
+                origin: set.origin.clone(),
+                min: spec.min,
+                max,
+            })
+        }
+    }
+
+    fn text(&self, key: &KeySpec) -> Result<Option<(String, String)>, ConfigError> {
+        match self.0.get(&key.dotted()) {
+            None => Ok(None),
+            Some(Setting {
+                value: toml::Value::String(s),
+                origin,
+            }) => Ok(Some((s.clone(), origin.clone()))),
+            Some(set) => Err(ConfigError::Invalid {
+                origin: set.origin.clone(),
+                message: format!("{} must be a string", key.dotted()),
+            }),
+        }
+    }
+
+    fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
+        self.int(key).map(Duration::from_secs)
+    }
+
+    fn duration_ms(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
+        self.int(key).map(Duration::from_millis)
+    }
+
+    fn size(&self, key: &KeySpec) -> Result<usize, ConfigError> {
+        // Every range fits a usize on the 64-bit targets taskgate ships for.
+        self.int(key)
+            .map(|v| usize::try_from(v).unwrap_or(usize::MAX))
+    }
+}
+
+impl Config {
+    /// Loads the configuration from the real process environment.
+    pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> = std::env::vars().collect();
+        Config::load_from(overrides, &env)
+    }
+
+    /// Loads the configuration from the given environment snapshot.
+    pub fn load_from(
+        overrides: &Overrides,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let mut layers = Layers::default();
+        let config_file = overrides
+            .config_path
+            .clone()
+            .or_else(|| env.get(ENV_CONFIG_PATH).map(PathBuf::from));
+
+        let mut raw_tools = Vec::new();
+        let mut tools_origin = EMBEDDED.to_string();
+        if let Some(path) = &config_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let origin = path.display().to_string();
+            raw_tools = file_layer(&mut layers, &origin, &text)?;
+            tools_origin = origin;
+        }
+        env_layer(&mut layers, env)?;
+
+        // Checked even when the flag overrides it: a wrong file is wrong.
+        let layered_listen = layers.text(&keys::SERVER_LISTEN)?;
+        let (listen_text, listen_origin) = match &overrides.listen {
+            Some(l) => (l.clone(), "flag --listen".to_string()),
+            None => {
+                layered_listen.unwrap_or_else(|| (DEFAULT_LISTEN.to_string(), EMBEDDED.to_string()))
+            }
+        };
+        let listen: SocketAddr = listen_text.parse().map_err(|_| ConfigError::BadAddress {
+            key: keys::SERVER_LISTEN.dotted(),
+            value: listen_text.clone(),
+            origin: listen_origin,
+        })?;
+
+        let store = StoreSettings {
+            queue_depth: layers.size(&keys::STORE_QUEUE_DEPTH)?,
+            max_live_tasks: layers.int(&keys::STORE_MAX_LIVE_TASKS)?,
+            checkpoint_interval: layers.duration_secs(&keys::STORE_CHECKPOINT_INTERVAL_SECS)?,
+            max_db_pages: layers.int(&keys::STORE_MAX_DB_PAGES)?,
+        };
+        let configured_dir = match layers.text(&keys::STORE_DIRECTORY)? {
+            Some((dir, origin)) => {
+                let dir = PathBuf::from(dir);
+                require_absolute(keys::STORE_DIRECTORY.dotted(), &dir, origin.clone())?;
+                Some((dir, origin))
+            }
+            None => None,
+        };
+        let (state_dir, state_dir_source) = resolve_state_dir(overrides, env, configured_dir)?;
+
+        let server = ServerSettings {
+            listen,
+            max_connections: layers.size(&keys::SERVER_MAX_CONNECTIONS)?,
+            max_concurrent_requests: layers.size(&keys::SERVER_MAX_CONCURRENT_REQUESTS)?,
+            max_request_bytes: layers.size(&keys::SERVER_MAX_REQUEST_BYTES)?,
+        };
+        let tasks = TaskSettings {
+            default_ttl: layers.duration_secs(&keys::TASKS_DEFAULT_TTL_SECS)?,
+            poll_interval: layers.duration_ms(&keys::TASKS_POLL_INTERVAL_MS)?,
+            max_running: layers.size(&keys::TASKS_MAX_RUNNING)?,
+            cancel_grace: layers.duration_ms(&keys::TASKS_CANCEL_GRACE_MS)?,
+            artifacts_max_total_bytes: layers.int(&keys::TASKS_ARTIFACTS_MAX_TOTAL_BYTES)?,
+            artifact_max_bytes: layers.int(&keys::TASKS_ARTIFACT_MAX_BYTES)?,
+        };
+        let tools = tool_settings(raw_tools, tools_origin)?;
+
+        Ok(Config {
+            state_dir,
+            state_dir_source,
+            server,
+            store,
+            tasks,
+            tools,
+        })
+    }
+}
+
+/// Records the file's settings in `layers` and returns its tools. Every
+/// key is checked against the table, and an error names its line.
+fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTool>, ConfigError> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| invalid_toml(origin, text, &e))?;
+    let sections = || {
+        Section::SETTINGS
+            .iter()
+            .map(|s| format!("[{}]", s.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut has_tools = false;
+    for (top, value) in table {
+        if top == "tool" {
+            has_tools = true;
+            continue;
+        }
+        let at = line_origin(origin, text, &[&top]);
+        let Some(section) = Section::SETTINGS.iter().find(|s| s.name() == top) else {
+            return Err(ConfigError::Invalid {
+                origin: at,
+                message: format!(
+                    "unknown section `{top}`; the sections are {} and [[tool]]",
+                    sections()
+                ),
+            });
+        };
+        let toml::Value::Table(inner) = value else {
+            return Err(ConfigError::Invalid {
+                origin: at,
+                message: format!("`{top}` must be a table, [{top}]"),
+            });
+        };
+        for (name, value) in inner {
+            let at = line_origin(origin, text, &[&top, &name]);
+            let Some(key) = keys::find(section.name(), &name) else {
+                let known: Vec<&str> = keys::KEYS
+                    .iter()
+                    .filter(|k| k.section == *section)
+                    .map(|k| k.name)
+                    .collect();
+                return Err(ConfigError::Invalid {
+                    origin: at,
+                    message: format!(
+                        "unknown key `{name}` in [{top}]; its keys are {}",
+                        known.join(", ")
+                    ),
+                });
+            };
+            layers.set(key, value, at);
+        }
+    }
+    if !has_tools {
+        return Ok(Vec::new());
+    }
+    toml::from_str::<RawTools>(text)
+        .map(|t| t.tool)
+        .map_err(|e| invalid_toml(origin, text, &e))
+}
+
+/// Records `TASKGATE_<SECTION>_<KEY>` settings in `layers`.
+fn env_layer(layers: &mut Layers, env: &HashMap<String, String>) -> Result<(), ConfigError> {
+    let mut names: Vec<&String> = env.keys().collect();
+    names.sort();
+    for name in names {
+        if !name.starts_with(ENV_PREFIX)
+            || name == ENV_CONFIG_PATH
+            || name == ENV_LOG
+            || name.starts_with(ENV_RESERVED_PREFIX)
+        {
+            continue;
+        }
+        let Some(key) = keys::by_env_var(name) else {
+            return Err(ConfigError::Invalid {
+                origin: format!("environment variable {name}"),
+                message: "not a setting; settings are named TASKGATE_<SECTION>_<KEY>, for example TASKGATE_STORE_QUEUE_DEPTH".into(),
+            });
+        };
+        // Text: paths need no quoting, and integers are parsed per key.
+        layers.set(
+            key,
+            toml::Value::String(env[name].clone()),
+            format!("environment variable {name}"),
+        );
+    }
+    Ok(())
+}
+
+/// `origin: line N `the line``, naming the key at `path` in the file's
+/// text; only `origin` when the key cannot be located.
+fn line_origin(origin: &str, text: &str, path: &[&str]) -> String {
+    match key_line(text, path) {
+        Some(line) => {
+            let quoted = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("{origin}: line {line} `{quoted}`")
+        }
+        None => origin.to_string(),
+    }
+}
+
+fn key_line(text: &str, path: &[&str]) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let doc = DeTable::parse(text).ok()?;
+    let mut table = doc.get_ref();
+    let mut start = None;
+    for (i, segment) in path.iter().enumerate() {
+        let (key, value) = table
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == *segment)?;
+        start = Some(key.span().start);
+        if i + 1 < path.len() {
+            match value.get_ref() {
+                DeValue::Table(inner) => table = inner,
+                _ => return None,
+            }
+        }
+    }
+    let start = start?.min(text.len());
+    Some(text[..start].matches('\n').count() + 1)
+}
+
+fn resolve_state_dir(
+    overrides: &Overrides,
+    env: &HashMap<String, String>,
+    configured: Option<(PathBuf, String)>,
+) -> Result<(PathBuf, StateDirSource), ConfigError> {
+    if let Some(dir) = &overrides.state_dir {
+        require_absolute("--state-dir".into(), dir, "the command line".into())?;
+        return Ok((dir.clone(), StateDirSource::Flag));
+    }
+    if let Some(list) = env.get("STATE_DIRECTORY").filter(|s| !s.is_empty()) {
+        // systemd joins several StateDirectory= entries with ':'; ours is the first.
+        let first = PathBuf::from(list.split(':').next().unwrap_or(list));
+        require_absolute("$STATE_DIRECTORY".into(), &first, "the environment".into())?;
+        return Ok((first, StateDirSource::SystemdStateDirectory));
+    }
+    if let Some((dir, origin)) = configured {
+        return Ok((dir, StateDirSource::Configured(origin)));
+    }
+    let base = match env.get("XDG_STATE_HOME").map(PathBuf::from) {
+        // The XDG spec says to ignore a relative XDG_STATE_HOME.
+        Some(p) if p.is_absolute() => p,
+        _ => match env.get("HOME").map(PathBuf::from) {
+            Some(home) if home.is_absolute() => home.join(".local").join("state"),
+            _ => return Err(ConfigError::NoStateDir),
+        },
+    };
+    Ok((base.join("taskgate"), StateDirSource::Default))
+}
+
+/// Tool names the daemon itself serves.
+pub const RESERVED_TOOL_NAMES: &[&str] = &["artifact_read"];
+
+fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn tool_settings(raw: Vec<RawTool>, origin: String) -> Result<Vec<ToolConfig>, ConfigError> {
+    if raw.len() > bounds::MAX_TOOLS {
+        return Err(ConfigError::Invalid {
+            origin,
+            message: format!(
+                "{} tools declared; at most {} are allowed",
+                raw.len(),
+                bounds::MAX_TOOLS
+            ),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut tools = Vec::with_capacity(raw.len());
+    for t in raw {
+        let bad = |message: String| ConfigError::Invalid {
+            origin: format!("{origin}: [[tool]] {:?}", t.name),
+            message,
+        };
+        if !valid_tool_name(&t.name) {
+            return Err(bad(
+                "name must be 1-64 characters of A-Z a-z 0-9 _ - .".into()
+            ));
+        }
+        if RESERVED_TOOL_NAMES.contains(&t.name.as_str()) {
+            return Err(bad("this name is reserved for a built-in tool".into()));
+        }
+        if !seen.insert(t.name.clone()) {
+            return Err(bad("declared twice; tool names must be unique".into()));
+        }
+        match t.argv.first() {
+            Some(program) if Path::new(program).is_absolute() => {}
+            Some(_) => {
+                return Err(bad(
+                    "argv[0] must be an absolute path to the program (no shell, no PATH lookup)"
+                        .into(),
+                ));
+            }
+            None => return Err(bad("argv must name the program to run".into())),
+        }
+        if let Some(dir) = &t.working_dir
+            && !dir.is_absolute()
+        {
+            return Err(bad(format!(
+                "working_dir {dir:?} is a relative path; give an absolute path"
+            )));
+        }
+        let env = t.env.clone().unwrap_or_default();
+        if let Some(name) = env.iter().find(|n| !valid_env_name(n)) {
+            return Err(bad(format!("env entry {name:?} is not a variable name")));
+        }
+        let effect = t.effect.unwrap_or(Effect::NonIdempotentWrite);
+        let task = t.task.unwrap_or(TaskMode::Never);
+        if task != TaskMode::Never && effect == Effect::NonIdempotentWrite {
+            return Err(bad(
+                "a non-idempotent write cannot run as a background task (a restart would leave its effect unknown); declare effect = \"read_only\" or \"idempotent_write\" if that is true, or set task = \"never\"".into(),
+            ));
+        }
+        let input_schema = match t.input_schema.clone() {
+            Some(table) => {
+                serde_json::to_value(table).map_err(|e| bad(format!("input_schema: {e}")))?
+            }
+            None => serde_json::json!({"type": "object"}),
+        };
+        if input_schema.get("type").and_then(|v| v.as_str()) != Some("object") {
+            return Err(bad(
+                "input_schema must describe an object (type = \"object\")".into(),
+            ));
+        }
+        // A tool's bounds are per tool, so they are checked here rather
+        // than through the settings' layers.
+        let range = |key: &KeySpec, v: Option<u64>| {
+            let spec = key.int();
+            let value = v.unwrap_or(spec.default);
+            if spec.range().contains(&value) {
+                Ok(value)
+            } else {
+                Err(ConfigError::Invalid {
+                    origin: origin.clone(),
+                    message: format!(
+                        "tool.{}.{} = {value} is out of range {}..={}",
+                        t.name, key.name, spec.min, spec.max
+                    ),
+                })
+            }
+        };
+        tools.push(ToolConfig {
+            timeout: Duration::from_secs(range(&keys::TOOL_TIMEOUT_SECS, t.timeout_secs)?),
+            max_stdout_bytes: range(&keys::TOOL_MAX_STDOUT_BYTES, t.max_stdout_bytes)?,
+            max_stderr_bytes: range(&keys::TOOL_MAX_STDERR_BYTES, t.max_stderr_bytes)?,
+            description: t.description.clone().unwrap_or_default(),
+            name: t.name,
+            argv: t.argv,
+            input_schema,
+            working_dir: t.working_dir,
+            env,
+            effect,
+            task,
+        });
+    }
+    Ok(tools)
+}
+
+fn require_absolute(key: String, path: &Path, origin: String) -> Result<(), ConfigError> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(ConfigError::RelativePath {
+            key,
+            value: path.to_path_buf(),
+            origin,
+        })
+    }
+}
+
+fn invalid_toml(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let origin = match e.span() {
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let line = text[..start].matches('\n').count() + 1;
+            // Quote the line so the key is named even in a type error.
+            let quoted = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("{origin}: line {line} `{quoted}`")
+        }
+        None => origin.to_string(),
+    };
+    ConfigError::Invalid {
+        origin,
+        message: e.message().trim().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_use_xdg_state_home() {
+        let c = Config::load_from(
+            &Overrides::default(),
+            &env(&[("XDG_STATE_HOME", "/x/state")]),
+        )
+        .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/x/state/taskgate"));
+        assert_eq!(c.state_dir_source, StateDirSource::Default);
+        assert_eq!(c.store.queue_depth, 128);
+        assert_eq!(c.store.max_db_pages, 1_048_576);
+        assert_eq!(c.server.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn relative_xdg_is_ignored_for_home() {
+        let c = Config::load_from(
+            &Overrides::default(),
+            &env(&[("XDG_STATE_HOME", "rel"), ("HOME", "/home/u")]),
+        )
+        .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/home/u/.local/state/taskgate"));
+    }
+
+    #[test]
+    fn layering_env_over_file_and_flags_over_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[store]\nqueue_depth = 10\nmax_live_tasks = 5\n[server]\nlisten = \"127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let over = Overrides {
+            config_path: Some(file),
+            listen: Some("127.0.0.1:3".into()),
+            ..Default::default()
+        };
+        let c = Config::load_from(
+            &over,
+            &env(&[
+                ("HOME", "/h"),
+                ("TASKGATE_STORE_QUEUE_DEPTH", "20"),
+                ("TASKGATE_SERVER_LISTEN", "127.0.0.1:2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.store.queue_depth, 20);
+        assert_eq!(c.store.max_live_tasks, 5);
+        assert_eq!(c.server.listen.port(), 3);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[store]\nqueue_dept = 10\n").unwrap();
+        let over = Overrides {
+            config_path: Some(file),
+            ..Default::default()
+        };
+        let e = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("queue_dept") && s.contains("line 2"), "{s}");
+
+        let e = Config::load_from(
+            &Overrides::default(),
+            &env(&[("HOME", "/h"), ("TASKGATE_STORE_QUEUEDEPTH", "3")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("TASKGATE_STORE_QUEUEDEPTH"), "{e}");
+    }
+
+    #[test]
+    fn bounds_and_paths_are_checked_with_origin() {
+        let e = Config::load_from(
+            &Overrides::default(),
+            &env(&[("HOME", "/h"), ("TASKGATE_STORE_QUEUE_DEPTH", "0")]),
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("store.queue_depth") && s.contains("TASKGATE_STORE_QUEUE_DEPTH"),
+            "{s}"
+        );
+
+        let e = Config::load_from(
+            &Overrides::default(),
+            &env(&[("HOME", "/h"), ("TASKGATE_STORE_DIRECTORY", "rel/dir")]),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConfigError::RelativePath { .. }), "{e}");
+    }
+
+    #[test]
+    fn state_directory_precedence() {
+        let over = Overrides::default();
+        let c = Config::load_from(
+            &over,
+            &env(&[
+                ("STATE_DIRECTORY", "/var/lib/taskgate"),
+                ("TASKGATE_STORE_DIRECTORY", "/srv/tg"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/taskgate"));
+        let over = Overrides {
+            state_dir: Some("/flag".into()),
+            ..Default::default()
+        };
+        let c =
+            Config::load_from(&over, &env(&[("STATE_DIRECTORY", "/var/lib/taskgate")])).unwrap();
+        assert_eq!(c.state_dir_source, StateDirSource::Flag);
+    }
+
+    #[test]
+    fn starter_config_parses_to_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, starter_config(None)).unwrap();
+        let over = Overrides {
+            config_path: Some(file.clone()),
+            ..Default::default()
+        };
+        let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.store.queue_depth, 128);
+        assert_eq!(c.tasks.max_running, 8);
+        assert_eq!(c.state_dir, PathBuf::from("/h/.local/state/taskgate"));
+        std::fs::write(&file, starter_config(Some(PACKAGE_STATE_DIR))).unwrap();
+        let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from(PACKAGE_STATE_DIR));
+    }
+
+    #[test]
+    fn a_flag_does_not_hide_a_wrong_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[server]\nlisten = 5\n").unwrap();
+        let over = Overrides {
+            config_path: Some(file),
+            listen: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        };
+        let e = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+    }
+
+    /// The loader reads every key of the table: a bad value for any of
+    /// them refuses the load, naming that key.
+    #[test]
+    fn every_key_in_the_table_is_read() {
+        for key in keys::KEYS {
+            let bad = match key.kind {
+                Kind::Address { .. } => "not an address".to_string(),
+                Kind::Path => "relative/path".to_string(),
+                Kind::Int(spec) => (spec.max + 1).to_string(),
+            };
+            let var = key.env_var().unwrap();
+            let e = Config::load_from(
+                &Overrides::default(),
+                &env(&[("HOME", "/h"), (var.as_str(), bad.as_str())]),
+            )
+            .unwrap_err();
+            let s = e.to_string();
+            assert!(s.contains(&key.dotted()) && s.contains(&var), "{s}");
+        }
+    }
+
+    #[test]
+    fn an_upper_bound_may_be_another_key() {
+        let e = Config::load_from(
+            &Overrides::default(),
+            &env(&[
+                ("HOME", "/h"),
+                ("TASKGATE_TASKS_ARTIFACTS_MAX_TOTAL_BYTES", "2097152"),
+                ("TASKGATE_TASKS_ARTIFACT_MAX_BYTES", "4194304"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::OutOfRange { key, max: 2097152, .. } if key == "tasks.artifact_max_bytes"),
+            "{e}"
+        );
+        let e = Config::load_from(
+            &Overrides::default(),
+            &env(&[("HOME", "/h"), ("TASKGATE_STORE_QUEUE_DEPTH", "many")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("TASKGATE_STORE_QUEUE_DEPTH"), "{e}");
+    }
+}
