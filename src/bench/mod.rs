@@ -18,6 +18,7 @@
 mod report;
 
 use std::io::Write as _;
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -87,11 +88,19 @@ impl Drop for BenchDaemon {
     }
 }
 
+/// Starts the benchmark daemon and returns once it is ready. Readiness and
+/// the port come the way systemd learns them: `READY=1` and `STATUS=serving
+/// on 127.0.0.1:PORT; …` on a NOTIFY_SOCKET this process owns.
 fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
     let state = scratch.join("state");
     let log_path = scratch.join("daemon.log");
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", log_path.display())))?;
+    let io = |p: &Path, e: std::io::Error| refusal(ExitClass::Io, format!("{}: {e}", p.display()));
+    let log = std::fs::File::create(&log_path).map_err(|e| io(&log_path, e))?;
+    let sock_path = scratch.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).map_err(|e| io(&sock_path, e))?;
+    // Short waits, so that a daemon that exits before READY=1 is noticed.
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .map_err(|e| io(&sock_path, e))?;
     let child = Command::new("/proc/self/exe")
         .args([
             "serve",
@@ -104,6 +113,7 @@ fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
         .arg("--state-dir")
         .arg(&state)
         .env("TASKGATE_LOG", "warn,taskgate=info")
+        .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -119,17 +129,38 @@ fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
         url: String::new(),
     };
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if let Some(port) = text
-            .split("listen=127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-        {
-            d.url = format!("http://127.0.0.1:{port}/mcp");
-            return Ok(d);
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let note = String::from_utf8_lossy(&buf[..n]);
+                if note.lines().any(|l| l == "READY=1") {
+                    let port = note
+                        .lines()
+                        .find_map(|l| l.strip_prefix("STATUS=serving on 127.0.0.1:"))
+                        .and_then(|r| r.split(';').next())
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .ok_or_else(|| {
+                            refusal(
+                                ExitClass::Io,
+                                format!("the benchmark daemon named no port: {note}"),
+                            )
+                        })?;
+                    d.url = format!("http://127.0.0.1:{port}/mcp");
+                    return Ok(d);
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(io(&sock_path, e)),
         }
         if let Ok(Some(status)) = d.child.try_wait() {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
             return Err(refusal(
                 ExitClass::Io,
                 format!("the benchmark daemon exited ({status}): {}", text.trim()),
@@ -138,10 +169,9 @@ fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
         if Instant::now() > deadline {
             return Err(refusal(
                 ExitClass::Io,
-                "the benchmark daemon did not start within 60 s",
+                "the benchmark daemon was not ready within 60 s",
             ));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
