@@ -214,6 +214,7 @@ fn restore_refuses_bad_snapshots_and_leaves_the_live_directory_alone() {
 
 #[test]
 fn root_backs_up_and_restores_a_directory_owned_by_the_service_user() {
+    prereq::require_root("chowns the state directory to another user");
     let root = private_dir();
     let state = state_dir(root.path());
     populate(&state, 3);

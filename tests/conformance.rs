@@ -9,6 +9,7 @@ use common::*;
 
 #[test]
 fn official_conformance_suite_tasks_scenarios() {
+    prereq::require_tool("npm");
     let root = env!("CARGO_MANIFEST_DIR");
     let dir = private_dir();
     let state = state_dir(dir.path());

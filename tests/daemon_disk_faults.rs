@@ -14,6 +14,7 @@ use taskgate::client::ClientError;
 
 #[test]
 fn fsync_eio_disables_the_task_service_and_a_restart_recovers() {
+    prereq::require_tool("strace");
     let root = private_dir();
     let state = state_dir(root.path());
     let marker = root.path().join("ran");

@@ -457,6 +457,7 @@ fn created_ids(lines: &[String]) -> Vec<String> {
 
 #[test]
 fn fsync_eio_during_a_create_disables_the_store() {
+    prereq::require_tool("strace");
     let root = private_dir();
     let mut proc = Proc::spawn(Proc::child_command("eio", root.path()));
     let before = proc.until("ready ");
@@ -532,6 +533,7 @@ fn fsync_eio_during_a_create_disables_the_store() {
 
 #[test]
 fn enospc_on_writes_is_a_capacity_error_and_reads_go_on() {
+    prereq::require_tool("strace");
     let root = private_dir();
     let mut proc = Proc::spawn(Proc::child_command("enospc", root.path()));
     let before = proc.until("ready ");
@@ -592,6 +594,7 @@ fn enospc_on_writes_is_a_capacity_error_and_reads_go_on() {
 
 #[test]
 fn a_full_filesystem_is_a_capacity_error_and_reads_go_on() {
+    prereq::require_root("mounts a tmpfs in a private mount namespace");
     let root = private_dir();
     let mnt = root.path().join("fs");
     std::fs::create_dir(&mnt).unwrap();

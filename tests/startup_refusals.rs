@@ -104,6 +104,7 @@ fn hard_linked_database() {
 
 #[test]
 fn database_owned_by_someone_else() {
+    prereq::require_root("chowns the database to another user");
     let (_root, dir) = valid_store();
     chown(&dir.join("tasks.db"), 4242);
     assert_refused(&dir, &[], 77, &["tasks.db", "uid 4242"]);
@@ -111,6 +112,7 @@ fn database_owned_by_someone_else() {
 
 #[test]
 fn directory_owned_by_someone_else() {
+    prereq::require_root("chowns the state directory to another user");
     let (_root, dir) = valid_store();
     chown(&dir, 4242);
     assert_refused(&dir, &[], 77, &["uid 4242", "chown"]);
@@ -129,6 +131,7 @@ fn untrusted_ancestor_writable_by_others() {
 
 #[test]
 fn sticky_ancestor_must_be_root_owned() {
+    prereq::require_root("chowns a directory to another user");
     let root = private_dir();
     let sticky = root.path().join("sticky");
     std::fs::create_dir(&sticky).unwrap();

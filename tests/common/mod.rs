@@ -2,6 +2,7 @@
 //! binary, real SQLite files.
 #![allow(dead_code)]
 
+pub mod prereq;
 pub mod strace;
 
 use std::ffi::{OsStr, OsString};

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The whole test suite, as one command (the one README.md gives):
+#
+#   scripts/test.sh [--check] [--no-system-test] [-- CARGO_TEST_ARGS...]
+#
+# First it checks everything the suite needs from the machine: root (tests
+# chown files to another user, mount a tmpfs in a private mount namespace,
+# and the package's system test boots a container), a C compiler, strace,
+# unshare, npm (the MCP conformance suite), and for the package's system
+# test lintian, debootstrap, systemd-nspawn and cargo-deb 3.8.0. As root on
+# Debian it installs what is missing (apt-get, cargo install --locked);
+# otherwise it stops before running anything, with one line per missing
+# item and the command that installs it.
+#
+# Then it runs `cargo test --locked --no-fail-fast` (every test binary, even
+# after one fails) and the package's system test (scripts/system-test.sh),
+# and ends with a summary: cargo test's result lines, the system test's
+# PASS/FAIL lines, the time each took and a closing `N passed, N failed`.
+# Nothing is skipped: a test that cannot run fails and says why.
+#
+#   --check            only check (and install) the prerequisites
+#   --no-system-test   cargo test only, without the package's system test
+#   -- ARGS            passed to cargo test (e.g. `-- --test fault_injection`)
+#
+# Logs: target/test-logs/cargo-test.log and system-test.log.
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+
+usage() { echo "usage: $0 [--check] [--no-system-test] [-- CARGO_TEST_ARGS...]" >&2; exit 64; }
+check_only=0
+system_test=1
+cargo_args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --check) check_only=1 ;;
+    --no-system-test) system_test=0 ;;
+    --) shift; cargo_args=("$@"); break ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) usage ;;
+  esac
+  shift
+done
+
+export DEBIAN_FRONTEND=noninteractive
+cargo_deb_version=3.8.0
+is_root=0
+[ "$(id -u)" -eq 0 ] && is_root=1
+has_apt=0
+command -v apt-get >/dev/null && command -v dpkg >/dev/null && has_apt=1
+
+# ------------------------------------------------------- prerequisites --
+# Each missing item: a line saying what it is for, the Debian package that
+# brings it (empty when apt cannot), and the command that installs it.
+missing_what=()
+missing_pkg=()
+missing_how=()
+need() { missing_what+=("$1"); missing_pkg+=("$2"); missing_how+=("$3"); }
+apt_need() { # TOOL PACKAGE WHAT
+  need "$1 ($3)" "$2" "apt-get install --no-install-recommends $2"
+}
+have_cargo_deb() {
+  # `cargo deb --version` prints e.g. "cargo-deb 3.8.0".
+  command -v cargo >/dev/null && cargo deb --version 2>/dev/null | grep -qw "$cargo_deb_version"
+}
+
+check_prereqs() {
+  missing_what=() missing_pkg=() missing_how=()
+  command -v cargo >/dev/null \
+    || need "cargo (Rust 1.89 or newer, to build everything)" "" "install a Rust toolchain with rustup"
+  command -v cc >/dev/null || apt_need cc gcc "C compiler and linker: the bundled SQLite, linking"
+  # The tests run strace and unshare by the absolute paths Debian uses.
+  [ -x /usr/bin/strace ] || apt_need strace strace "fault injection: EIO on fsync, ENOSPC on write"
+  [ -x /usr/bin/unshare ] || apt_need unshare util-linux "a private mount namespace with a small tmpfs"
+  # npm may come from elsewhere than Debian (with its own node): only ask
+  # apt for it when there is none at all.
+  command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"
+  if [ "$system_test" -eq 1 ]; then
+    command -v lintian >/dev/null || apt_need lintian lintian "system test: the package must be lintian-clean"
+    command -v debootstrap >/dev/null || apt_need debootstrap debootstrap "system test: builds the container's Debian 12 root"
+    command -v systemd-nspawn >/dev/null || apt_need systemd-nspawn systemd-container "system test: boots the container"
+    command -v systemd-analyze >/dev/null || apt_need systemd-analyze systemd "system test: the unit's security score"
+    command -v nsenter >/dev/null || apt_need nsenter util-linux "system test: runs commands in the container"
+    command -v script >/dev/null || apt_need script bsdutils "system test: the container's console"
+    command -v dpkg-deb >/dev/null || apt_need dpkg-deb dpkg "system test: reads the built package"
+    have_cargo_deb \
+      || need "cargo-deb $cargo_deb_version (system test: builds the package)" "" \
+        "cargo install cargo-deb --locked --version $cargo_deb_version"
+  fi
+}
+
+# What needs root, said before anything else when not root.
+needs_root_lines() {
+  echo "  tests/startup_refusals.rs, tests/backup_restore.rs: chown files to another user"
+  echo "  tests/fault_injection.rs: mounts a 3 MiB tmpfs in a private mount namespace (unshare -m)"
+  if [ "$system_test" -eq 1 ]; then
+    echo "  scripts/system-test.sh: debootstrap and a booted systemd-nspawn container"
+  fi
+  echo "  installing what is missing (apt-get install, cargo install)"
+}
+
+print_missing() {
+  local i
+  for i in "${!missing_what[@]}"; do
+    echo "  missing ${missing_what[$i]}: ${missing_how[$i]}"
+  done
+}
+
+check_prereqs
+
+if [ "$is_root" -eq 0 ]; then
+  echo "test.sh: not running as root (uid $(id -u)); nothing was run. These need root:"
+  needs_root_lines
+  print_missing
+  echo "run it as root: sudo scripts/test.sh"
+  exit 2
+fi
+
+if [ ${#missing_what[@]} -gt 0 ] && [ "$has_apt" -eq 1 ]; then
+  echo "== installing what the suite needs"
+  pkgs=()
+  for p in "${missing_pkg[@]}"; do
+    [ -n "$p" ] && [[ " ${pkgs[*]} " != *" $p "* ]] && pkgs+=("$p")
+  done
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    echo "apt-get install ${pkgs[*]}"
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null; } \
+      || echo "apt-get install ${pkgs[*]} failed"
+  fi
+  if [ "$system_test" -eq 1 ] && command -v cargo >/dev/null && ! have_cargo_deb; then
+    echo "cargo install cargo-deb --locked --version $cargo_deb_version"
+    cargo install cargo-deb --locked --version "$cargo_deb_version" --quiet \
+      || echo "cargo install cargo-deb failed"
+  fi
+  check_prereqs
+fi
+
+if [ ${#missing_what[@]} -gt 0 ]; then
+  echo "test.sh: missing prerequisites; nothing was run:"
+  print_missing
+  exit 2
+fi
+echo "== prerequisites: all present"
+[ "$check_only" -eq 1 ] && exit 0
+
+# ----------------------------------------------------------------- runs --
+logs="$repo/target/test-logs"
+mkdir -p "$logs"
+started=$(date +%s)
+
+echo "== cargo test --locked --no-fail-fast ${cargo_args[*]}"
+t0=$(date +%s)
+test_status=0
+cargo test --locked --no-fail-fast "${cargo_args[@]}" 2>&1 | tee "$logs/cargo-test.log" || test_status=$?
+test_secs=$(($(date +%s) - t0))
+
+sys_status=0
+sys_secs=0
+: >"$logs/system-test.log"
+if [ "$system_test" -eq 1 ]; then
+  echo "== package system test in a booted systemd (scripts/system-test.sh)"
+  t0=$(date +%s)
+  scripts/system-test.sh 2>&1 | tee "$logs/system-test.log" || sys_status=$?
+  sys_secs=$(($(date +%s) - t0))
+fi
+
+# -------------------------------------------------------------- summary --
+echo "== summary"
+grep -E "^(test result:|     Running|   Doc-tests|failures:|    [a-zA-Z0-9_:]+$|error(\[E[0-9]+\])?:)" \
+  "$logs/cargo-test.log" || true
+# cargo's own result lines: "test result: ok. 12 passed; 0 failed; 1 ignored; ..."
+read -r t_pass t_fail t_ign < <(awk '/^test result:/ {
+    for (i = 1; i <= NF; i++) {
+      if ($(i+1) ~ /^passed/) p += $i
+      if ($(i+1) ~ /^failed/) f += $i
+      if ($(i+1) ~ /^ignored/) g += $i
+    } } END { print p + 0, f + 0, g + 0 }' "$logs/cargo-test.log")
+if [ "$test_status" -ne 0 ] && [ "$t_fail" -eq 0 ]; then
+  # It stopped before reporting a failed test (a build error, a crash).
+  echo "cargo test exited $test_status without a failed test: counted as one failure"
+  t_fail=1
+fi
+echo "cargo test: exit $test_status, ${test_secs}s"
+s_pass=0 s_fail=0
+if [ "$system_test" -eq 1 ]; then
+  grep -E "^(PASS|FAIL|SUMMARY)" "$logs/system-test.log" || true
+  s_pass=$(grep -c "^PASS " "$logs/system-test.log" || true)
+  s_fail=$(grep -c "^FAIL " "$logs/system-test.log" || true)
+  if [ "$sys_status" -ne 0 ] && [ "$s_fail" -eq 0 ]; then
+    echo "scripts/system-test.sh exited $sys_status without a FAIL line: counted as one failure"
+    s_fail=1
+  fi
+  echo "system test: exit $sys_status, ${sys_secs}s"
+else
+  echo "system test: not run (--no-system-test)"
+fi
+echo "total time: $(($(date +%s) - started))s"
+# Ignored tests (#[ignore]) are reported as skipped, never as passed.
+echo "$((t_pass + s_pass)) passed, $((t_fail + s_fail)) failed, $t_ign skipped"
+[ "$test_status" -eq 0 ] && [ "$sys_status" -eq 0 ]
