@@ -169,6 +169,8 @@ fi
 echo "== summary"
 grep -E "^(test result:|     Running|   Doc-tests|failures:|    [a-zA-Z0-9_:]+$|error(\[E[0-9]+\])?:)" \
   "$logs/cargo-test.log" || true
+# Ignored tests, by name: counted below as skipped, never as passed.
+grep -E "^test .* \.\.\. ignored" "$logs/cargo-test.log" || true
 # cargo's own result lines: "test result: ok. 12 passed; 0 failed; 1 ignored; ..."
 read -r t_pass t_fail t_ign < <(awk '/^test result:/ {
     for (i = 1; i <= NF; i++) {
