@@ -3,6 +3,12 @@
 //! (0600, fsynced, renamed into place) and the task's stored result points
 //! to it. Artifacts are bound to the task's owner, survive restarts, and go
 //! when their task has expired. Their total size is bounded.
+//!
+//! The file is written before the task's outcome commits, so a crash can
+//! leave a temporary file, or a whole artifact for a task that never
+//! committed its result. Opening removes the temporaries, and startup
+//! removes the artifacts of the tasks restart recovery ends
+//! ([`Artifacts::discard`]), so what is served matches the committed state.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -15,8 +21,20 @@ use thiserror::Error;
 
 use crate::exit::{Classify, ExitClass};
 use crate::store::{Digest, TaskId};
+use crate::testhooks;
 
 pub const DIR_NAME: &str = crate::state_dir::ARTIFACTS_DIR;
+/// A write in progress is `.<task-id>.tmp` until it is renamed into place.
+const TMP_PREFIX: &str = ".";
+const TMP_SUFFIX: &str = ".tmp";
+
+fn is_temporary(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.strip_prefix(TMP_PREFIX)
+        .and_then(|rest| rest.strip_suffix(TMP_SUFFIX))
+        .and_then(TaskId::parse)
+        .is_some()
+}
 
 #[derive(Debug, Error)]
 pub enum ArtifactError {
@@ -67,7 +85,8 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
 
 impl Artifacts {
     /// Opens (creating 0700 if missing) the artifacts directory inside an
-    /// already checked state directory and counts the bytes in use.
+    /// already checked state directory, removes the temporary files of
+    /// writes a crash interrupted, and counts the bytes in use.
     pub fn open(
         state_dir: &Path,
         max_one: u64,
@@ -103,12 +122,30 @@ impl Artifacts {
             });
         }
         let mut used = 0;
+        let mut removed = 0;
         for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
             let entry = entry.map_err(io_err(&dir))?;
-            let m = entry.metadata().map_err(io_err(&entry.path()))?;
-            if m.is_file() {
+            let path = entry.path();
+            let m = entry.metadata().map_err(io_err(&path))?;
+            if !m.is_file() {
+                continue;
+            }
+            if is_temporary(&entry.file_name()) {
+                // Never renamed into place: nothing refers to it.
+                fs::remove_file(&path).map_err(io_err(&path))?;
+                removed += 1;
+            } else {
                 used += m.len();
             }
+        }
+        if removed > 0 {
+            File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&dir))?;
+            tracing::info!(
+                removed,
+                "removed temporary artifact files left by an interrupted write"
+            );
         }
         Ok(Artifacts {
             dir,
@@ -120,6 +157,28 @@ impl Artifacts {
 
     fn path_of(&self, id: &TaskId) -> PathBuf {
         self.dir.join(format!("{}.json", id.as_str()))
+    }
+
+    /// Removes the artifacts of tasks whose result never committed (restart
+    /// recovery is about to end them), durably.
+    pub fn discard(&self, ids: &[TaskId]) -> Result<(), ArtifactError> {
+        let mut removed = 0;
+        for id in ids {
+            if fs::symlink_metadata(self.path_of(id)).is_ok() {
+                self.remove(id)?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&self.dir))?;
+            tracing::info!(
+                removed,
+                "removed results spilled by tasks that never committed them"
+            );
+        }
+        Ok(())
     }
 
     /// Writes the result durably; an error means nothing usable was kept.
@@ -162,7 +221,9 @@ impl Artifacts {
 
     fn write_file(&self, id: &TaskId, bytes: &[u8]) -> Result<(), ArtifactError> {
         let final_path = self.path_of(id);
-        let tmp = self.dir.join(format!(".{}.tmp", id.as_str()));
+        let tmp = self
+            .dir
+            .join(format!("{TMP_PREFIX}{}{TMP_SUFFIX}", id.as_str()));
         let _ = fs::remove_file(&tmp);
         let result = (|| -> io::Result<()> {
             let mut f = OpenOptions::new()
@@ -173,8 +234,11 @@ impl Artifacts {
                 .open(&tmp)?;
             f.write_all(bytes)?;
             f.sync_all()?;
+            testhooks::crash_point(testhooks::CRASH_AFTER_ARTIFACT_TEMP);
             fs::rename(&tmp, &final_path)?;
-            File::open(&self.dir)?.sync_all()
+            File::open(&self.dir)?.sync_all()?;
+            testhooks::crash_point(testhooks::CRASH_AFTER_ARTIFACT_RENAME);
+            Ok(())
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);

@@ -91,7 +91,7 @@ fn sha256_of(path: &Path) -> Result<String, BackupError> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(store::Digest(h.finalize().into()).to_hex())
 }
 
 /// Copies one file privately and durably; returns its sha256.
@@ -120,7 +120,7 @@ fn copy_private(from: &Path, to: &Path, owner: Owner) -> Result<String, BackupEr
     }
     dst.sync_all().map_err(io_err(to))?;
     give(to, owner);
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(store::Digest(h.finalize().into()).to_hex())
 }
 
 /// Who restored files belong to: the state directory's user and group.
@@ -175,7 +175,8 @@ fn describe(report: &CheckReport) -> String {
 /// `taskgate backup --to DEST`: returns the lines to print.
 pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
     let (config, dir) = operator_dir(overrides)?;
-    let _lock = dir.lock()?;
+    let mut lock = dir.lock()?;
+    lock.record_holder();
     if !dir.db_path().is_file() {
         return Err(BackupError::Empty {
             path: dir.path().into(),
@@ -355,7 +356,8 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
     let (config, dir) = operator_dir(overrides)?;
     let snapshot = absolute(snapshot)?;
     let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
-    let _lock = dir.lock()?;
+    let mut lock = dir.lock()?;
+    lock.record_holder();
     let owner = if nix::unistd::geteuid().is_root() && dir.owner() != 0 {
         use std::os::unix::fs::MetadataExt;
         let gid = fs::metadata(dir.path()).map(|m| m.gid()).unwrap_or(0);

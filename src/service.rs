@@ -12,14 +12,13 @@ use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides};
 use crate::exec::Registry;
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, LimitedListener};
 use crate::mcp::{Handler, TaskService};
 use crate::startup;
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreError};
 
 /// How often STATUS= is refreshed with current counts.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
@@ -49,14 +48,12 @@ pub fn serve(overrides: &Overrides, transport: Transport, bench_tool: bool) -> R
         refuse_unauthenticated_exposure(&config)?;
     }
     let tools = Registry::build(&config.tools)?;
-    let claimed = startup::claim(&config)?;
-    let artifacts = Artifacts::open(
-        claimed.dir.path(),
-        config.tasks.artifact_max_bytes,
-        config.tasks.artifacts_max_total_bytes,
-    )?;
-    let options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
-    let (store, report) = Store::open(options)?;
+    let startup::Serving {
+        claimed,
+        store,
+        artifacts,
+        report,
+    } = startup::open_serving(&config)?;
     tracing::info!(
         state_dir = %claimed.dir.path().display(),
         initialized = report.initialized,
@@ -70,7 +67,8 @@ pub fn serve(overrides: &Overrides, transport: Transport, bench_tool: bool) -> R
     if report.recovered > 0 {
         tracing::warn!(
             recovered = report.recovered,
-            "tasks that were running when the daemon stopped are now failed; none was re-run"
+            cancelled = report.cancelled,
+            "tasks that were running when the daemon stopped have ended (cancelled if their cancel was committed, failed otherwise); none was re-run"
         );
     }
     let svc = TaskService::new(

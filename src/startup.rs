@@ -1,11 +1,15 @@
-//! Startup steps 1–3, shared by `serve` and `check`: configuration, the
-//! private directory and its files, the lifetime lock. Steps 4–7 (pragmas,
-//! schema, integrity, recovery) belong to the store.
+//! Opening a state directory, for `serve` and for `check`: the private
+//! directory and its files, the lifetime lock (steps 2–3), then the store
+//! (steps 4–7: pragmas, schema, integrity, recovery) and the artifacts.
+//!
+//! A refused start leaves every file as it was: everything that can refuse
+//! runs read-only before the first file is created or written.
 
+use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
 use crate::state_dir::{Actor, LifetimeLock, StateDir};
-use crate::store::{self, CheckReport};
+use crate::store::{self, CheckReport, OpenReport, Store, StoreOptions};
 
 /// A state directory found safe, with its lock held.
 pub struct Claimed {
@@ -13,13 +17,55 @@ pub struct Claimed {
     pub lock: LifetimeLock,
 }
 
-/// Steps 2 and 3: check the directory and files, then take the lock.
+/// Steps 2 and 3 for the serving process: check the directory and files,
+/// then take the lock. The default directory is created when missing.
 pub fn claim(config: &Config) -> Result<Claimed, Refusal> {
-    let create = config.state_dir_source == StateDirSource::Default;
-    let dir = StateDir::open(&config.state_dir, create)?;
+    claim_as(config, Actor::Owner)
+}
+
+/// [`claim`] for the serving process or an operator command (which never
+/// creates the directory).
+pub fn claim_as(config: &Config, actor: Actor) -> Result<Claimed, Refusal> {
+    let create = actor == Actor::Owner && config.state_dir_source == StateDirSource::Default;
+    let dir = StateDir::open_as(&config.state_dir, create, actor)?;
     dir.check_files()?;
     let lock = dir.lock()?;
     Ok(Claimed { dir, lock })
+}
+
+/// Everything `serve` needs from the state directory.
+pub struct Serving {
+    pub claimed: Claimed,
+    pub store: Store,
+    pub artifacts: Artifacts,
+    pub report: OpenReport,
+}
+
+/// Steps 2–7 for `serve`: claim the directory, validate the database
+/// without writing, then open it for writing, open the artifacts (removing
+/// what a crash left half-done) and run restart recovery.
+pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
+    let mut claimed = claim(config)?;
+    let options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
+    let opening = Store::begin_open(options)?;
+    // Validated: from here on this process serves the directory.
+    claimed.lock.record_holder();
+    let artifacts = Artifacts::open(
+        claimed.dir.path(),
+        config.tasks.artifact_max_bytes,
+        config.tasks.artifacts_max_total_bytes,
+    )?;
+    // Before recovery commits: a task it ends never committed a result, so
+    // a result spilled for it must not be served. Removed first, a crash in
+    // between leaves the task unfinished and this runs again.
+    artifacts.discard(opening.unfinished())?;
+    let (store, report) = opening.recover()?;
+    Ok(Serving {
+        claimed,
+        store,
+        artifacts,
+        report,
+    })
 }
 
 /// What `taskgate check` reports.
@@ -36,9 +82,7 @@ pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
     if config.state_dir_source == StateDirSource::Default && !StateDir::exists(&config.state_dir) {
         return Ok(CheckOutcome::NotCreatedYet(config.state_dir));
     }
-    let dir = StateDir::open_as(&config.state_dir, false, Actor::Operator)?;
-    dir.check_files()?;
-    let _lock = dir.lock()?;
-    let report = store::check_read_only(&dir.db_path(), config.store.max_db_pages)?;
-    Ok(CheckOutcome::Checked(dir, report))
+    let claimed = claim_as(&config, Actor::Operator)?;
+    let report = store::check_read_only(&claimed.dir.db_path(), config.store.max_db_pages)?;
+    Ok(CheckOutcome::Checked(claimed.dir, report))
 }

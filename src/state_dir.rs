@@ -1,9 +1,9 @@
 //! The private state directory: its safety checks and the lifetime lock.
 //!
-//! The directory is resolved once (systemd's `DynamicUser=` makes
-//! `$STATE_DIRECTORY` a symlink into `/var/lib/private/`); after that no
-//! symlink is followed. Everything here refuses with exit 77, except a lock
-//! held by another process (75).
+//! The directory is resolved once, so a configured path may pass through a
+//! symlink an administrator chose (a state directory moved to another
+//! disk, say); after that no symlink is followed. Everything here refuses
+//! with exit 77, except a lock held by another process (75).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
@@ -242,6 +242,10 @@ impl StateDir {
     }
 
     /// Takes the exclusive lifetime lock on `tasks.lock`, without waiting.
+    /// The file is created (empty, 0600) when missing; an existing one is
+    /// not written here: a process records its pid
+    /// ([`LifetimeLock::record_holder`]) only once it goes on to change the
+    /// directory, so a refused start and `check` leave it as it was.
     pub fn lock(&self) -> Result<LifetimeLock, LockError> {
         let path = self.file(LOCK_FILE);
         let mut file = OpenOptions::new()
@@ -288,12 +292,7 @@ impl StateDir {
             }
             Err(fs::TryLockError::Error(source)) => return Err(LockError::Io { path, source }),
         }
-        // The pid is only a hint for the message above; the lock is the flock.
-        let _ = file
-            .set_len(0)
-            .and_then(|_| file.rewind())
-            .and_then(|_| writeln!(file, "{}", std::process::id()));
-        Ok(LifetimeLock { _file: file, path })
+        Ok(LifetimeLock { file })
     }
 }
 
@@ -384,12 +383,18 @@ fn check_private_file(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), P
 /// lock a new inode while the first still serves.
 #[derive(Debug)]
 pub struct LifetimeLock {
-    _file: File,
-    path: PathBuf,
+    file: File,
 }
 
 impl LifetimeLock {
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Writes this process's pid into the lock file: done by `serve` once
+    /// its start is validated, and by backup and restore. The pid is only a
+    /// hint for the "held by" message; the lock is the flock.
+    pub fn record_holder(&mut self) {
+        let file = &mut self.file;
+        let _ = file
+            .set_len(0)
+            .and_then(|_| file.rewind())
+            .and_then(|_| writeln!(file, "{}", std::process::id()));
     }
 }

@@ -3,7 +3,8 @@
 //! Debug builds always honour them; release builds only when compiled with
 //! the `test-hooks` feature, which no shipped package enables. They let the
 //! system tests hang the store thread (to prove the watchdog stops) and crash
-//! between migration statements (to prove the migration is atomic) without
+//! between migration statements (to prove the migration is atomic) or in the
+//! middle of spilling a result (to prove recovery cleans up), without
 //! touching the code paths a real run takes.
 
 use std::path::PathBuf;
@@ -15,6 +16,12 @@ pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 
 /// The crash point between the two statements of the v1 → v2 migration.
 pub const CRASH_MID_MIGRATION: &str = "mid-migration";
+/// After a spilled result's temporary file is written and synced, before
+/// it is renamed into place.
+pub const CRASH_AFTER_ARTIFACT_TEMP: &str = "artifact-temp-written";
+/// After a spilled result is renamed into place, before the task's outcome
+/// is committed.
+pub const CRASH_AFTER_ARTIFACT_RENAME: &str = "artifact-renamed";
 
 pub const fn compiled_in() -> bool {
     cfg!(any(debug_assertions, feature = "test-hooks"))

@@ -1,19 +1,82 @@
 //! Every refused start, produced for real against the real binary: each
-//! exits with its own code and one line naming the problem, and leaves the
-//! database bytes as they were.
+//! exits with its own code and one line naming the problem, and leaves
+//! every file of the state directory as it was.
 
 mod common;
 
-use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
 
 use common::*;
 
+/// One entry of a directory tree as a refused start must leave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Dir { mode: u32, uid: u32 },
+    File { mode: u32, uid: u32, sha256: String },
+    Link { target: PathBuf },
+    Other { mode: u32 },
+}
+
+/// Every entry under `root` (and `root` itself, as ""), by relative path:
+/// names, modes, owners, file contents and link targets. No link is
+/// followed.
+fn tree(root: &Path) -> BTreeMap<PathBuf, Entry> {
+    fn walk(root: &Path, rel: &Path, out: &mut BTreeMap<PathBuf, Entry>) {
+        let path = root.join(rel);
+        let meta =
+            std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mode = meta.mode() & 0o7777;
+        let uid = meta.uid();
+        let entry = if meta.file_type().is_symlink() {
+            Entry::Link {
+                target: std::fs::read_link(&path).unwrap(),
+            }
+        } else if meta.is_dir() {
+            let mut names: Vec<_> = std::fs::read_dir(&path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            for n in names {
+                walk(root, &rel.join(n), out);
+            }
+            Entry::Dir { mode, uid }
+        } else if meta.is_file() {
+            Entry::File {
+                mode,
+                uid,
+                sha256: sha256_file(&path),
+            }
+        } else {
+            Entry::Other { mode }
+        };
+        out.insert(rel.to_path_buf(), entry);
+    }
+    let mut out = BTreeMap::new();
+    walk(root, Path::new(""), &mut out);
+    out
+}
+
+/// Gives a fixture the lock file a directory that has been served has,
+/// naming the pid of its last server. (Taking the lock needs the file, so a
+/// start on a directory without one creates it, empty and 0600: see
+/// `a_refused_start_creates_nothing_but_a_missing_lock_file`.)
+fn served_before(dir: &Path) {
+    let lock = dir.join("tasks.lock");
+    if std::fs::symlink_metadata(&lock).is_err() {
+        std::fs::write(&lock, "4242\n").unwrap();
+        chmod(&lock, 0o600);
+    }
+}
+
 /// Runs `check` and `serve` on `dir`; both must refuse with `code`, print
-/// one line containing every `needles`, and leave tasks.db unchanged.
+/// one line containing every `needles`, and leave every file of the state
+/// directory exactly as it was.
 fn assert_refused(dir: &Path, extra: &[&str], code: i32, needles: &[&str]) {
-    let db = dir.join("tasks.db");
-    let before = sha256_file(&db);
+    served_before(dir);
+    let before = tree(dir);
     let dir_s = dir.to_str().unwrap();
     for sub in ["check", "serve"] {
         let mut args = vec![sub, "--state-dir", dir_s];
@@ -29,7 +92,7 @@ fn assert_refused(dir: &Path, extra: &[&str], code: i32, needles: &[&str]) {
         for n in needles {
             assert!(line.contains(n), "{sub}: {line:?} lacks {n:?}");
         }
-        assert_eq!(sha256_file(&db), before, "{sub} changed the database bytes");
+        assert_eq!(tree(dir), before, "{sub} changed the state directory");
     }
 }
 
@@ -45,6 +108,7 @@ fn valid_store() -> (tempfile::TempDir, std::path::PathBuf) {
     let root = private_dir();
     let dir = state_dir(root.path());
     populate(&dir, 6);
+    served_before(&dir);
     (root, dir)
 }
 
@@ -92,7 +156,9 @@ fn symlinked_lock_file() {
     std::fs::write(&target, "").unwrap();
     std::fs::remove_file(dir.join("tasks.lock")).ok();
     symlink(&target, dir.join("tasks.lock")).unwrap();
+    let before = sha256_file(&target);
     assert_refused(&dir, &[], 77, &["tasks.lock", "symbolic link"]);
+    assert_eq!(sha256_file(&target), before);
 }
 
 #[test]
@@ -355,7 +421,7 @@ fn bad_configuration() {
 #[test]
 fn non_loopback_listen_without_authentication() {
     let (_root, dir) = valid_store();
-    let before = sha256_file(&dir.join("tasks.db"));
+    let before = tree(&dir);
     let out = taskgate(
         &[
             "serve",
@@ -368,7 +434,7 @@ fn non_loopback_listen_without_authentication() {
     );
     assert_eq!(out.status.code(), Some(78));
     assert!(one_line_stderr(&out).contains("not a loopback address"));
-    assert_eq!(sha256_file(&dir.join("tasks.db")), before);
+    assert_eq!(tree(&dir), before);
 }
 
 #[test]
@@ -420,4 +486,59 @@ fn pristine_empty_file_is_initialised() {
         assert!(report.initialized);
         store.shutdown().await.unwrap();
     });
+}
+
+#[test]
+fn a_refused_start_creates_nothing_but_a_missing_lock_file() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    std::fs::write(dir.join("tasks.db"), vec![0x42u8; 8192]).unwrap();
+    chmod(&dir.join("tasks.db"), 0o600);
+    let mut expected = tree(&dir);
+    let out = taskgate(
+        &[
+            "serve",
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
+    // The lock must exist to be held: it is created empty and private, and
+    // nothing else is.
+    expected.insert(
+        PathBuf::from("tasks.lock"),
+        Entry::File {
+            mode: 0o600,
+            uid: nix::unistd::geteuid().as_raw(),
+            sha256: taskgate::store::Digest::of(b"").to_hex(),
+        },
+    );
+    assert_eq!(tree(&dir), expected);
+}
+
+#[test]
+fn a_state_directory_under_a_non_ascii_path_is_checked_and_served() {
+    let root = private_dir();
+    let parent = root.path().join("ü");
+    std::fs::create_dir(&parent).unwrap();
+    chmod(&parent, 0o700);
+    let dir = state_dir(&parent);
+    populate(&dir, 4);
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "check: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("4 tasks retained"), "{stdout}");
+
+    let daemon = Daemon::builder().state_dir(&dir).start();
+    assert!(daemon.stop().success());
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }

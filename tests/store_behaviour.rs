@@ -1,6 +1,10 @@
 //! The store's contract, exercised in-process on real SQLite files: the
 //! bounded queue, expiry, the live-task limit, creation references, the
 //! once-only terminal transition, cancel intent and restart recovery.
+//!
+//! Time-dependent tests run the store on a manual clock and move it forward
+//! instead of waiting: the store's timers (the once-a-second sweep) run on
+//! that clock too, at the latest after the batch of the next command.
 
 mod common;
 
@@ -8,13 +12,27 @@ use std::time::Duration;
 
 use common::*;
 use taskgate::store::{
-    CapacityKind, Created, Digest, NewTask, Outcome, Store, StoreError, StoreOptions, TaskStatus,
+    CapacityKind, Clock, Created, Digest, ManualClock, NewTask, Outcome, SWEEP_BATCH,
+    SWEEP_INTERVAL, Store, StoreError, StoreOptions, TERMINAL_RETENTION_MS, TaskStatus,
 };
+
+/// Where manual clocks start: 2026-01-01T00:00:00Z.
+const EPOCH_MS: i64 = 1_767_225_600_000;
 
 fn open_with(dir: &std::path::Path, f: impl FnOnce(&mut StoreOptions)) -> Store {
     let mut o = StoreOptions::new(dir.join("tasks.db"));
     f(&mut o);
     Store::open(o).unwrap().0
+}
+
+/// A store on a manual clock, and the hand that moves it.
+fn open_manual(dir: &std::path::Path, f: impl FnOnce(&mut StoreOptions)) -> (Store, ManualClock) {
+    let (clock, hand) = Clock::manual(EPOCH_MS);
+    let store = open_with(dir, |o| {
+        o.clock = clock;
+        f(o);
+    });
+    (store, hand)
 }
 
 /// Creates a task for the test owner and returns its record.
@@ -134,16 +152,23 @@ fn expired_tasks_are_invisible_before_the_sweep() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |_| {});
+        let (store, clock) = open_manual(&dir, |_| {});
         let t = created(&store, 200).await;
         assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        // Still in the file (the sweep runs each second), but not visible.
-        let before_sweep = physical_rows(&dir);
+        clock.advance(Duration::from_millis(199));
+        assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
+        clock.advance(Duration::from_millis(1));
+        // Expired at its expiry time: no longer visible, no longer live,
+        // but still in the file, since no sweep has run (the timer's
+        // second has not passed).
         assert_eq!(store.get(&t.id, &owner()).await.unwrap(), None);
         let stats = store.stats().await.unwrap();
         assert_eq!(stats.unexpired, 0);
-        assert!(before_sweep == 1 || stats.retained == 0);
+        assert_eq!(stats.retained, 1);
+        assert_eq!(physical_rows(&dir), 1);
+        assert_eq!(store.sweep_now().await.unwrap(), 1);
+        assert_eq!(store.stats().await.unwrap().retained, 0);
+        assert_eq!(physical_rows(&dir), 0);
         store.shutdown().await.unwrap();
     });
 }
@@ -154,40 +179,39 @@ fn a_sweep_deletes_at_most_128_rows_and_the_timer_clears_the_rest() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |_| {});
+        let (store, clock) = open_manual(&dir, |_| {});
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..30 {
             let s = store.clone();
             set.spawn(async move {
                 for _ in 0..20 {
-                    s.create(new_task(1500)).await.unwrap();
+                    s.create(new_task(500)).await.unwrap();
                 }
             });
         }
         while set.join_next().await.is_some() {}
-        tokio::time::sleep(Duration::from_millis(1600)).await;
+        // Past their expiry, short of the sweep timer's first beat.
+        clock.advance(Duration::from_millis(600));
         let before = store.stats().await.unwrap();
         assert_eq!(before.unexpired, 0, "expired rows do not count as live");
-        assert!(before.retained > 256, "{before:?}");
+        assert_eq!(before.retained, 600, "no sweep has run yet");
         let swept = store.sweep_now().await.unwrap();
-        assert_eq!(swept, 128, "one sweep deletes exactly its bound");
-        let after = store.stats().await.unwrap();
-        assert!(after.retained <= before.retained - 128);
-        // The once-a-second timer deletes the rest, 128 at a time.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let mut last = after.retained;
-        while last > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sweep timer stalled at {last}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            swept, SWEEP_BATCH as u64,
+            "one sweep deletes exactly its bound"
+        );
+        let mut left = store.stats().await.unwrap().retained;
+        assert_eq!(left, 600 - 128);
+        // The timer deletes the rest, one batch per beat.
+        while left > 0 {
+            clock.advance(SWEEP_INTERVAL);
+            // The store runs its timers once it sees the new time: at the
+            // latest right after the batch this ping arrives in, so the
+            // stats command sent after the answer sees the sweep.
+            store.ping().await.unwrap();
             let now = store.stats().await.unwrap().retained;
-            assert!(
-                last - now <= 256,
-                "more than one sweep's worth vanished at once"
-            );
-            last = now;
+            assert_eq!(now, left.saturating_sub(128), "one sweep per beat");
+            left = now;
         }
         store.shutdown().await.unwrap();
     });
@@ -200,7 +224,7 @@ fn the_live_limit_refuses_creation_until_tasks_expire() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |o| o.max_live_tasks = 10);
+        let (store, clock) = open_manual(&dir, |o| o.max_live_tasks = 10);
         for _ in 0..10 {
             store.create(new_task(800)).await.unwrap();
         }
@@ -209,7 +233,12 @@ fn the_live_limit_refuses_creation_until_tasks_expire() {
             refused,
             StoreError::Capacity(CapacityKind::LiveTasks { limit: 10 })
         );
-        tokio::time::sleep(Duration::from_millis(900)).await;
+        clock.advance(Duration::from_millis(799));
+        assert_eq!(
+            store.create(new_task(800)).await.unwrap_err(),
+            StoreError::Capacity(CapacityKind::LiveTasks { limit: 10 })
+        );
+        clock.advance(Duration::from_millis(1));
         // Expired rows awaiting cleanup do not hold capacity.
         store.create(new_task(60_000)).await.unwrap();
         store.shutdown().await.unwrap();
@@ -249,7 +278,7 @@ fn creation_references_deduplicate_per_owner_and_conflict_on_other_requests() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |_| {});
+        let (store, clock) = open_manual(&dir, |_| {});
         let with = |owner: &[u8], reference: &[u8], request: &[u8], ttl| NewTask {
             owner: Digest::of(owner),
             reference: Some(Digest::of(reference)),
@@ -284,7 +313,7 @@ fn creation_references_deduplicate_per_owner_and_conflict_on_other_requests() {
             .create(with(b"a", b"op-2", b"req", 150))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        clock.advance(Duration::from_millis(150));
         let fresh = store
             .create(with(b"a", b"op-2", b"other", 60_000))
             .await
@@ -300,8 +329,9 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |_| {});
+        let (store, clock) = open_manual(&dir, |_| {});
         let t = created(&store, 5_000).await;
+        clock.advance(Duration::from_millis(1_000));
         let result = Outcome::Result(serde_json::json!({"content": []}));
         let done = store
             .finish(&t.id, TaskStatus::Completed, None, Some(result.clone()))
@@ -309,12 +339,13 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
             .unwrap()
             .unwrap();
         assert_eq!(done.status, TaskStatus::Completed);
-        assert!(
-            done.expires_ms >= done.updated_ms + 3_600_000,
+        assert_eq!(done.updated_ms, EPOCH_MS + 1_000);
+        assert_eq!(
+            done.expires_ms,
+            done.updated_ms + TERMINAL_RETENTION_MS,
             "kept an hour after completion"
         );
         assert_eq!(done.ttl_ms(), done.expires_ms - done.created_ms);
-
         // A later cancel or failure does not replace the first outcome.
         let late = store
             .finish(&t.id, TaskStatus::Cancelled, None, None)
@@ -324,8 +355,17 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
         assert_eq!(late.status, TaskStatus::Completed);
         assert_eq!(late.outcome, Some(result));
 
+        // Past its original expiry it is still readable, until the hour
+        // after completion has passed.
+        clock.advance(Duration::from_millis(5_000));
+        assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
+        clock.advance(Duration::from_millis(TERMINAL_RETENTION_MS as u64 - 5_001));
+        assert!(store.get(&t.id, &owner()).await.unwrap().is_some());
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(store.get(&t.id, &owner()).await.unwrap(), None);
+
         let big = Outcome::Result(serde_json::json!("z".repeat(17 * 1024)));
-        let t2 = created(&store, 5_000).await;
+        let t2 = created(&store, 60_000).await;
         assert!(matches!(
             store
                 .finish(&t2.id, TaskStatus::Completed, None, Some(big))
@@ -386,10 +426,10 @@ fn unknown_expired_and_foreign_ids_look_the_same() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let store = open_with(&dir, |_| {});
+        let (store, clock) = open_manual(&dir, |_| {});
         let mine = created(&store, 60_000).await.id;
         let expiring = created(&store, 100).await.id;
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        clock.advance(Duration::from_millis(100));
         let unknown = taskgate::store::TaskId::generate().unwrap();
         let foreign = store.get(&mine, &Digest::of(b"stranger")).await;
         let expired = store.get(&expiring, &owner()).await;
@@ -435,4 +475,107 @@ fn restart_fails_running_tasks_and_keeps_finished_ones() {
         assert!(!ck.busy);
         store.shutdown().await.unwrap();
     });
+}
+
+#[test]
+fn a_committed_cancel_ends_cancelled_after_a_restart() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, clock) = open_manual(&dir, |_| {});
+        let cancelled = created(&store, 60_000).await;
+        let running = created(&store, 60_000).await;
+        let marked = store
+            .request_cancel(&cancelled.id, &owner())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(marked.cancel_requested);
+        // The process stops before the tool ends: nothing finishes either
+        // task, so both rows are still working when the store next opens.
+        store.shutdown().await.unwrap();
+
+        clock.advance(Duration::from_millis(10_000));
+        let (clock2, _) = Clock::manual(clock.now_ms());
+        let (store, report) = Store::open(StoreOptions {
+            clock: clock2,
+            ..StoreOptions::new(dir.join("tasks.db"))
+        })
+        .unwrap();
+        assert_eq!(report.recovered, 2);
+        assert_eq!(report.cancelled, 1);
+        let mut ids = report.recovered_ids.clone();
+        ids.sort();
+        let mut want = vec![cancelled.id.clone(), running.id.clone()];
+        want.sort();
+        assert_eq!(ids, want);
+
+        let c = store.get(&cancelled.id, &owner()).await.unwrap().unwrap();
+        assert_eq!(c.status, TaskStatus::Cancelled, "{c:?}");
+        assert_eq!(c.outcome, None);
+        assert_eq!(c.updated_ms, EPOCH_MS + 10_000);
+        assert!(c.expires_ms >= c.updated_ms + TERMINAL_RETENTION_MS);
+        let r = store.get(&running.id, &owner()).await.unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Failed);
+        assert_eq!(r.outcome, Some(Outcome::interrupted()));
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// A writer the test's tracing subscriber appends to.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_store_thread_logs_inside_the_callers_span() {
+    use tracing::Instrument;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )
+    .expect("the only test of this binary that installs a subscriber");
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, clock) = open_manual(&dir, |_| {});
+        created(&store, 10).await;
+        clock.advance(Duration::from_millis(10));
+        let swept = store
+            .sweep_now()
+            .instrument(tracing::info_span!("request", marker = "sweep-span-7f3a"))
+            .await
+            .unwrap();
+        assert_eq!(swept, 1);
+        store.shutdown().await.unwrap();
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    // Other tests of this binary log too; this one's sweep is the line in
+    // its span.
+    let sweeps: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("expired tasks swept"))
+        .collect();
+    assert!(
+        sweeps
+            .iter()
+            .any(|l| l.contains(r#"request{marker="sweep-span-7f3a"}"#)),
+        "no sweep logged inside the caller's span: {sweeps:#?}"
+    );
 }

@@ -8,6 +8,7 @@
 //! returned ([`schema`]).
 
 pub mod baseline;
+mod clock;
 mod records;
 mod schema;
 mod worker;
@@ -27,6 +28,7 @@ use tokio::sync::oneshot;
 use crate::config::StoreSettings;
 use crate::exit::{Classify, ExitClass};
 
+pub use clock::{Clock, ManualClock};
 pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_read_only};
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
@@ -381,6 +383,8 @@ pub struct StoreOptions {
     pub max_live_tasks: u64,
     pub checkpoint_interval: Duration,
     pub max_db_pages: u64,
+    /// Where every "now" of the store comes from.
+    pub clock: Clock,
     /// Test hook: while this file exists the store thread takes no command.
     #[doc(hidden)]
     pub stall_file: Option<PathBuf>,
@@ -395,6 +399,7 @@ impl StoreOptions {
             max_live_tasks: bounds::MAX_LIVE_TASKS_DEFAULT,
             checkpoint_interval: Duration::from_secs(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT),
             max_db_pages: bounds::MAX_DB_PAGES_DEFAULT,
+            clock: Clock::system(),
             stall_file: None,
         }
     }
@@ -406,6 +411,7 @@ impl StoreOptions {
             max_live_tasks: s.max_live_tasks,
             checkpoint_interval: s.checkpoint_interval,
             max_db_pages: s.max_db_pages,
+            clock: Clock::system(),
             stall_file: crate::testhooks::stall_file(),
         }
     }
@@ -457,6 +463,23 @@ enum Command {
     },
 }
 
+/// A command with the caller's tracing span: the store thread enters it
+/// while it executes the command, so what it logs joins the request that
+/// asked for it.
+struct Envelope {
+    span: tracing::Span,
+    cmd: Command,
+}
+
+impl Envelope {
+    fn new(cmd: Command) -> Envelope {
+        Envelope {
+            span: tracing::Span::current(),
+            cmd,
+        }
+    }
+}
+
 /// State shared between the handles and the store thread.
 struct Shared {
     depth: usize,
@@ -486,29 +509,44 @@ impl Shared {
 /// The async handle to the store. Cloning is cheap.
 #[derive(Clone)]
 pub struct Store {
-    tx: SyncSender<Command>,
+    tx: SyncSender<Envelope>,
     shared: Arc<Shared>,
+    clock: Clock,
 }
 
 impl Store {
     /// Opens the store: starts the store thread, which validates, migrates
     /// and recovers the database, and returns once it is ready to serve.
     pub fn open(options: StoreOptions) -> Result<(Store, OpenReport), OpenError> {
+        Store::begin_open(options)?.recover()
+    }
+
+    /// Opens the store up to restart recovery: validated (a refused
+    /// database is left exactly as it was), initialised or migrated, with
+    /// the tasks recovery is about to end known, so that what was derived
+    /// from them can go first (see [`Opening::unfinished`]).
+    pub fn begin_open(options: StoreOptions) -> Result<Opening, OpenError> {
         let (tx, rx) = mpsc::sync_channel(options.queue_depth);
+        let clock = options.clock.clone();
         let shared = Arc::new(Shared {
             depth: options.queue_depth,
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),
             thread: Mutex::new(None),
         });
-        let (ready_tx, ready_rx) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("taskgate-store".into())
-            .spawn(move || worker::run(options, rx, thread_shared, ready_tx))
+            .spawn(move || worker::run(options, rx, thread_shared, ready_tx, go_rx))
             .map_err(|e| OpenError::Thread(e.to_string()))?;
-        let report = match ready_rx.recv() {
-            Ok(Ok(report)) => report,
+        let unfinished = match ready.recv() {
+            Ok(Ok(worker::Stage::Prepared(ids))) => ids,
+            Ok(Ok(worker::Stage::Recovered(_))) => {
+                let _ = handle.join();
+                return Err(OpenError::Thread("the store thread skipped a stage".into()));
+            }
             Ok(Err(e)) => {
                 let _ = handle.join();
                 return Err(e);
@@ -520,10 +558,13 @@ impl Store {
                 ));
             }
         };
-        if let Ok(mut g) = shared.thread.lock() {
-            *g = Some(handle);
-        }
-        Ok((Store { tx, shared }, report))
+        Ok(Opening {
+            store: Store { tx, shared, clock },
+            ready,
+            go,
+            handle: Some(handle),
+            unfinished,
+        })
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
@@ -531,7 +572,7 @@ impl Store {
             return Err(StoreError::Disabled { reason });
         }
         let (reply, answer) = oneshot::channel();
-        match self.tx.try_send(make(reply)) {
+        match self.tx.try_send(Envelope::new(make(reply))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 return Err(StoreError::Busy {
@@ -625,7 +666,7 @@ impl Store {
     /// Answers when the store thread takes commands (the watchdog's probe).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();
-        match self.tx.try_send(Command::Ping { reply }) {
+        match self.tx.try_send(Envelope::new(Command::Ping { reply })) {
             Ok(()) => answer.await.map_err(|_| StoreError::Stopped)?,
             Err(TrySendError::Full(_)) => Err(StoreError::Busy {
                 depth: self.shared.depth,
@@ -645,6 +686,12 @@ impl Store {
         self.call(|reply| Command::Checkpoint { reply }).await
     }
 
+    /// The clock the store reads "now" from, for callers that must agree
+    /// with it.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// Why the service latched disabled, if it did.
     pub fn disabled_reason(&self) -> Option<String> {
         self.shared.disabled_reason()
@@ -661,10 +708,11 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         // Shutdown waits for queue space: it must not be lost to a burst.
         let tx = self.tx.clone();
-        let sent =
-            tokio::task::spawn_blocking(move || tx.send(Command::Shutdown { reply }).is_ok())
-                .await
-                .map_err(|e| StoreError::Internal(e.to_string()))?;
+        let sent = tokio::task::spawn_blocking(move || {
+            tx.send(Envelope::new(Command::Shutdown { reply })).is_ok()
+        })
+        .await
+        .map_err(|e| StoreError::Internal(e.to_string()))?;
         let result = match sent {
             true => answer.await.unwrap_or(Err(StoreError::Stopped)),
             false => Err(StoreError::Stopped),
@@ -677,6 +725,76 @@ impl Store {
     }
 }
 
+/// A store between validation and restart recovery; see
+/// [`Store::begin_open`]. Dropping it closes the database unrecovered.
+pub struct Opening {
+    store: Store,
+    ready: mpsc::Receiver<Result<worker::Stage, OpenError>>,
+    go: mpsc::Sender<()>,
+    handle: Option<JoinHandle<()>>,
+    unfinished: Vec<TaskId>,
+}
+
+impl Opening {
+    /// The tasks that were working when the last process stopped: recovery
+    /// ends every one of them (cancelled or failed), so nothing derived from
+    /// a run that never committed (a spilled result) may outlive this.
+    pub fn unfinished(&self) -> &[TaskId] {
+        &self.unfinished
+    }
+
+    /// Runs restart recovery and returns the serving store.
+    pub fn recover(mut self) -> Result<(Store, OpenReport), OpenError> {
+        let handle = self.handle.take();
+        let join = |h: Option<JoinHandle<()>>| {
+            if let Some(h) = h {
+                let _ = h.join();
+            }
+        };
+        if self.go.send(()).is_err() {
+            join(handle);
+            return Err(OpenError::Thread(
+                "the store thread ended during startup".into(),
+            ));
+        }
+        match self.ready.recv() {
+            Ok(Ok(worker::Stage::Recovered(report))) => {
+                if let Ok(mut g) = self.store.shared.thread.lock() {
+                    *g = handle;
+                }
+                Ok((self.store.clone(), report))
+            }
+            Ok(Ok(worker::Stage::Prepared(_))) => {
+                join(handle);
+                Err(OpenError::Thread(
+                    "the store thread repeated a stage".into(),
+                ))
+            }
+            Ok(Err(e)) => {
+                join(handle);
+                Err(e)
+            }
+            Err(_) => {
+                join(handle);
+                Err(OpenError::Thread(
+                    "the store thread ended during startup".into(),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            // Without the go-ahead the thread closes the database and ends.
+            let (dead, _) = mpsc::channel();
+            drop(std::mem::replace(&mut self.go, dead));
+            let _ = h.join();
+        }
+    }
+}
+
 fn check_message(m: Option<&str>) -> Result<(), StoreError> {
     match m {
         Some(m) if m.len() > MAX_STATUS_MESSAGE_BYTES => Err(StoreError::Invalid(format!(
@@ -685,14 +803,6 @@ fn check_message(m: Option<&str>) -> Result<(), StoreError> {
         ))),
         _ => Ok(()),
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

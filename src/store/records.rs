@@ -253,9 +253,39 @@ pub(crate) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<u64> {
     .map(|n| n as u64)
 }
 
-/// Restart recovery: every nonterminal task fails with the interruption
-/// error. Nothing is re-run.
-pub(crate) fn fail_nonterminal(conn: &Connection, now: i64) -> rusqlite::Result<u64> {
+/// A task that was working when the last process stopped.
+pub(crate) struct Unfinished {
+    pub id: TaskId,
+    pub cancel_requested: bool,
+}
+
+pub(crate) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([], |row| {
+        let text: String = row.get(0)?;
+        let id = TaskId::parse(&text)
+            .ok_or_else(|| conversion(0, Type::Text, format!("malformed task id {text:?}")))?;
+        Ok(Unfinished {
+            id,
+            cancel_requested: row.get::<_, i64>(1)? != 0,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Restart recovery: every nonterminal task ends and nothing is re-run. A
+/// task whose cancel was committed ends cancelled, the rest fail with the
+/// interruption error.
+pub(crate) fn end_unfinished(conn: &Connection, now: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!(
+            "UPDATE tasks SET status = 'cancelled', status_message = 'cancelled as requested; the daemon stopped before the tool ended', payload = NULL, updated_ms = :now, {RETAIN}
+             WHERE status IN {NONTERMINAL} AND cancel_requested = 1"
+        ),
+        named_params! { ":now": now, ":retain": TERMINAL_RETENTION_MS },
+    )?;
     let payload = Outcome::interrupted().encode();
     conn.execute(
         &format!(
@@ -263,8 +293,8 @@ pub(crate) fn fail_nonterminal(conn: &Connection, now: i64) -> rusqlite::Result<
              WHERE status IN {NONTERMINAL}"
         ),
         named_params! { ":payload": payload, ":now": now, ":retain": TERMINAL_RETENTION_MS },
-    )
-        .map(|n| n as u64)
+    )?;
+    Ok(())
 }
 
 /// Decodes every row; the first failure names the task.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::{OpenError, StoreOptions, now_ms, records};
+use super::{Clock, OpenError, StoreOptions, TaskId, records};
 use crate::testhooks;
 
 /// The schema version this build writes and serves.
@@ -57,8 +57,14 @@ pub struct OpenReport {
     /// A pristine file was initialised.
     pub initialized: bool,
     pub migrated_from: Option<i64>,
-    /// Nonterminal tasks failed by restart recovery.
+    /// Tasks that were working when the last process stopped, all ended by
+    /// restart recovery (none is run again).
     pub recovered: u64,
+    /// Of those, the ones whose cancel had been committed: they ended
+    /// cancelled; the others failed as interrupted.
+    pub cancelled: u64,
+    /// The IDs of the recovered tasks.
+    pub recovered_ids: Vec<TaskId>,
     pub retained: u64,
     pub unexpired: u64,
 }
@@ -75,7 +81,8 @@ pub enum CheckReport {
         version: i64,
         retained: u64,
         unexpired: u64,
-        /// Tasks serve would fail as interrupted.
+        /// Tasks serve's restart recovery would end (fail as interrupted,
+        /// or cancel when their cancel was committed).
         nonterminal: u64,
     },
 }
@@ -375,10 +382,10 @@ fn migrate_v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "user_version", 2)
 }
 
-fn counts(conn: &Connection, path: &Path, version: i64) -> Result<(u64, u64), OpenError> {
+fn counts(conn: &Connection, path: &Path, version: i64, now: i64) -> Result<(u64, u64), OpenError> {
     let err = |e| refusal(path, "counting tasks", version, e);
     let retained = records::count_all(conn).map_err(err)?;
-    let expired = records::count_expired(conn, now_ms()).map_err(err)?;
+    let expired = records::count_expired(conn, now).map_err(err)?;
     Ok((retained, retained.saturating_sub(expired)))
 }
 
@@ -436,70 +443,119 @@ fn file_len(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|m| m.len())
 }
 
-/// Opens for service: validates, initialises or migrates, then recovers.
-/// Returns the connection and the number of rows it holds.
-pub(crate) fn open_for_serving(
-    options: &StoreOptions,
-) -> Result<(Connection, OpenReport, u64), OpenError> {
+/// A database validated, initialised or migrated, and not yet recovered.
+pub(crate) struct Prepared {
+    pub conn: Connection,
+    pub initialized: bool,
+    pub migrated_from: Option<i64>,
+    /// Tasks that were working when the last process stopped.
+    pub unfinished: Vec<records::Unfinished>,
+}
+
+/// Opening for service, first half: validates without writing, then
+/// initialises or migrates. A database that is refused is left exactly as
+/// it was: every validation runs through the read-only path `taskgate check`
+/// uses before the file is opened for writing (which creates the -wal and
+/// -shm files).
+pub(crate) fn prepare(options: &StoreOptions) -> Result<Prepared, OpenError> {
     let path = options.db_path.as_path();
     let len = file_len(path);
-    if len.is_none() {
-        create_private_file(path)?;
-    }
+    let validated = match len {
+        None => {
+            create_private_file(path)?;
+            false
+        }
+        Some(0) => false,
+        Some(_) => match check_read_only_at(path, options.max_db_pages, &options.clock)? {
+            CheckReport::Valid { .. } => true,
+            CheckReport::Missing | CheckReport::Pristine => false,
+        },
+    };
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
     apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
     let (version, objects) = classify(&conn, path)?;
     check_version(path, version, objects)?;
 
-    let mut report = OpenReport {
+    let mut prepared = Prepared {
+        conn,
         initialized: false,
         migrated_from: None,
-        recovered: 0,
-        retained: 0,
-        unexpired: 0,
+        unfinished: Vec::new(),
     };
+    let conn = &prepared.conn;
     if version == 0 {
         // Pristine: no schema objects at all. Left by an interrupted first
         // start; we hold the lifetime lock, so finishing it is safe.
-        initialize(&conn, path)?;
-        report.initialized = true;
+        initialize(conn, path)?;
+        prepared.initialized = true;
     } else {
-        integrity_check(&conn, path, version)?;
-        verify_shape(&conn, path, version)?;
-        decode_all(&conn, path, version)?;
+        if !validated {
+            // Unreachable in practice (a non-empty versioned file was
+            // validated above); kept so no path serves an unchecked file.
+            integrity_check(conn, path, version)?;
+            verify_shape(conn, path, version)?;
+            decode_all(conn, path, version)?;
+        }
         if version == 1 {
-            in_transaction(&conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
-            report.migrated_from = Some(1);
+            in_transaction(conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
+            prepared.migrated_from = Some(1);
         }
     }
-    verify_shape(&conn, path, SCHEMA_VERSION)?;
+    verify_shape(conn, path, SCHEMA_VERSION)?;
+    prepared.unfinished = records::unfinished(conn)
+        .map_err(|e| refusal(path, "listing unfinished tasks", SCHEMA_VERSION, e))?;
+    Ok(prepared)
+}
 
-    let mut recovered = 0;
+/// Opening for service, second half: restart recovery. Every task that was
+/// working ends, none is run again: one whose cancel had been committed
+/// ends cancelled (what its client asked for, and the process was being
+/// stopped anyway), every other one fails as interrupted.
+pub(crate) fn recover(
+    prepared: &Prepared,
+    options: &StoreOptions,
+) -> Result<(OpenReport, u64), OpenError> {
+    let path = options.db_path.as_path();
+    let conn = &prepared.conn;
+    let now = options.clock.now_ms();
     in_transaction(
-        &conn,
+        conn,
         path,
         "recovering interrupted tasks",
         SCHEMA_VERSION,
-        |c| {
-            recovered = records::fail_nonterminal(c, now_ms())?;
-            Ok(())
-        },
+        |c| records::end_unfinished(c, now),
     )?;
-    report.recovered = recovered;
-    let (retained, unexpired) = counts(&conn, path, SCHEMA_VERSION)?;
-    report.retained = retained;
-    report.unexpired = unexpired;
-    Ok((conn, report, retained))
+    let cancelled = prepared
+        .unfinished
+        .iter()
+        .filter(|u| u.cancel_requested)
+        .count() as u64;
+    let (retained, unexpired) = counts(conn, path, SCHEMA_VERSION, now)?;
+    let report = OpenReport {
+        initialized: prepared.initialized,
+        migrated_from: prepared.migrated_from,
+        recovered: prepared.unfinished.len() as u64,
+        cancelled,
+        recovered_ids: prepared.unfinished.iter().map(|u| u.id.clone()).collect(),
+        retained,
+        unexpired,
+    };
+    Ok((report, retained))
 }
 
-/// Percent-encodes the characters that mean something in an SQLite URI.
+/// The path part of an SQLite `file:` URI. SQLite decodes `%HH` escapes
+/// back to bytes, so every byte other than an unreserved ASCII character or
+/// `/` is escaped: the path's bytes, whatever their encoding, reach the
+/// file system unchanged.
 fn uri_path(path: &Path) -> String {
+    use std::fmt::Write;
     let mut out = String::new();
-    for b in path.as_os_str().as_encoded_bytes() {
-        match b {
-            b'?' | b'#' | b'%' => out.push_str(&format!("%{b:02X}")),
-            _ => out.push(*b as char),
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
         }
     }
     out
@@ -511,6 +567,14 @@ fn uri_path(path: &Path) -> String {
 /// them) SQLite needs a -shm index, and any -shm or -wal it creates for
 /// that is removed afterwards.
 pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
+    check_read_only_at(db_path, max_db_pages, &Clock::system())
+}
+
+fn check_read_only_at(
+    db_path: &Path,
+    max_db_pages: u64,
+    clock: &Clock,
+) -> Result<CheckReport, OpenError> {
     match file_len(db_path) {
         None => return Ok(CheckReport::Missing),
         Some(0) => return Ok(CheckReport::Pristine),
@@ -533,10 +597,10 @@ pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport,
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         Connection::open_with_flags(&uri, flags)
             .map_err(|e| refusal(db_path, "opening", 0, e))
-            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true))
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true, clock))
     } else {
         open_connection(db_path, Access::ReadOnly)
-            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false))
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false, clock))
     };
     if wal_existed.is_none() && file_len(&wal) == Some(0) {
         let _ = std::fs::remove_file(&wal);
@@ -552,6 +616,7 @@ fn validate_read_only(
     db_path: &Path,
     max_db_pages: u64,
     immutable: bool,
+    clock: &Clock,
 ) -> Result<CheckReport, OpenError> {
     apply_pragmas(conn, db_path, false, max_db_pages, immutable)?;
     let (version, objects) = classify(conn, db_path)?;
@@ -564,7 +629,7 @@ fn validate_read_only(
     decode_all(conn, db_path, version)?;
     let nonterminal = records::count_nonterminal(conn)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
-    let (retained, unexpired) = counts(conn, db_path, version)?;
+    let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
     Ok(CheckReport::Valid {
         version,
         retained,

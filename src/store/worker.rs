@@ -10,16 +10,16 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode};
 
 use super::schema::{self, OpenReport};
 use super::{
-    CapacityKind, CheckpointReport, Command, Created, MAX_BATCH, NewTask, OpenError, Reply,
-    SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreOptions, StoreStats, TaskId, TaskRecord,
-    now_ms, records,
+    CapacityKind, CheckpointReport, Command, Created, Envelope, MAX_BATCH, NewTask, OpenError,
+    Reply, SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreOptions, StoreStats, TaskId,
+    TaskRecord, records,
 };
 
 /// Pages of headroom below `max_page_count` within which SQLITE_FULL is
@@ -27,23 +27,46 @@ use super::{
 /// batch can need (256 terminal payloads of 16 KiB plus index pages).
 const PAGE_CAP_MARGIN: u64 = 2048;
 
+/// What the store thread tells the opener, in order.
+pub(super) enum Stage {
+    /// Validated and migrated; these tasks are about to be ended by
+    /// recovery. The thread waits for the opener's go-ahead.
+    Prepared(Vec<TaskId>),
+    Recovered(OpenReport),
+}
+
 pub(super) fn run(
     options: StoreOptions,
-    rx: Receiver<Command>,
+    rx: Receiver<Envelope>,
     shared: Arc<Shared>,
-    ready: mpsc::Sender<Result<OpenReport, OpenError>>,
+    ready: mpsc::Sender<Result<Stage, OpenError>>,
+    go: Receiver<()>,
 ) {
-    let (conn, report, rows) = match schema::open_for_serving(&options) {
-        Ok(opened) => opened,
+    let prepared = match schema::prepare(&options) {
+        Ok(p) => p,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let _ = ready.send(Ok(report));
-    let now = Instant::now();
+    let ids = prepared.unfinished.iter().map(|u| u.id.clone()).collect();
+    let _ = ready.send(Ok(Stage::Prepared(ids)));
+    if go.recv().is_err() {
+        // The opener gave up: close without recovering (checkpoint-on-close
+        // is still off, so the file is left as migration left it).
+        return;
+    }
+    let (report, rows) = match schema::recover(&prepared, &options) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(Stage::Recovered(report)));
+    let now = options.clock.monotonic();
     let mut worker = Worker {
-        conn: Some(conn),
+        conn: Some(prepared.conn),
         rows,
         next_sweep: now + SWEEP_INTERVAL,
         next_checkpoint: now + options.checkpoint_interval,
@@ -135,8 +158,9 @@ struct Worker {
     conn: Option<Connection>,
     /// Rows in the table as of the last commit.
     rows: u64,
-    next_sweep: Instant,
-    next_checkpoint: Instant,
+    /// Timer deadlines on the clock's monotonic scale.
+    next_sweep: Duration,
+    next_checkpoint: Duration,
     options: StoreOptions,
     shared: Arc<Shared>,
 }
@@ -148,16 +172,20 @@ impl Worker {
         self.conn().prepare_cached(sql)?.execute([]).map(|_| ())
     }
 
+    fn now_ms(&self) -> i64 {
+        self.options.clock.now_ms()
+    }
+
     fn conn(&self) -> &Connection {
         // Only `close` takes the connection, and it ends the loop.
         self.conn.as_ref().expect("connection used after close")
     }
 
-    fn serve(&mut self, rx: Receiver<Command>) {
+    fn serve(&mut self, rx: Receiver<Envelope>) {
         loop {
             self.wait_while_stalled();
             let deadline = self.next_sweep.min(self.next_checkpoint);
-            let wait = deadline.saturating_duration_since(Instant::now());
+            let wait = deadline.saturating_sub(self.options.clock.monotonic());
             let mut batch = Vec::new();
             match rx.recv_timeout(wait) {
                 Ok(cmd) => {
@@ -247,17 +275,18 @@ impl Worker {
         }
     }
 
-    fn process(&mut self, batch: Vec<Command>) -> Option<Reply<()>> {
+    fn process(&mut self, batch: Vec<Envelope>) -> Option<Reply<()>> {
         let mut writes = Vec::new();
         let mut maintenance = Vec::new();
         let mut shutdown = None;
-        for cmd in batch {
+        for Envelope { span, cmd } in batch {
+            let _entered = span.enter();
             match cmd {
                 Command::Ping { reply } => drop(reply.send(Ok(()))),
                 Command::Get { id, owner, reply } => {
                     let r = match self.disabled() {
                         Some(e) => Err(e),
-                        None => records::find_owned(self.conn(), &id, &owner, now_ms())
+                        None => records::find_owned(self.conn(), &id, &owner, self.now_ms())
                             .map_err(|e| self.fail(e, "reading a task")),
                     };
                     let _ = reply.send(r);
@@ -269,7 +298,7 @@ impl Worker {
                     let r = match self.disabled() {
                         Some(e) => Err(e),
                         None => {
-                            let now = now_ms();
+                            let now = self.now_ms();
                             ids.iter()
                                 .map(|id| {
                                     records::find_unexpired(self.conn(), id, now)
@@ -282,7 +311,7 @@ impl Worker {
                     let _ = reply.send(r);
                 }
                 Command::Create { new, reply } => {
-                    writes.push((Write::Create(new), WriteReply::Create(reply)))
+                    writes.push((span.clone(), Write::Create(new), WriteReply::Create(reply)))
                 }
                 Command::Finish {
                     id,
@@ -291,6 +320,7 @@ impl Worker {
                     payload,
                     reply,
                 } => writes.push((
+                    span.clone(),
                     Write::Finish {
                         id,
                         status,
@@ -300,17 +330,21 @@ impl Worker {
                     WriteReply::Record(reply),
                 )),
                 Command::RequestCancel { id, owner, reply } => writes.push((
+                    span.clone(),
                     Write::RequestCancel { id, owner },
                     WriteReply::Record(reply),
                 )),
-                cmd @ (Command::Sweep { .. } | Command::Checkpoint { .. }) => maintenance.push(cmd),
+                cmd @ (Command::Sweep { .. } | Command::Checkpoint { .. }) => {
+                    maintenance.push((span.clone(), cmd))
+                }
                 Command::Shutdown { reply } => shutdown = Some(reply),
             }
         }
         if !writes.is_empty() {
             self.commit(writes);
         }
-        for cmd in maintenance {
+        for (span, cmd) in maintenance {
+            let _entered = span.enter();
             match cmd {
                 Command::Sweep { reply } => {
                     let _ = reply.send(self.sweep());
@@ -328,7 +362,7 @@ impl Worker {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
-        let expired = records::count_expired(self.conn(), now_ms())
+        let expired = records::count_expired(self.conn(), self.now_ms())
             .map_err(|e| self.fail(e, "counting tasks"))?;
         Ok(StoreStats {
             retained: self.rows,
@@ -337,27 +371,27 @@ impl Worker {
     }
 
     /// One group commit: every write of the batch in one transaction.
-    fn commit(&mut self, writes: Vec<(Write, WriteReply)>) {
+    fn commit(&mut self, writes: Vec<(tracing::Span, Write, WriteReply)>) {
         if let Some(e) = self.disabled() {
-            writes.into_iter().for_each(|(_, r)| r.fail(e.clone()));
+            writes.into_iter().for_each(|(_, _, r)| r.fail(e.clone()));
             return;
         }
-        let now = now_ms();
+        let now = self.now_ms();
         if let Err(e) = self.exec("BEGIN IMMEDIATE") {
             let err = self.fail(e, "beginning a transaction");
-            writes.into_iter().for_each(|(_, r)| r.fail(err.clone()));
+            writes.into_iter().for_each(|(_, _, r)| r.fail(err.clone()));
             return;
         }
         let mut delta: i64 = 0;
         let mut done: Vec<(WriteReply, WriteOk)> = Vec::with_capacity(writes.len());
 
-        if writes.iter().any(|(w, _)| matches!(w, Write::Create(_))) {
+        if writes.iter().any(|(_, w, _)| matches!(w, Write::Create(_))) {
             // Creation clears some expired rows on the way (bounded).
             match self.in_savepoint(|c| records::delete_expired(c, now, SWEEP_BATCH)) {
                 Ok(n) => delta -= n as i64,
                 Err(e) => {
                     if let Some(err) = self.abort_if_lost(&e, "clearing expired tasks") {
-                        writes.into_iter().for_each(|(_, r)| r.fail(err.clone()));
+                        writes.into_iter().for_each(|(_, _, r)| r.fail(err.clone()));
                         return;
                     }
                 }
@@ -365,7 +399,8 @@ impl Worker {
         }
 
         let mut rest = writes.into_iter();
-        while let Some((write, reply)) = rest.next() {
+        while let Some((span, write, reply)) = rest.next() {
+            let _entered = span.enter();
             let outcome = self.in_savepoint_apply(&write, now, self.rows as i64 + delta);
             match outcome {
                 Ok((ok, d)) => {
@@ -379,7 +414,7 @@ impl Worker {
                         // hear success.
                         reply.fail(err.clone());
                         done.into_iter().for_each(|(r, _)| r.fail(err.clone()));
-                        rest.for_each(|(_, r)| r.fail(err.clone()));
+                        rest.for_each(|(_, _, r)| r.fail(err.clone()));
                         return;
                     }
                     reply.fail(match severity(&e) {
@@ -556,7 +591,7 @@ impl Worker {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
-        match records::delete_expired(self.conn(), now_ms(), SWEEP_BATCH) {
+        match records::delete_expired(self.conn(), self.now_ms(), SWEEP_BATCH) {
             Ok(n) => {
                 self.rows = self.rows.saturating_sub(n);
                 if n > 0 {
@@ -584,7 +619,7 @@ impl Worker {
     }
 
     fn run_timers(&mut self) {
-        let now = Instant::now();
+        let now = self.options.clock.monotonic();
         if now >= self.next_sweep {
             self.next_sweep = now + SWEEP_INTERVAL;
             if self.disabled().is_none()

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use sha2::{Digest as _, Sha256};
 use taskgate::store::{Digest, NewTask, Store, StoreOptions};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_taskgate");
@@ -40,12 +39,12 @@ pub fn state_dir(root: &Path) -> PathBuf {
     p
 }
 
+/// The sha256 of a file's bytes, in hex. A file that cannot be read fails
+/// the test: a missing file must never hash like an empty one.
 pub fn sha256_file(path: &Path) -> String {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let bytes =
+        std::fs::read(path).unwrap_or_else(|e| panic!("cannot hash {}: {e}", path.display()));
+    Digest::of(&bytes).to_hex()
 }
 
 pub fn owner() -> Digest {
