@@ -457,7 +457,10 @@ fn default_directory_is_created_private() {
     assert!(!xdg.exists());
     let daemon = Daemon::builder().env("XDG_STATE_HOME", xdg_s).start();
     let dir = xdg.join("taskgate");
-    assert!(daemon.stop().success());
+    let ready = http_get(daemon.port, "/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let status = daemon.stop();
+    assert!(status.success(), "{status:?}");
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
     for f in ["tasks.db", "tasks.lock"] {
@@ -538,7 +541,10 @@ fn a_state_directory_under_a_non_ascii_path_is_checked_and_served() {
     assert!(stdout.contains("4 tasks retained"), "{stdout}");
 
     let daemon = Daemon::builder().state_dir(&dir).start();
-    assert!(daemon.stop().success());
+    let ready = http_get(daemon.port, "/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let status = daemon.stop();
+    assert!(status.success(), "{status:?}");
     let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
