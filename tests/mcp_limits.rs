@@ -187,12 +187,17 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
 #[test]
 fn spilled_results_go_when_their_task_expires() {
     use taskgate::artifacts::Artifacts;
-    use taskgate::store::{Store, StoreOptions};
+    use taskgate::store::{Clock, Store, StoreOptions};
     let root = private_dir();
     let state = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let (store, _) = Store::open(StoreOptions::new(state.join("tasks.db"))).unwrap();
+        let (clock, hand) = Clock::manual(Clock::system().now_ms());
+        let (store, _) = Store::open(StoreOptions {
+            clock,
+            ..StoreOptions::new(state.join("tasks.db"))
+        })
+        .unwrap();
         let artifacts = Artifacts::open(&state, 1 << 20, 1 << 24).unwrap();
         let owner = common::owner();
         let short = store
@@ -239,7 +244,7 @@ fn spilled_results_go_when_their_task_expires() {
                 .join(format!("{short}.json"))
                 .exists()
         );
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        hand.advance(Duration::from_millis(400));
         svc.sweep_artifacts(64).await;
         assert!(
             !state

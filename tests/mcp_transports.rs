@@ -27,7 +27,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use taskgate::store::{Digest, NewTask, Store, StoreOptions};
+use taskgate::store::{Clock, Digest, NewTask, Store, StoreOptions};
 use taskgate::wire;
 
 const V2026: &str = "2026-07-28";
@@ -1040,13 +1040,20 @@ fn stdio_client_without_tasks_runs_optional_now_and_is_refused_required() {
 
 const TTL_MS: i64 = 300;
 
-/// Before the daemon runs: one task of another owner, one short-lived task
-/// of the daemon's own (local) owner, then waits until the latter has
-/// expired. Returns (foreign, expired).
+/// Before the daemon runs: one task of another owner, and one short-lived
+/// task of the daemon's own (local) owner created a minute ago, so that it
+/// has expired when the daemon opens the store (restart recovery fails a
+/// task that was running, and a failed task that has not yet expired is
+/// kept for TERMINAL_RETENTION_MS, 1 h). Returns (foreign, expired).
 fn seed_tasks(state: &Path) -> (String, String) {
     let rt = common::runtime();
-    let ids = rt.block_on(async {
-        let (store, _) = Store::open(StoreOptions::new(state.join("tasks.db"))).unwrap();
+    rt.block_on(async {
+        let (clock, _) = Clock::manual(Clock::system().now_ms() - 60_000);
+        let (store, _) = Store::open(StoreOptions {
+            clock,
+            ..StoreOptions::new(state.join("tasks.db"))
+        })
+        .unwrap();
         let new = |owner: Digest, ttl_ms: i64| NewTask {
             owner,
             reference: None,
@@ -1071,12 +1078,7 @@ fn seed_tasks(state: &Path) -> (String, String) {
             .to_string();
         store.shutdown().await.unwrap();
         (foreign, expiring)
-    });
-    // Let the short-lived task expire before the daemon opens the store:
-    // restart recovery fails a task that was running, and a failed task
-    // that has not yet expired is kept for TERMINAL_RETENTION_MS (1 h).
-    std::thread::sleep(Duration::from_millis(TTL_MS as u64 + 200));
-    ids
+    })
 }
 
 fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
