@@ -249,3 +249,21 @@ fn root_backs_up_and_restores_a_directory_owned_by_the_service_user() {
     let out = run(&["check", "--state-dir", s]);
     assert!(out.status.success(), "{out:?}");
 }
+
+#[test]
+fn backup_and_verification_work_under_a_non_ascii_path() {
+    let root = private_dir();
+    let parent = root.path().join("ü");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let state = state_dir(&parent);
+    populate(&state, 3);
+    let snapshot = parent.join("snapshot-é");
+    let (s, b) = (state.to_str().unwrap(), snapshot.to_str().unwrap());
+    let out = run(&["backup", "--state-dir", s, "--to", b]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("copy verified"));
+    let out = run(&["restore", "--state-dir", s, "--from", b, "--verify-only"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 tasks"));
+}

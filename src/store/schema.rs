@@ -637,3 +637,16 @@ fn validate_read_only(
         nonterminal,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_paths_escape_bytes_not_characters() {
+        assert_eq!(
+            uri_path(Path::new("/tmp/ü/a b?#%/tasks.db")),
+            "/tmp/%C3%BC/a%20b%3F%23%25/tasks.db"
+        );
+    }
+}
