@@ -255,6 +255,7 @@ fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
                     retained,
                     unexpired,
                     nonterminal,
+                    cancel_requested,
                 } => {
                     out(format!(
                         "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
@@ -267,7 +268,8 @@ fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
                     }
                     if nonterminal > 0 {
                         out(format!(
-                            "note: {nonterminal} tasks were running at the last stop; serve marks them failed (interrupted), never re-runs them"
+                            "note: {nonterminal} tasks were running at the last stop; serve ends them and never re-runs them: {} failed (interrupted), {cancel_requested} cancelled (their cancel had been acknowledged)",
+                            nonterminal - cancel_requested
                         ))?;
                     }
                     Ok(())

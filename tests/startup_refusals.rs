@@ -575,3 +575,27 @@ fn an_address_in_use_is_refused_before_the_directory_changes() {
         "a refused start changed the state directory"
     );
 }
+
+#[test]
+fn check_says_how_serve_will_end_the_tasks_that_were_running() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    // Tasks 1, 3 and 5 are left working, as a crash leaves them; 1 also
+    // has a committed cancel.
+    let ids = populate(&dir, 6);
+    with_db(
+        &dir,
+        &format!(
+            "UPDATE tasks SET cancel_requested = 1 WHERE id = '{}'",
+            ids[1]
+        ),
+    );
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("3 tasks were running")
+            && stdout.contains("2 failed (interrupted), 1 cancelled"),
+        "{stdout}"
+    );
+}

@@ -244,13 +244,15 @@ pub(crate) fn count_expired(conn: &Connection, now: i64) -> rusqlite::Result<u64
         .map(|n| n as u64)
 }
 
-pub(crate) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<u64> {
+/// `(nonterminal tasks, of which their cancel was committed)`.
+pub(crate) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
     conn.query_row(
-        &format!("SELECT count(*) FROM tasks WHERE status IN {NONTERMINAL}"),
+        &format!(
+            "SELECT count(*), coalesce(sum(cancel_requested != 0), 0) FROM tasks WHERE status IN {NONTERMINAL}"
+        ),
         [],
-        |r| r.get::<_, i64>(0),
+        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
     )
-    .map(|n| n as u64)
 }
 
 /// A task that was working when the last process stopped.

@@ -84,6 +84,9 @@ pub enum CheckReport {
         /// Tasks serve's restart recovery would end (fail as interrupted,
         /// or cancel when their cancel was committed).
         nonterminal: u64,
+        /// Of those, the ones whose cancel was committed: they end
+        /// cancelled.
+        cancel_requested: u64,
     },
 }
 
@@ -627,7 +630,7 @@ fn validate_read_only(
     integrity_check(conn, db_path, version)?;
     verify_shape(conn, db_path, version)?;
     decode_all(conn, db_path, version)?;
-    let nonterminal = records::count_nonterminal(conn)
+    let (nonterminal, cancel_requested) = records::count_nonterminal(conn)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
     let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
     Ok(CheckReport::Valid {
@@ -635,6 +638,7 @@ fn validate_read_only(
         retained,
         unexpired,
         nonterminal,
+        cancel_requested,
     })
 }
 
