@@ -4,8 +4,13 @@
 //! command on a bounded queue to one dedicated thread ([`worker`]) that owns
 //! the only connection. A full queue is refused at once ([`StoreError::Busy`]);
 //! an admitted command is answered only after its transaction committed.
+//! Each command carries its caller's tracing span, which the thread enters
+//! while it executes it. Every "now" comes from the store's [`Clock`].
+//!
 //! Opening runs every startup validation on that thread before the handle is
-//! returned ([`schema`]).
+//! returned ([`schema`]), in two steps ([`Store::begin_open`], then
+//! [`Opening::recover`]) so that whatever was derived from the tasks restart
+//! recovery ends can be removed before recovery commits.
 
 pub mod baseline;
 mod clock;

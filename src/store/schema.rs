@@ -1,10 +1,12 @@
 //! Opening the database: pragmas and their read-back, schema versions and
 //! migrations, the integrity check, payload decoding, and restart recovery.
 //!
-//! Nothing here writes to a database it is about to refuse: pragmas that
-//! persist in the file are only set on a pristine file, every validation
-//! runs before the first write, and checkpoint-on-close is off so closing a
-//! refused database cannot move WAL frames into it.
+//! Nothing here writes to a database it is about to refuse: an existing
+//! database is validated through the read-only path `taskgate check` uses
+//! before it is opened for writing (which would create its -wal and -shm
+//! files), pragmas that persist in the file are only set on a pristine
+//! file, and checkpoint-on-close is off so closing a refused database
+//! cannot move WAL frames into it.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;

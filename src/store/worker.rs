@@ -5,7 +5,9 @@
 //! under its own savepoint so one failure does not fail the others, and
 //! every writer is answered only after COMMIT returned. An uncertain I/O
 //! error or corruption latches the service disabled: nothing is retried and
-//! nothing afterwards is acknowledged.
+//! nothing afterwards is acknowledged. While it executes a command the
+//! thread is inside that command's span, so what it logs belongs to the
+//! request that asked for it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
