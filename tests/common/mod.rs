@@ -488,10 +488,19 @@ impl Daemon {
         status
     }
 
-    /// SIGTERM and wait: a clean stop.
+    /// SIGTERM and wait: a clean stop. Any other end is described on
+    /// stderr (shown with the failing test) before the caller asserts.
     pub fn stop(mut self) -> ExitStatus {
         self.signal(Signal::SIGTERM);
-        self.wait_exit(Duration::from_secs(30))
+        let status = self.wait_exit(Duration::from_secs(30));
+        if !status.success() {
+            eprintln!(
+                "taskgate did not stop cleanly on SIGTERM: {status}; notifications {:?}; log:\n{}",
+                self.notes,
+                self.log_text()
+            );
+        }
+        status
     }
 
     /// SIGKILL and reap: a crash.

@@ -81,11 +81,8 @@ impl Strace {
             nix::sys::signal::Signal::SIGTERM,
         )
         .expect("signal strace");
+        super::wait_timeout(&mut self.child, STEP_TIMEOUT);
         let deadline = Instant::now() + STEP_TIMEOUT;
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "strace did not end");
-            std::thread::sleep(Duration::from_millis(10));
-        }
         loop {
             let threads = tracers(self.target);
             if threads.iter().all(|(_, t)| *t == 0) {
