@@ -645,8 +645,8 @@ check_backup_restore() {
   [ "$(unit_prop ActiveState)" = active ] || { WHY="not active after taskgate-restore: $(unit_prop StatusText)"; return 1; }
   task_present "$TASK_A" alpha || { WHY="task A $TASK_A missing after restore (exit $RC): $(oneline "$OUT")"; return 1; }
   task_get "$task_b"
-  [ "$RC" -eq 1 ] && grep -q -- '-32602' <<<"$OUT" \
-    || { WHY="task B $task_b after restore: exit $RC, want 1 with -32602: $(oneline "$OUT")"; return 1; }
+  [ "$RC" -eq 76 ] && grep -q -- '-32602' <<<"$OUT" \
+    || { WHY="task B $task_b after restore: exit $RC, want 76 (the daemon refused the request) with -32602: $(oneline "$OUT")"; return 1; }
   local ev
   ev=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-*' 2>/dev/null)
   [ -n "$ev" ] || { WHY="no /var/lib/taskgate.replaced-* evidence directory"; return 1; }
