@@ -1,7 +1,13 @@
 //! The HTTP face of the daemon: MCP streamable HTTP at `/mcp`, `/healthz`
 //! (the process answers) and `/readyz` (the task store is open and not
-//! latched disabled). Connections and concurrent requests are bounded; past
-//! either bound a client gets a clear 503 at once.
+//! latched disabled, and the daemon is not stopping). Connections and
+//! concurrent requests are bounded; past either bound a client gets a clear
+//! 503 at once.
+//!
+//! Stopping is in two steps the service drives: [`Drain::idle`] waits for
+//! every request to have its answer, and only then [`Drain::end_streams`]
+//! ends SSE streams and sessions. Ending them first would cut in-flight
+//! requests off with an empty 500.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,7 +30,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerSettings;
-use crate::mcp::{Handler, TaskService};
+use crate::mcp::Handler;
+use crate::tasks::TaskService;
 use crate::wire;
 
 /// How often an idle SSE stream gets a keep-alive comment.
@@ -36,30 +43,79 @@ struct Limits {
     max_requests: usize,
 }
 
-/// Builds the application: `/mcp`, `/healthz`, `/readyz`.
-pub fn router(svc: Arc<TaskService>, settings: &ServerSettings, stop: CancellationToken) -> Router {
-    let config = StreamableHttpServerConfig::default()
-        // Plain JSON bodies when nothing is streamed: simpler for clients.
-        .with_json_response(true)
-        .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
-        .with_max_request_body_bytes(settings.max_request_bytes)
-        .with_cancellation_token(stop);
-    let factory_svc = svc.clone();
-    let mcp = StreamableHttpService::new(
-        move || Ok(Handler::new(factory_svc.clone())),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let limits = Limits {
-        requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
-        max_requests: settings.max_concurrent_requests,
-    };
-    Router::new()
-        .route_service("/mcp", mcp)
-        .layer(middleware::from_fn_with_state(limits, limit_requests))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(svc)
+/// The application (`/mcp`, `/healthz`, `/readyz`) and what stopping it
+/// needs.
+pub struct App {
+    pub router: Router,
+    limits: Limits,
+    streams: CancellationToken,
+}
+
+impl App {
+    pub fn new(svc: Arc<TaskService>, settings: &ServerSettings) -> App {
+        let streams = CancellationToken::new();
+        let config = StreamableHttpServerConfig::default()
+            // Plain JSON bodies when nothing is streamed: simpler for clients.
+            .with_json_response(true)
+            .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
+            .with_max_request_body_bytes(settings.max_request_bytes)
+            .with_cancellation_token(streams.clone());
+        let factory_svc = svc.clone();
+        let mcp = StreamableHttpService::new(
+            move || Ok(Handler::new(factory_svc.clone())),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        );
+        let limits = Limits {
+            requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
+            max_requests: settings.max_concurrent_requests,
+        };
+        let router = Router::new()
+            .route_service("/mcp", mcp)
+            .layer(middleware::from_fn_with_state(
+                limits.clone(),
+                limit_requests,
+            ))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(svc);
+        App {
+            router,
+            limits,
+            streams,
+        }
+    }
+
+    pub fn drain(&self) -> Drain {
+        Drain {
+            limits: self.limits.clone(),
+            streams: self.streams.clone(),
+        }
+    }
+}
+
+/// The two steps of stopping the HTTP side.
+pub struct Drain {
+    limits: Limits,
+    streams: CancellationToken,
+}
+
+impl Drain {
+    /// Waits until no `/mcp` request awaits its answer (an SSE stream counts
+    /// only until its headers are sent); `false` if `limit` passed first.
+    /// Requests that arrive meanwhile are refused as busy.
+    pub async fn idle(&self, limit: Duration) -> bool {
+        let all = self.limits.max_requests as u32;
+        matches!(
+            tokio::time::timeout(limit, self.limits.requests.acquire_many(all)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Ends SSE streams and legacy sessions, so that connections close.
+    pub fn end_streams(&self) {
+        self.streams.cancel();
+    }
 }
 
 async fn limit_requests(State(limits): State<Limits>, request: Request, next: Next) -> Response {
@@ -92,6 +148,12 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(svc): State<Arc<TaskService>>) -> (StatusCode, String) {
+    if svc.is_stopping() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: stopping\n".into(),
+        );
+    }
     match svc.store().disabled_reason() {
         None => (StatusCode::OK, "ready\n".into()),
         Some(reason) => (

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     };
     if let Command::ExecTool(args) = &cli.command {
         // No logging, no runtime: the shim only runs the tool.
-        let code = taskgate::exec::shim::run(args.parent, &args.argv);
+        let code = taskgate::tools::shim::run(args.parent, &args.argv);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
     logging::init();
@@ -93,7 +93,13 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             } else {
                 service::Transport::Http
             };
-            service::serve(&args.overrides(), transport, args.bench_tool)
+            // The benchmark's no-op tool is an ordinary built-in, present
+            // only in a daemon that `taskgate bench` starts.
+            let mut builtins: Vec<std::sync::Arc<dyn taskgate::tools::Runner>> = Vec::new();
+            if args.bench_tool {
+                builtins.push(std::sync::Arc::new(taskgate::tools::builtin::bench_noop()));
+            }
+            service::serve(&args.overrides(), transport, builtins)
         }
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),

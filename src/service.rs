@@ -1,24 +1,33 @@
 //! The serving process: startup in order, systemd notification (READY,
 //! STATUS, WATCHDOG, STOPPING), signals and the shutdown order.
 //!
-//! Shutdown: STOPPING=1; stop admitting (the HTTP listener closes, stdio
-//! stops reading); every running tool is stopped and its task recorded as
-//! failed (interrupted); then the store's final TRUNCATE checkpoint; exit 0.
+//! Signal handlers are installed before any startup work, so a SIGTERM at
+//! any moment, even the instant READY=1 went out, is a clean stop.
+//!
+//! Shutdown: STOPPING=1; stop admitting (a call is refused with
+//! `TG_SERVER_STOPPING`, polls and cancels are still answered); every
+//! running tool is stopped and its task recorded as failed (interrupted);
+//! the HTTP listener closes and in-flight requests get their real answers;
+//! streams and sessions end; the background chores end; then the store's
+//! final TRUNCATE checkpoint; exit 0.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Overrides};
-use crate::exec::Registry;
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, LimitedListener};
-use crate::mcp::{Handler, TaskService};
+use crate::mcp::Handler;
 use crate::startup;
 use crate::store::{Store, StoreError};
+use crate::tasks::{Limits, TaskService};
+use crate::tools::{Registry, Runner};
 
 /// How often STATUS= is refreshed with current counts.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
@@ -26,6 +35,10 @@ const STATUS_REFRESH: Duration = Duration::from_secs(10);
 const ARTIFACT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Artifacts examined per sweep.
 const ARTIFACT_SWEEP_BATCH: usize = 256;
+/// How long in-flight HTTP requests get to finish once the listener closed.
+const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// How long the server gets to close its connections after that.
+const HTTP_CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Sends states to the service manager; a no-op without `NOTIFY_SOCKET`.
 pub fn notify(states: &[NotifyState<'_>]) {
@@ -41,21 +54,75 @@ pub enum Transport {
     Stdio,
 }
 
-/// Runs `taskgate serve` to completion.
-pub fn serve(overrides: &Overrides, transport: Transport, bench_tool: bool) -> Result<(), Refusal> {
+/// SIGTERM and SIGINT, caught from before startup until the process ends.
+struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    /// Must run inside the runtime. From here on neither signal kills the
+    /// process: one that arrives during startup is seen once serving begins.
+    fn install() -> Result<StopSignals, Refusal> {
+        let install = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| {
+                Refusal::new(
+                    ExitClass::Io,
+                    format!("cannot install the {name} handler: {e}"),
+                )
+            })
+        };
+        Ok(StopSignals {
+            term: install(SignalKind::terminate(), "SIGTERM")?,
+            int: install(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+        }
+    }
+}
+
+/// Runs `taskgate serve` to completion. `builtins` are tools served beside
+/// the configured ones (the benchmark's no-op tool, under `taskgate bench`).
+pub fn serve(
+    overrides: &Overrides,
+    transport: Transport,
+    builtins: Vec<Arc<dyn Runner>>,
+) -> Result<(), Refusal> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("taskgate-rt")
+        .build()
+        .map_err(|e| {
+            Refusal::new(
+                ExitClass::Io,
+                format!("cannot start the async runtime: {e}"),
+            )
+        })?;
+    let signals = runtime.block_on(async { StopSignals::install() })?;
+
     let config = Config::load(overrides)?;
     if transport == Transport::Http {
         refuse_unauthenticated_exposure(&config)?;
     }
-    let tools = Registry::build(&config.tools)?;
-    let startup::Serving {
-        claimed,
-        store,
-        artifacts,
-        report,
-    } = startup::open_serving(&config)?;
+    for b in &builtins {
+        tracing::warn!(tool = %b.spec().name, "serving a built-in test tool");
+    }
+    let tools = Registry::build(&config.tools, builtins)?;
+    // Bound before the store opens: an address in use is refused before
+    // anything in the state directory is touched.
+    let listener = match transport {
+        Transport::Http => Some(runtime.block_on(bind(&config))?),
+        Transport::Stdio => None,
+    };
+    let serving = startup::open_serving(&config)?;
+    let report = &serving.report;
     tracing::info!(
-        state_dir = %claimed.dir.path().display(),
+        state_dir = %serving.claimed.dir.path().display(),
         initialized = report.initialized,
         migrated_from = ?report.migrated_from,
         recovered = report.recovered,
@@ -72,39 +139,30 @@ pub fn serve(overrides: &Overrides, transport: Transport, bench_tool: bool) -> R
         );
     }
     let svc = TaskService::new(
-        store.clone(),
+        serving.store.clone(),
         tools,
-        artifacts,
+        serving.artifacts,
         config.tasks.clone(),
-        config.store.max_live_tasks,
-        config.server.max_concurrent_requests,
+        Limits {
+            max_polls_tracked: config.store.max_live_tasks as usize,
+            max_sync_calls: config.server.max_concurrent_requests,
+        },
     );
-    if bench_tool {
-        svc.enable_bench_tool();
-        tracing::warn!(
-            "serving the benchmark tool {}",
-            crate::mcp::tasks::BENCH_TOOL
-        );
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("taskgate-rt")
-        .build()
-        .map_err(|e| {
-            Refusal::new(
-                ExitClass::Io,
-                format!("cannot start the async runtime: {e}"),
-            )
-        })?;
-    let state_dir = claimed.dir.path().display().to_string();
+    let state_dir = serving.claimed.dir.path().display().to_string();
     let result = runtime.block_on(async {
-        match transport {
-            Transport::Http => run_http(&config, svc, state_dir).await,
-            Transport::Stdio => run_stdio(svc, state_dir).await,
+        let mut process = Process {
+            svc,
+            signals,
+            chores: TaskTracker::new(),
+            chores_stop: CancellationToken::new(),
+        };
+        match listener {
+            Some(listener) => process.run_http(listener, &config, state_dir).await,
+            None => process.run_stdio(state_dir).await,
         }
     });
     // The lock is released only when the process is done with the files.
-    drop(claimed);
+    drop(serving.claimed);
     result
 }
 
@@ -123,34 +181,8 @@ fn refuse_unauthenticated_exposure(config: &Config) -> Result<(), Refusal> {
     }
 }
 
-/// Background chores of a serving process, stopped by `stop`.
-fn spawn_chores(
-    svc: &Arc<TaskService>,
-    describe: Arc<dyn Fn() -> String + Send + Sync>,
-    stop: &CancellationToken,
-) {
-    tokio::spawn(refresh_status(svc.clone(), describe, stop.clone()));
-    if let Some(period) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(svc.store().clone(), period, stop.clone()));
-    }
-    let (svc, stop) = (svc.clone(), stop.clone());
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(ARTIFACT_SWEEP_INTERVAL) => {}
-                _ = stop.cancelled() => return,
-            }
-            svc.sweep_artifacts(ARTIFACT_SWEEP_BATCH).await;
-        }
-    });
-}
-
-async fn run_http(
-    config: &Config,
-    svc: Arc<TaskService>,
-    state_dir: String,
-) -> Result<(), Refusal> {
-    let listener = TcpListener::bind(config.server.listen).await.map_err(|e| {
+async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
+    TcpListener::bind(config.server.listen).await.map_err(|e| {
         Refusal::new(
             ExitClass::Io,
             format!(
@@ -158,118 +190,158 @@ async fn run_http(
                 config.server.listen
             ),
         )
-    })?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
-    let stop = CancellationToken::new();
-    let router = http::router(svc.clone(), &config.server, stop.child_token());
-    let server_stop = stop.clone();
-    let server = tokio::spawn(http::run(
-        LimitedListener::new(listener, config.server.max_connections),
-        router,
-        async move { server_stop.cancelled().await },
-    ));
-
-    let where_: Arc<dyn Fn() -> String + Send + Sync> =
-        Arc::new(move || format!("serving on {local}; state {state_dir}"));
-    let status = status_line(&svc, &where_()).await;
-    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
-    tracing::info!(listen = %local, "serving MCP over HTTP at /mcp");
-    spawn_chores(&svc, where_, &stop);
-
-    wait_for_signal().await;
-    begin_stopping();
-    // Stop the tools first so that in-flight requests can complete, then
-    // let the HTTP server drain.
-    svc.shutdown().await;
-    stop.cancel();
-    match tokio::time::timeout(Duration::from_secs(10), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-        Err(_) => tracing::warn!("HTTP connections did not drain in 10 s; closing them"),
-    }
-    finish(&svc).await;
-    Ok(())
+    })
 }
 
-async fn run_stdio(svc: Arc<TaskService>, state_dir: String) -> Result<(), Refusal> {
-    use rmcp::ServiceExt;
-    use rmcp::service::ServerInitializeError;
-    let stop = CancellationToken::new();
-    let where_: Arc<dyn Fn() -> String + Send + Sync> =
-        Arc::new(move || format!("serving on stdio; state {state_dir}"));
-    // Ready as soon as stdin is read: the client speaks first.
-    let status = status_line(&svc, &where_()).await;
-    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
-    tracing::info!("serving MCP over stdio");
-    spawn_chores(&svc, where_, &stop);
+/// A serving process once startup is done.
+struct Process {
+    svc: Arc<TaskService>,
+    signals: StopSignals,
+    /// Status refresh, watchdog, artifact sweep.
+    chores: TaskTracker,
+    chores_stop: CancellationToken,
+}
 
-    let serving = Handler::new(svc.clone()).serve(rmcp::transport::stdio());
-    let running = tokio::select! {
-        _ = wait_for_signal() => None,
-        r = serving => match r {
-            Ok(running) => Some(running),
-            // The client left before its first lifecycle request: a normal end.
-            Err(ServerInitializeError::ConnectionClosed(_)) => {
-                tracing::info!("stdio client went away");
-                None
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot serve on stdio");
-                None
-            }
-        },
-    };
-    if let Some(running) = running {
-        let cancel = running.cancellation_token();
-        tokio::select! {
-            _ = wait_for_signal() => {}
-            r = running.waiting() => {
-                match r {
+impl Process {
+    fn spawn_chores(&self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+        let stop = &self.chores_stop;
+        self.chores
+            .spawn(refresh_status(self.svc.clone(), describe, stop.clone()));
+        if let Some(period) = sd_notify::watchdog_enabled() {
+            self.chores
+                .spawn(watchdog(self.svc.store().clone(), period, stop.clone()));
+        }
+        self.chores
+            .spawn(sweep_artifacts(self.svc.clone(), stop.clone()));
+    }
+
+    async fn ready(&self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+        let status = status_line(&self.svc, &describe()).await;
+        notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.spawn_chores(describe);
+    }
+
+    async fn run_http(
+        &mut self,
+        listener: TcpListener,
+        config: &Config,
+        state_dir: String,
+    ) -> Result<(), Refusal> {
+        let local = listener
+            .local_addr()
+            .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
+        let app = http::App::new(self.svc.clone(), &config.server);
+        let drain = app.drain();
+        let listener_stop = CancellationToken::new();
+        let server = {
+            let stop = listener_stop.clone();
+            tokio::spawn(http::run(
+                LimitedListener::new(listener, config.server.max_connections),
+                app.router,
+                async move { stop.cancelled().await },
+            ))
+        };
+        tracing::info!(listen = %local, "serving MCP over HTTP at /mcp");
+        self.ready(Arc::new(move || {
+            format!("serving on {local}; state {state_dir}")
+        }))
+        .await;
+
+        self.signals.recv().await;
+        self.begin_stopping();
+        // Tools first, while clients can still poll their tasks' ends.
+        self.svc.stop_running(self.svc.stop_limit()).await;
+        // Then the listener: in-flight requests finish with their answers
+        // before streams and sessions are ended.
+        listener_stop.cancel();
+        if !drain.idle(HTTP_DRAIN_LIMIT).await {
+            tracing::warn!("HTTP requests still in flight after {HTTP_DRAIN_LIMIT:?}; ending them");
+        }
+        drain.end_streams();
+        match tokio::time::timeout(HTTP_CLOSE_LIMIT, server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Err(_) => tracing::warn!("HTTP connections did not close in time; dropping them"),
+        }
+        self.finish().await;
+        Ok(())
+    }
+
+    async fn run_stdio(&mut self, state_dir: String) -> Result<(), Refusal> {
+        use rmcp::ServiceExt;
+        use rmcp::service::ServerInitializeError;
+        tracing::info!("serving MCP over stdio");
+        // Ready as soon as stdin is read: the client speaks first.
+        self.ready(Arc::new(move || {
+            format!("serving on stdio; state {state_dir}")
+        }))
+        .await;
+
+        let serving = Handler::new(self.svc.clone()).serve(rmcp::transport::stdio());
+        let running = tokio::select! {
+            _ = self.signals.recv() => None,
+            r = serving => match r {
+                Ok(running) => Some(running),
+                // The client left before its first lifecycle request: a normal end.
+                Err(ServerInitializeError::ConnectionClosed(_)) => {
+                    tracing::info!("stdio client went away");
+                    None
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serve on stdio");
+                    None
+                }
+            },
+        };
+        // The session still running when a signal came: ended after the tools.
+        let mut session = None;
+        if let Some(running) = running {
+            let cancel = running.cancellation_token();
+            let mut waiting = Box::pin(running.waiting());
+            tokio::select! {
+                _ = self.signals.recv() => session = Some((cancel, waiting)),
+                r = &mut waiting => match r {
                     Ok(reason) => tracing::info!(?reason, "stdio client went away"),
                     Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
-                }
+                },
             }
         }
-        cancel.cancel();
-    }
-    begin_stopping();
-    svc.shutdown().await;
-    stop.cancel();
-    finish(&svc).await;
-    Ok(())
-}
-
-fn begin_stopping() {
-    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
-    tracing::info!("stopping: no new requests are admitted");
-}
-
-async fn finish(svc: &TaskService) {
-    match svc.store().shutdown().await {
-        Ok(()) => tracing::info!("stopped cleanly"),
-        Err(e) => tracing::warn!(error = %e, "store shutdown incomplete"),
-    }
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
-            }
+        self.begin_stopping();
+        self.svc.stop_running(self.svc.stop_limit()).await;
+        if let Some((cancel, waiting)) = session {
+            cancel.cancel();
+            let _ = tokio::time::timeout(HTTP_CLOSE_LIMIT, waiting).await;
         }
-        _ => {
-            tracing::error!("cannot install signal handlers; stopping");
+        self.finish().await;
+        Ok(())
+    }
+
+    fn begin_stopping(&self) {
+        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        self.svc.stop_admitting();
+        tracing::info!("stopping: no new calls are admitted");
+    }
+
+    /// The chores end, then the store closes with its final checkpoint.
+    async fn finish(&self) {
+        self.chores_stop.cancel();
+        self.chores.close();
+        self.chores.wait().await;
+        match self.svc.store().shutdown().await {
+            Ok(()) => tracing::info!("stopped cleanly"),
+            Err(e) => tracing::warn!(error = %e, "store shutdown incomplete"),
         }
     }
+}
+
+/// Ticks every `period`, the first one `period` from now; a late tick
+/// delays the next rather than bursting to catch up.
+async fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    ticks
 }
 
 async fn status_line(svc: &TaskService, where_: &str) -> String {
@@ -294,9 +366,10 @@ async fn refresh_status(
     stop: CancellationToken,
 ) {
     let mut last = String::new();
+    let mut ticks = ticker(STATUS_REFRESH).await;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(STATUS_REFRESH) => {}
+            _ = ticks.tick() => {}
             _ = stop.cancelled() => return,
         }
         let line = status_line(&svc, &describe()).await;
@@ -307,14 +380,26 @@ async fn refresh_status(
     }
 }
 
+async fn sweep_artifacts(svc: Arc<TaskService>, stop: CancellationToken) {
+    let mut ticks = ticker(ARTIFACT_SWEEP_INTERVAL).await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        svc.sweep_artifacts(ARTIFACT_SWEEP_BATCH).await;
+    }
+}
+
 /// Pings the watchdog at half its period, but only while the store thread
 /// answers: a hung store thread lets systemd restart the daemon.
 async fn watchdog(store: Store, period: Duration, stop: CancellationToken) {
     let interval = period / 2;
+    let mut ticks = ticker(interval).await;
     let mut last_progress = store.progress();
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = ticks.tick() => {}
             _ = stop.cancelled() => return,
         }
         let alive = match tokio::time::timeout(interval, store.ping()).await {

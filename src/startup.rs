@@ -78,7 +78,7 @@ pub enum CheckOutcome {
 /// Steps 1–6 without writing to the database.
 pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
     let config = Config::load(overrides)?;
-    crate::exec::Registry::build(&config.tools)?;
+    crate::tools::Registry::build(&config.tools, Vec::new())?;
     if config.state_dir_source == StateDirSource::Default && !StateDir::exists(&config.state_dir) {
         return Ok(CheckOutcome::NotCreatedYet(config.state_dir));
     }

@@ -1,10 +1,93 @@
-//! Structural rules of docs/ARCHITECTURE.md that the compiler cannot check.
+//! Structural rules of docs/ARCHITECTURE.md that the compiler cannot check,
+//! written as ordinary tests over the source text.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// The layers, from the edge inwards. A module may use modules of deeper
+/// layers, and of its own layer only where [`SAME_LAYER`] says so.
+const LAYERS: &[&[&str]] = &[
+    &["main", "cli"],
+    &["service", "startup", "backup", "bench", "client", "logging"],
+    &["http", "mcp"],
+    &["tasks"],
+    &["tools", "store", "artifacts", "state_dir", "testhooks"],
+    &["config", "wire", "exit"],
+];
+
+/// Arrows inside one layer, each for a reason.
+const SAME_LAYER: &[(&str, &str)] = &[
+    // The operator commands share the CLI's argument types.
+    ("main", "cli"),
+    // `serve` and `check` share the startup steps.
+    ("service", "startup"),
+    // The benchmark drives a daemon with the operator client.
+    ("bench", "client"),
+    // The HTTP application hosts the MCP handler.
+    ("http", "mcp"),
+    // The store reaches its fault hooks (tests only; no-ops in release).
+    ("store", "testhooks"),
+    // Artifacts live in the state directory and are keyed by task ID.
+    ("artifacts", "state_dir"),
+    ("artifacts", "store"),
+    ("artifacts", "testhooks"),
+    // Error types carry their wire code; exit classes are one enum.
+    ("config", "exit"),
+];
+
+/// Which modules each module may name (`crate::x` in the library,
+/// `taskgate::x` in the binary). Each entry must point down a layer or be
+/// listed in [`SAME_LAYER`]; a new arrow means a deliberate edit here and
+/// in docs/ARCHITECTURE.md.
+const ALLOWED: &[(&str, &[&str])] = &[
+    (
+        "main",
+        &[
+            "backup", "bench", "cli", "client", "config", "exit", "logging", "service", "startup",
+            "store", "tools",
+        ],
+    ),
+    ("cli", &["client", "config"]),
+    (
+        "service",
+        &[
+            "config", "exit", "http", "mcp", "startup", "store", "tasks", "tools",
+        ],
+    ),
+    (
+        "startup",
+        &["artifacts", "config", "exit", "state_dir", "store", "tools"],
+    ),
+    ("backup", &["config", "exit", "state_dir", "store"]),
+    (
+        "bench",
+        &["client", "config", "exit", "store", "tools", "wire"],
+    ),
+    ("client", &["exit", "wire"]),
+    ("logging", &["config"]),
+    ("http", &["config", "mcp", "tasks", "wire"]),
+    ("mcp", &["config", "store", "tasks", "tools", "wire"]),
+    ("tasks", &["artifacts", "config", "store", "tools", "wire"]),
+    ("tools", &["config", "exit", "wire"]),
+    ("store", &["config", "exit", "testhooks", "wire"]),
+    ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
+    ("state_dir", &["exit"]),
+    ("testhooks", &[]),
+    ("config", &["exit"]),
+    ("wire", &[]),
+    ("exit", &[]),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let p = entry.unwrap().path();
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let p = entry
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .path();
         if p.is_dir() {
             rust_files(&p, out);
         } else if p.extension().is_some_and(|e| e == "rs") {
@@ -13,40 +96,221 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Invariant 1: only `store/` opens SQLite.
-#[test]
-fn only_the_store_module_touches_sqlite() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every source file with its text, the unit tests at its end cut off
+/// (a test may reach for anything).
+fn sources() -> Vec<(PathBuf, String)> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    assert!(files.len() > 5);
-    let store = src.join("store");
-    for f in files {
-        if f.starts_with(&store) {
+    rust_files(&src(), &mut files);
+    assert!(files.len() > 20, "found only {} source files", files.len());
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let text =
+                std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let code = match text.find("#[cfg(test)]\nmod tests") {
+                Some(at) => text[..at].to_string(),
+                None => text,
+            };
+            (f, code)
+        })
+        .collect()
+}
+
+/// `src/…` as a path relative to the crate, for messages.
+fn shown(file: &Path) -> String {
+    let rel = file.strip_prefix(src()).unwrap_or(file);
+    format!("src/{}", rel.display())
+}
+
+/// The top-level module a file belongs to: `src/store/worker.rs` → `store`.
+fn module_of(file: &Path) -> String {
+    let rel = file.strip_prefix(src()).unwrap_or(file);
+    let first = rel
+        .components()
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .unwrap_or_default();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The modules a file names through `crate::x` (or `taskgate::x` in the
+/// binary), whether in a `use` or inline, in code or in doc links.
+fn imports(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (at, _) in text.match_indices(prefix) {
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
         }
-        let text = std::fs::read_to_string(&f).unwrap();
+        let rest = &text[at + prefix.len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            found.insert(name);
+        }
+    }
+    found
+}
+
+fn layer_of(module: &str) -> usize {
+    LAYERS
+        .iter()
+        .position(|l| l.contains(&module))
+        .unwrap_or_else(|| {
+            panic!("module {module} is in no layer; add it to LAYERS and to docs/ARCHITECTURE.md")
+        })
+}
+
+/// The allow-list itself points only down the layers.
+#[test]
+fn allowed_arrows_point_down_the_layers() {
+    let mut listed = BTreeSet::new();
+    for (from, tos) in ALLOWED {
+        assert!(listed.insert(*from), "{from} is listed twice in ALLOWED");
+        for to in *tos {
+            let (lf, lt) = (layer_of(from), layer_of(to));
+            assert!(
+                lt > lf || (lt == lf && SAME_LAYER.contains(&(*from, *to))),
+                "ALLOWED lets {from} (layer {lf}) use {to} (layer {lt}): an arrow back up the layers"
+            );
+        }
+    }
+    for layer in LAYERS {
+        for m in *layer {
+            assert!(listed.contains(m), "{m} has no entry in ALLOWED");
+        }
+    }
+}
+
+/// Every module imports only what its entry allows.
+#[test]
+fn modules_import_only_what_their_layer_allows() {
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut violations = Vec::new();
+    for (file, text) in sources() {
+        let module = module_of(&file);
+        if module == "lib" {
+            continue;
+        }
+        let prefix = if module == "main" {
+            "taskgate::"
+        } else {
+            "crate::"
+        };
+        let Some(ok) = allowed.get(module.as_str()) else {
+            violations.push(format!(
+                "{}: module {module} has no entry in ALLOWED",
+                shown(&file)
+            ));
+            continue;
+        };
+        for used in imports(&text, prefix) {
+            if used != module && !ok.contains(&used.as_str()) {
+                violations.push(format!(
+                    "{}: {module} uses {used}, which its layer may not (see docs/ARCHITECTURE.md, Layers)",
+                    shown(&file)
+                ));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Every module under src/ is in the layer table (and so in the map).
+#[test]
+fn every_module_has_a_layer() {
+    for (file, _) in sources() {
+        let module = module_of(&file);
+        if module != "lib" {
+            layer_of(&module);
+        }
+    }
+}
+
+/// The protocol library's types stop at the protocol layer.
+#[test]
+fn protocol_types_stay_in_the_protocol_layer() {
+    let may = ["mcp", "http", "service"];
+    for (file, text) in sources() {
+        let module = module_of(&file);
+        if may.contains(&module.as_str()) {
+            continue;
+        }
         assert!(
-            !text.contains("rusqlite"),
-            "{} uses rusqlite; only src/store/ may",
-            f.display()
+            !text.contains("rmcp::"),
+            "{} names rmcp's types; only {may:?} may",
+            shown(&file)
         );
     }
 }
 
-/// Invariant 6: bounds are named constants or configuration; the store's
-/// public constants keep the values the specification fixes.
+/// Invariant 1: only `store/` opens SQLite.
 #[test]
-fn fixed_bounds_keep_their_specified_values() {
-    use taskgate::config::bounds;
-    use taskgate::store;
-    assert_eq!(store::MAX_PAYLOAD_BYTES, 16 * 1024);
-    assert_eq!(store::SWEEP_BATCH, 128);
-    assert_eq!(store::SWEEP_INTERVAL, std::time::Duration::from_secs(1));
-    assert_eq!(store::TERMINAL_RETENTION_MS, 3_600_000);
-    assert_eq!(bounds::QUEUE_DEPTH_DEFAULT, 128);
-    assert_eq!(bounds::MAX_DB_PAGES_DEFAULT, 1_048_576);
-    assert_eq!(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT, 60);
+fn only_the_store_module_touches_sqlite() {
+    for (file, text) in sources() {
+        if module_of(&file) == "store" {
+            continue;
+        }
+        assert!(
+            !text.contains("rusqlite"),
+            "{} uses rusqlite; only src/store/ may",
+            shown(&file)
+        );
+    }
+}
+
+/// Every JSON-RPC error taskgate produces comes from the registry in
+/// `wire.rs`: no module writes a code as a number, and only
+/// `mcp/convert.rs` builds the protocol library's error values.
+#[test]
+fn wire_errors_come_from_the_registry() {
+    let mut violations = Vec::new();
+    for (file, text) in sources() {
+        let rel = file.strip_prefix(src()).unwrap_or(&file).to_path_buf();
+        let is_wire = rel == Path::new("wire.rs");
+        let is_convert = rel == Path::new("mcp/convert.rs");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if !is_wire && json_rpc_code_literal(code) {
+                violations.push(format!(
+                    "{}:{}: a JSON-RPC error code written as a number; use a wire::… entry: {line}",
+                    rel.display(),
+                    n + 1
+                ));
+            }
+            if !is_convert && (code.contains("ErrorData::") || code.contains("ErrorCode(")) {
+                violations.push(format!(
+                    "{}:{}: builds a protocol error outside mcp/convert.rs; return a TaskError or use convert::from_code: {line}",
+                    rel.display(),
+                    n + 1
+                ));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// `-32xxx` as a literal: JSON-RPC's reserved and server error range.
+fn json_rpc_code_literal(code: &str) -> bool {
+    let bytes = code.as_bytes();
+    code.match_indices("-32").any(|(at, _)| {
+        let digits = &bytes[at + 1..];
+        let n = digits.iter().take_while(|b| b.is_ascii_digit()).count();
+        let before_ok = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
+        before_ok && n == 5
+    })
+}
+
+#[test]
+fn the_code_literal_check_sees_codes_and_nothing_else() {
+    assert!(json_rpc_code_literal("let c = -32045;"));
+    assert!(json_rpc_code_literal("(-32602, \"x\")"));
+    assert!(!json_rpc_code_literal("let x = -320;"));
+    assert!(!json_rpc_code_literal("let x = -320456;"));
+    assert!(!json_rpc_code_literal("let x = a-32045;"));
 }
 
 /// The configuration file the package installs is the starter file that
@@ -56,7 +320,7 @@ fn packaged_configuration_is_the_starter_file() {
     let shipped = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/taskgate.toml"),
     )
-    .unwrap();
+    .unwrap_or_else(|e| panic!("packaging/taskgate.toml: {e}"));
     assert_eq!(
         shipped,
         taskgate::config::starter_config(Some(taskgate::config::PACKAGE_STATE_DIR)),

@@ -229,13 +229,15 @@ fn spilled_results_go_when_their_task_expires() {
         )
         .unwrap()
         .tasks;
-        let svc = taskgate::mcp::TaskService::new(
+        let svc = taskgate::tasks::TaskService::new(
             store.clone(),
-            taskgate::exec::Registry::default(),
+            taskgate::tools::Registry::default(),
             artifacts,
             settings,
-            1000,
-            8,
+            taskgate::tasks::Limits {
+                max_polls_tracked: 1000,
+                max_sync_calls: 8,
+            },
         );
         svc.sweep_artifacts(64).await;
         assert!(

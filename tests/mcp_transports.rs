@@ -1070,7 +1070,7 @@ fn seed_tasks(state: &Path) -> (String, String) {
             .id
             .to_string();
         let expiring = store
-            .create(new(taskgate::mcp::tasks::local_owner(), TTL_MS))
+            .create(new(taskgate::tasks::local_owner(), TTL_MS))
             .await
             .unwrap()
             .record()

@@ -72,7 +72,6 @@ fn unclean_leftovers(state: &Path) -> Vec<String> {
 /// by the default action, without STOPPING=1 and without the final
 /// checkpoint.
 #[test]
-#[ignore = "fixed by the core reshape: defect 1"]
 fn sigterm_the_moment_ready_arrives_is_a_clean_stop() {
     let rounds = rounds(ROUNDS_ENV, DEFAULT_ROUNDS);
     let mut failed = Vec::new();
@@ -136,7 +135,6 @@ timeout_secs = 60
 /// refused with the registered "stopping" error and its tool never starts,
 /// even while a stubborn task keeps the stop waiting.
 #[test]
-#[ignore = "fixed by the core reshape: defect 2"]
 fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
     let root = private_dir();
     let state = state_dir(root.path());
@@ -259,7 +257,6 @@ fn committed_ids(state: &Path) -> HashSet<String> {
 /// JSON-RPC answer (or finds the connection gone before it was taken), and
 /// every task the database holds was handed to some client.
 #[test]
-#[ignore = "fixed by the core reshape: defect 8"]
 fn a_stop_under_load_answers_every_call_and_loses_no_handle() {
     let rounds = rounds(LOAD_ROUNDS_ENV, DEFAULT_LOAD_ROUNDS);
     let mut failed = Vec::new();

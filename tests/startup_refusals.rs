@@ -550,7 +550,6 @@ fn a_state_directory_under_a_non_ascii_path_is_checked_and_served() {
 }
 
 #[test]
-#[ignore = "the listener is bound after the store opened and recovered: bind it before open_serving"]
 fn an_address_in_use_is_refused_before_the_directory_changes() {
     let (_root, dir) = valid_store();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

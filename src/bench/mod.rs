@@ -30,8 +30,8 @@ use serde_json::{Value, json};
 use crate::client::{Client, ClientError};
 use crate::config::{Config, Overrides};
 use crate::exit::{ExitClass, Refusal};
-use crate::mcp::tasks::BENCH_TOOL;
 use crate::store::baseline;
+use crate::tools::builtin::BENCH_TOOL;
 use crate::wire;
 
 pub use report::Summary;

@@ -11,18 +11,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelTaskMethod, CancelTaskParams, GetTaskMethod,
-    GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
-    Tool as WireTool, ToolAnnotations, UpdateTaskMethod, UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, CreateTaskResult, GetTaskParams,
+    GetTaskResult, Implementation, InitializeRequestParams, InitializeResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, Tool as WireTool,
+    ToolAnnotations, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
-use super::tasks::{ARTIFACT_READ_TOOL, Delivery, OPERATION_ID_META_KEY, TaskService, local_owner};
+use super::convert;
 use crate::config::{Effect, TaskMode};
 use crate::store::Digest;
+use crate::tasks::{Call, Delivery, OPERATION_ID_META_KEY, TaskService, local_owner};
+use crate::tools::ToolSpec;
+use crate::wire;
 
 /// One protocol handler: per stdio connection, per legacy HTTP session, or
 /// per stateless HTTP request. All share the task service.
@@ -62,64 +65,49 @@ impl Handler {
     }
 
     fn wire_tools(&self) -> Vec<WireTool> {
-        let mut tools: Vec<WireTool> = self
-            .svc
-            .tools()
-            .iter()
-            .map(|t| {
-                let schema = match &t.config.input_schema {
-                    Value::Object(m) => m.clone(),
-                    _ => serde_json::Map::new(),
-                };
-                let (read_only, idempotent, destructive) = match t.config.effect {
-                    Effect::ReadOnly => (true, true, false),
-                    Effect::IdempotentWrite => (false, true, true),
-                    Effect::NonIdempotentWrite => (false, false, true),
-                };
-                let mut annotations = ToolAnnotations::default();
-                annotations.read_only_hint = Some(read_only);
-                annotations.idempotent_hint = Some(idempotent);
-                annotations.destructive_hint = Some(destructive);
-                let task = match t.config.task {
-                    TaskMode::Never => "never",
-                    TaskMode::Optional => "optional",
-                    TaskMode::Required => "required",
-                };
-                let mut meta = rmcp::model::MetaObject::default();
-                meta.0
-                    .insert("dev.taskgate/taskSupport".into(), json!(task));
-                WireTool::new(t.config.name.clone(), t.config.description.clone(), schema)
-                    .with_annotations(annotations)
-                    .with_meta(meta)
-            })
-            .collect();
-        let schema = json!({
-            "type": "object",
-            "properties": {"taskId": {"type": "string", "description": "the task whose stored result to read"}},
-            "required": ["taskId"]
-        });
-        if self.svc.bench_tool_enabled() {
-            tools.push(WireTool::new(
-                super::tasks::BENCH_TOOL,
-                "Benchmark tool: completes at once (present only under taskgate bench).",
-                json!({"type": "object"})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default(),
+        self.svc.specs().iter().map(wire_tool).collect()
+    }
+
+    /// `tasks/*` do not exist for a session that began with `initialize`.
+    fn refuse_legacy(&self, method: &str) -> Result<(), ErrorData> {
+        if self.is_legacy() {
+            return Err(convert::from_code(
+                wire::METHOD_NOT_FOUND,
+                format!("{method} is not available on a session opened with initialize"),
+                None,
             ));
         }
-        let mut annotations = ToolAnnotations::default();
-        annotations.read_only_hint = Some(true);
-        tools.push(
-            WireTool::new(
-                ARTIFACT_READ_TOOL,
-                "Returns the whole result of one of your tasks whose result was too large to inline.",
-                schema.as_object().cloned().unwrap_or_default(),
-            )
-            .with_annotations(annotations),
-        );
-        tools
+        Ok(())
     }
+}
+
+/// A tool as `tools/list` shows it: schema, behaviour hints, and whether it
+/// runs as a task.
+fn wire_tool(spec: &ToolSpec) -> WireTool {
+    let schema = match &spec.input_schema {
+        Value::Object(m) => m.clone(),
+        _ => serde_json::Map::new(),
+    };
+    let (read_only, idempotent, destructive) = match spec.effect {
+        Effect::ReadOnly => (true, true, false),
+        Effect::IdempotentWrite => (false, true, true),
+        Effect::NonIdempotentWrite => (false, false, true),
+    };
+    let mut annotations = ToolAnnotations::default();
+    annotations.read_only_hint = Some(read_only);
+    annotations.idempotent_hint = Some(idempotent);
+    annotations.destructive_hint = Some(destructive);
+    let task = match spec.task {
+        TaskMode::Never => "never",
+        TaskMode::Optional => "optional",
+        TaskMode::Required => "required",
+    };
+    let mut meta = rmcp::model::MetaObject::default();
+    meta.0
+        .insert("dev.taskgate/taskSupport".into(), json!(task));
+    WireTool::new(spec.name.clone(), spec.description.clone(), schema)
+        .with_annotations(annotations)
+        .with_meta(meta)
 }
 
 impl ServerHandler for Handler {
@@ -167,33 +155,25 @@ impl ServerHandler for Handler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let negotiated = self.negotiated(&context);
         let operation_id = match context.meta.0.get(OPERATION_ID_META_KEY) {
             None => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => {
-                return Err(ErrorData::invalid_params(
-                    format!("_meta[{OPERATION_ID_META_KEY:?}] must be a string"),
-                    None,
-                ));
-            }
+            Some(_) => return Err(convert::error(crate::tasks::TaskError::InvalidOperationId)),
         };
-        let owner = self.owner(&context);
-        let delivery = self
-            .svc
-            .call(
-                &request.name,
-                request.arguments,
-                owner,
-                negotiated,
-                operation_id,
-                context.ct.clone(),
-            )
-            .await?;
-        Ok(match delivery {
-            Delivery::Now(result) => CallToolResponse::Complete(result),
-            Delivery::Task(created) => CallToolResponse::Task(created),
-        })
+        let call = Call {
+            tool: request.name.to_string(),
+            arguments: request.arguments,
+            owner: self.owner(&context),
+            negotiated: self.negotiated(&context),
+            operation_id,
+            client_cancel: context.ct.clone(),
+        };
+        match self.svc.call(call).await.map_err(convert::error)? {
+            Delivery::Now(result) => convert::tool_result(result).map(CallToolResponse::Complete),
+            Delivery::Task(record) => Ok(CallToolResponse::Task(CreateTaskResult::new(
+                convert::task(&record),
+            ))),
+        }
     }
 
     async fn get_task(
@@ -201,10 +181,13 @@ impl ServerHandler for Handler {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        if self.is_legacy() {
-            return Err(ErrorData::method_not_found::<GetTaskMethod>());
-        }
-        self.svc.get(&request.task_id, self.owner(&context)).await
+        self.refuse_legacy("tasks/get")?;
+        let record = self
+            .svc
+            .get(&request.task_id, self.owner(&context))
+            .await
+            .map_err(convert::error)?;
+        Ok(GetTaskResult::new(convert::detailed(&record)))
     }
 
     async fn cancel_task(
@@ -212,12 +195,11 @@ impl ServerHandler for Handler {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        if self.is_legacy() {
-            return Err(ErrorData::method_not_found::<CancelTaskMethod>());
-        }
+        self.refuse_legacy("tasks/cancel")?;
         self.svc
             .cancel(&request.task_id, self.owner(&context))
             .await
+            .map_err(convert::error)
     }
 
     async fn update_task(
@@ -225,11 +207,10 @@ impl ServerHandler for Handler {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        if self.is_legacy() {
-            return Err(ErrorData::method_not_found::<UpdateTaskMethod>());
-        }
+        self.refuse_legacy("tasks/update")?;
         self.svc
             .update(&request.task_id, self.owner(&context))
             .await
+            .map_err(convert::error)
     }
 }

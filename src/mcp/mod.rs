@@ -1,10 +1,8 @@
-//! MCP serving: the protocol handler ([`handler`]), the task service it
-//! drives ([`tasks`]), and the conversions between store records, process
-//! outcomes and protocol shapes ([`convert`]).
+//! MCP serving: the protocol handler ([`handler`]) and the conversions
+//! between the task domain and the protocol library's types ([`convert`]).
+//! The protocol library's types stop here; `tasks/` never sees them.
 
 pub mod convert;
 pub mod handler;
-pub mod tasks;
 
 pub use handler::Handler;
-pub use tasks::TaskService;

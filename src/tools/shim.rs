@@ -11,7 +11,9 @@
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Command;
 
-use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, kill, raise, sigaction};
+use nix::unistd::Pid;
 
 /// The signal the kernel sends the shim when the daemon dies.
 const PARENT_DEATH: Signal = Signal::SIGUSR1;
@@ -19,10 +21,8 @@ const PARENT_DEATH: Signal = Signal::SIGUSR1;
 pub const CANNOT_EXECUTE: i32 = 126;
 
 extern "C" fn kill_group(_: libc::c_int) {
-    // SAFETY: kill(2) is async-signal-safe; 0 means our own process group.
-    unsafe {
-        libc::kill(0, libc::SIGKILL);
-    }
+    // kill(2) is async-signal-safe; pid 0 means our own process group.
+    let _ = kill(Pid::from_raw(0), Signal::SIGKILL);
 }
 
 extern "C" fn ignore(_: libc::c_int) {}
@@ -50,10 +50,7 @@ pub fn run(parent: u32, argv: &[String]) -> i32 {
     // SIGTERM is for the tool (the daemon signals the whole group): the
     // shim stays until the tool has gone, to report how it ended.
     handle(Signal::SIGTERM, ignore);
-    // SAFETY: prctl with constant arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH as libc::c_int);
-    }
+    let _ = set_pdeathsig(PARENT_DEATH);
     if std::os::unix::process::parent_id() != parent {
         // The daemon died before the shim was ready.
         kill_group(0);
@@ -64,12 +61,10 @@ pub fn run(parent: u32, argv: &[String]) -> i32 {
     };
     let mut cmd = Command::new(program);
     cmd.args(args);
-    // SAFETY: prctl is async-signal-safe; the tool dies if the shim does.
+    // SAFETY: prctl(2) is async-signal-safe and allocates nothing; the tool
+    // dies if the shim does.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
+        cmd.pre_exec(|| set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
     }
     let status = match cmd.spawn().and_then(|mut c| c.wait()) {
         Ok(s) => s,
@@ -84,10 +79,7 @@ pub fn run(parent: u32, argv: &[String]) -> i32 {
     let sig = status.signal().unwrap_or(libc::SIGKILL);
     if let Ok(s) = Signal::try_from(sig) {
         reset(s);
-    }
-    // SAFETY: re-raising the tool's signal on ourselves.
-    unsafe {
-        libc::raise(sig);
+        let _ = raise(s);
     }
     128 + sig
 }

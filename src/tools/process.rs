@@ -13,27 +13,21 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+use super::RunError;
 
 /// This very binary, even if its file was replaced by an upgrade since.
 const SELF_EXE: &str = "/proc/self/exe";
 
-/// Refuses a program that cannot be executed, before anything starts.
+/// Refuses a program that cannot be executed, before anything starts: the
+/// shim would otherwise report it only as exit status 126.
 fn check_executable(program: &str) -> Result<(), RunError> {
-    let c = std::ffi::CString::new(program).map_err(|_| RunError::Spawn {
+    nix::unistd::access(program, nix::unistd::AccessFlags::X_OK).map_err(|errno| RunError::Spawn {
         program: program.into(),
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
-    // SAFETY: access(2) on a valid C string.
-    if unsafe { libc::access(c.as_ptr(), libc::X_OK) } != 0 {
-        return Err(RunError::Spawn {
-            program: program.into(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+        source: std::io::Error::from(errno),
+    })
 }
 
 /// What a finished process produced.
@@ -48,23 +42,6 @@ impl Finished {
     pub fn signal(&self) -> Option<i32> {
         self.status.signal()
     }
-}
-
-#[derive(Debug, Error)]
-pub enum RunError {
-    #[error("cannot start {program}: {source}")]
-    Spawn {
-        program: String,
-        source: std::io::Error,
-    },
-    #[error("timed out after {0:?}; the process group was killed")]
-    Timeout(Duration),
-    #[error("{stream} exceeded its cap of {limit} bytes; the process group was killed")]
-    OutputLimit { stream: &'static str, limit: u64 },
-    #[error("cancelled; the process group was stopped")]
-    Cancelled,
-    #[error("I/O error talking to the process: {0}")]
-    Io(std::io::Error),
 }
 
 /// The fully resolved invocation of one call.
@@ -110,6 +87,11 @@ async fn read_capped<R: AsyncRead + Unpin>(
 /// Runs the invocation to completion, timeout, output overflow or
 /// cancellation.
 pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finished, RunError> {
+    // A call stopped before it began (the daemon is stopping) never starts
+    // its program: starting it only to signal it would be a partial run.
+    if cancel.is_cancelled() {
+        return Err(RunError::Cancelled);
+    }
     let program = inv.argv.first().cloned().unwrap_or_default();
     check_executable(&program)?;
     // The shim (this binary, `exec-tool`) runs the tool in this new process

@@ -1,52 +1,17 @@
-//! Command tools: the registry built from `[[tool]]` configuration, argument
-//! validation against each tool's JSON Schema, argv templates, and the
-//! bounded child process that runs a call ([`process`]).
+//! Command tools: a `[[tool]]` entry compiled once at startup (its JSON
+//! Schema, its argv template) and run per call as a bounded child process
+//! ([`super::process`]). Its stdout becomes the result's text (and its
+//! structured content when it is a JSON object); a non-zero exit is an
+//! error *result*, a death by signal, timeout or overflow a run error.
 
-pub mod process;
-pub mod shim;
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use thiserror::Error;
+use tokio_util::sync::CancellationToken;
 
-use crate::config::{TaskMode, ToolConfig};
-use crate::exit::{Classify, ExitClass};
-
-pub use process::{Finished, Invocation, RunError};
-
-/// A tool definition that cannot be served (exit 78 at startup).
-#[derive(Debug, Error)]
-pub enum RegistryError {
-    #[error("tool {tool:?}: input_schema is not a valid JSON Schema: {detail}; fix the schema")]
-    BadSchema { tool: String, detail: String },
-    #[error(
-        "tool {tool:?}: argv placeholder {{{name}}} names no property of input_schema; declare it under properties or remove it"
-    )]
-    UnknownPlaceholder { tool: String, name: String },
-    #[error(
-        "tool {tool:?}: argv element {element:?} has an unclosed '{{'; write '{{{{' for a literal brace"
-    )]
-    BadTemplate { tool: String, element: String },
-}
-
-impl Classify for RegistryError {
-    fn exit_class(&self) -> ExitClass {
-        ExitClass::Config
-    }
-}
-
-/// Arguments that do not satisfy the tool's schema.
-#[derive(Debug, Error, Clone, PartialEq)]
-#[error("invalid arguments for {tool}: {location}: {problem}")]
-pub struct ArgumentError {
-    pub tool: String,
-    /// JSON pointer of the offending value, e.g. `/seconds`.
-    pub location: String,
-    pub problem: String,
-}
+use super::process::{self, Invocation};
+use super::{ArgumentError, RegistryError, RunError, RunFuture, Runner, ToolSpec, result_json};
+use crate::config::ToolConfig;
 
 /// One piece of an argv element.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,8 +21,9 @@ enum Piece {
 }
 
 #[derive(Debug)]
-pub struct Tool {
-    pub config: ToolConfig,
+pub struct CommandTool {
+    config: ToolConfig,
+    spec: ToolSpec,
     validator: jsonschema::Validator,
     template: Vec<Vec<Piece>>,
 }
@@ -112,8 +78,8 @@ fn render(value: &Value) -> String {
     }
 }
 
-impl Tool {
-    pub fn build(config: ToolConfig) -> Result<Tool, RegistryError> {
+impl CommandTool {
+    pub fn build(config: ToolConfig) -> Result<CommandTool, RegistryError> {
         let validator = jsonschema::validator_for(&config.input_schema).map_err(|e| {
             RegistryError::BadSchema {
                 tool: config.name.clone(),
@@ -141,24 +107,24 @@ impl Tool {
             }
             template.push(pieces);
         }
-        Ok(Tool {
+        let spec = ToolSpec {
+            name: config.name.clone(),
+            description: config.description.clone(),
+            input_schema: config.input_schema.clone(),
+            effect: config.effect,
+            task: config.task,
+        };
+        Ok(CommandTool {
             config,
+            spec,
             validator,
             template,
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    pub fn task_mode(&self) -> TaskMode {
-        self.config.task
-    }
-
     /// Checks the arguments against the input schema; names the first
     /// offending location. The message never echoes the value itself.
-    pub fn validate(&self, args: &Value) -> Result<(), ArgumentError> {
+    fn check(&self, args: &Value) -> Result<(), ArgumentError> {
         match self.validator.iter_errors(args).next() {
             None => Ok(()),
             Some(e) => {
@@ -200,7 +166,7 @@ impl Tool {
     }
 
     /// The full invocation of one call.
-    pub fn invocation(&self, args: &Map<String, Value>, grace: Duration) -> Invocation {
+    fn invocation(&self, args: &Map<String, Value>, grace: Duration) -> Invocation {
         let env = self
             .config
             .env
@@ -220,28 +186,55 @@ impl Tool {
     }
 }
 
-/// Every configured tool, by name.
-#[derive(Debug, Default, Clone)]
-pub struct Registry {
-    tools: BTreeMap<String, Arc<Tool>>,
+/// What a finished process means: stdout as the result (structured too
+/// when it is a JSON object), a non-zero exit as an error result naming the
+/// status, a death by signal as a run error.
+fn interpret(tool: &str, finished: process::Finished) -> Result<Value, RunError> {
+    if finished.status.success() {
+        let text = String::from_utf8_lossy(&finished.stdout).into_owned();
+        let structured = serde_json::from_slice::<Value>(&finished.stdout)
+            .ok()
+            .filter(Value::is_object);
+        return Ok(result_json(text, structured, false));
+    }
+    match (finished.status.code(), finished.signal()) {
+        (Some(code), _) => {
+            let stderr = String::from_utf8_lossy(&finished.stderr);
+            let stdout = String::from_utf8_lossy(&finished.stdout);
+            let detail = if stderr.trim().is_empty() {
+                stdout
+            } else {
+                stderr
+            };
+            let text = format!("{tool} exited with status {code}: {}", detail.trim_end());
+            Ok(result_json(text, None, true))
+        }
+        (None, signal) => Err(RunError::Killed {
+            signal: signal.unwrap_or(0),
+        }),
+    }
 }
 
-impl Registry {
-    pub fn build(configs: &[ToolConfig]) -> Result<Registry, RegistryError> {
-        let mut tools = BTreeMap::new();
-        for c in configs {
-            let tool = Tool::build(c.clone())?;
-            tools.insert(c.name.clone(), Arc::new(tool));
-        }
-        Ok(Registry { tools })
+impl Runner for CommandTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
     }
 
-    pub fn get(&self, name: &str) -> Option<Arc<Tool>> {
-        self.tools.get(name).cloned()
+    fn validate(&self, args: &Value) -> Result<(), ArgumentError> {
+        self.check(args)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Tool>> {
-        self.tools.values()
+    fn run<'a>(
+        &'a self,
+        args: &'a Map<String, Value>,
+        grace: Duration,
+        cancel: &'a CancellationToken,
+    ) -> RunFuture<'a> {
+        Box::pin(async move {
+            let invocation = self.invocation(args, grace);
+            let finished = process::run(&invocation, cancel).await?;
+            interpret(&self.spec.name, finished)
+        })
     }
 }
 
@@ -251,8 +244,8 @@ mod tests {
     use crate::config::{Effect, TaskMode};
     use serde_json::json;
 
-    fn tool(argv: &[&str], schema: Value) -> Result<Tool, RegistryError> {
-        Tool::build(ToolConfig {
+    fn tool(argv: &[&str], schema: Value) -> Result<CommandTool, RegistryError> {
+        CommandTool::build(ToolConfig {
             name: "t".into(),
             description: String::new(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
@@ -299,11 +292,11 @@ mod tests {
     fn validation_names_the_field_without_echoing_it() {
         let schema = json!({"type":"object","properties":{"seconds":{"type":"number"}},"required":["seconds"]});
         let t = tool(&["/bin/x"], schema).unwrap();
-        let e = t.validate(&json!({"seconds": "secret-value"})).unwrap_err();
+        let e = t.check(&json!({"seconds": "secret-value"})).unwrap_err();
         assert_eq!(e.location, "arguments/seconds");
         assert!(!e.problem.contains("secret-value"), "{e}");
-        let e = t.validate(&json!({})).unwrap_err();
+        let e = t.check(&json!({})).unwrap_err();
         assert!(e.problem.contains("seconds"), "{e}");
-        assert!(t.validate(&json!({"seconds": 1.5})).is_ok());
+        assert!(t.check(&json!({"seconds": 1.5})).is_ok());
     }
 }

@@ -1,0 +1,69 @@
+//! The built-in `artifact_read`: the whole result of one of the caller's
+//! tasks whose result was too large for its record. It needs the store and
+//! the caller's identity, which is why it lives here and not in `tools/`.
+
+use serde_json::{Map, Value, json};
+
+use super::TaskError;
+use crate::artifacts::Artifacts;
+use crate::config::{Effect, TaskMode};
+use crate::store::{Digest, Store, TaskId};
+use crate::tools::{ToolSpec, result_json};
+
+/// The built-in tool that returns a spilled result to its owner.
+pub const ARTIFACT_READ_TOOL: &str = "artifact_read";
+
+pub fn spec() -> ToolSpec {
+    ToolSpec {
+        name: ARTIFACT_READ_TOOL.into(),
+        description:
+            "Returns the whole result of one of your tasks whose result was too large to inline."
+                .into(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {"taskId": {"type": "string", "description": "the task whose stored result to read"}},
+            "required": ["taskId"]
+        }),
+        effect: Effect::ReadOnly,
+        task: TaskMode::Never,
+    }
+}
+
+/// The result a spilled task keeps: where the whole result is.
+pub fn pointer(id: &TaskId, bytes: u64, is_error: bool) -> Value {
+    result_json(
+        format!(
+            "The result ({bytes} bytes) is larger than a task record holds and was stored whole; call the {ARTIFACT_READ_TOOL} tool with {{\"taskId\": \"{id}\"}} to read it."
+        ),
+        Some(json!({"artifact": {"taskId": id.as_str(), "bytes": bytes}})),
+        is_error,
+    )
+}
+
+/// The stored result, while the task is visible to `owner`: an expired
+/// task's artifact is gone at once, whether or not the sweep has deleted
+/// its file yet.
+pub async fn run(
+    store: &Store,
+    artifacts: &Artifacts,
+    arguments: Option<Map<String, Value>>,
+    owner: Digest,
+) -> Result<Value, TaskError> {
+    let id = arguments
+        .as_ref()
+        .and_then(|a| a.get("taskId"))
+        .and_then(Value::as_str)
+        .ok_or(TaskError::ArtifactArguments)?;
+    let id = TaskId::parse(id).ok_or(TaskError::ArtifactUnavailable)?;
+    if store.get(&id, &owner).await?.is_none() {
+        return Err(TaskError::ArtifactUnavailable);
+    }
+    match artifacts.read(&id, &owner) {
+        Ok(Some(v)) => Ok(v),
+        Ok(None) => Err(TaskError::ArtifactUnavailable),
+        Err(e) => {
+            tracing::error!(task = %id, error = %e, "reading an artifact failed");
+            Err(TaskError::ArtifactUnavailable)
+        }
+    }
+}

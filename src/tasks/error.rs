@@ -1,0 +1,134 @@
+//! Why a task request was refused. Each variant knows its registered wire
+//! code, so the protocol layer converts every refusal the same way and no
+//! code is chosen anywhere else.
+
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::store::{ErrorBody, StoreError};
+use crate::tools::{ArgumentError, RunError};
+use crate::wire::{self, WireCode};
+
+use super::{MAX_OPERATION_ID_BYTES, OPERATION_ID_META_KEY};
+
+#[derive(Debug, Error)]
+pub enum TaskError {
+    #[error("unknown tool {0:?}")]
+    UnknownTool(String),
+    #[error("{0}")]
+    InvalidArguments(ArgumentError),
+    #[error(
+        "tool {0:?} runs only as a task: declare the io.modelcontextprotocol/tasks extension on protocol 2026-07-28"
+    )]
+    TasksRequired(String),
+    #[error(
+        "_meta[{OPERATION_ID_META_KEY:?}] must be a string of 1-{MAX_OPERATION_ID_BYTES} bytes"
+    )]
+    InvalidOperationId,
+    #[error("this operation reference was already used for a call with different arguments")]
+    IdempotencyConflict,
+    /// Unknown, expired and another owner's IDs: one answer for all three.
+    #[error("task not found")]
+    UnknownTask,
+    #[error("polled faster than pollIntervalMs; poll again in {retry_after_ms} ms")]
+    PollTooSoon { retry_after_ms: u64 },
+    #[error("too many calls in flight; retry shortly")]
+    ServerBusy,
+    #[error("the server is stopping and admits no new calls; retry against the restarted server")]
+    Stopping,
+    #[error("no stored result for this task")]
+    ArtifactUnavailable,
+    #[error("artifact_read needs {{\"taskId\": \"tg-…\"}}")]
+    ArtifactArguments,
+    /// The task store refused (busy, at capacity, disabled).
+    #[error("{0}")]
+    Store(StoreError),
+    /// A synchronous run ended without a result (timeout, signal, …).
+    #[error("{message}")]
+    Run { code: WireCode, message: String },
+    /// A stored or encoded result could not be turned into a reply.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl TaskError {
+    /// The registered code this refusal goes out with.
+    pub fn wire(&self) -> WireCode {
+        match self {
+            TaskError::UnknownTool(_) => wire::UNKNOWN_TOOL,
+            TaskError::InvalidArguments(_) | TaskError::ArtifactArguments => {
+                wire::INVALID_ARGUMENTS
+            }
+            TaskError::TasksRequired(_) => wire::TASKS_REQUIRED,
+            TaskError::InvalidOperationId => wire::INVALID_PARAMS,
+            TaskError::IdempotencyConflict => wire::IDEMPOTENCY_CONFLICT,
+            TaskError::UnknownTask => wire::UNKNOWN_TASK,
+            TaskError::PollTooSoon { .. } => wire::POLL_TOO_SOON,
+            TaskError::ServerBusy => wire::SERVER_BUSY,
+            TaskError::Stopping => wire::STOPPING,
+            TaskError::ArtifactUnavailable => wire::ARTIFACT_UNAVAILABLE,
+            TaskError::Store(e) => match e {
+                StoreError::Busy { .. } => wire::STORE_BUSY,
+                StoreError::Capacity(_) => wire::STORE_CAPACITY,
+                StoreError::Disabled { .. }
+                | StoreError::Uncertain { .. }
+                | StoreError::Stopped => wire::STORE_UNAVAILABLE,
+                _ => wire::INTERNAL,
+            },
+            TaskError::Run { code, .. } => *code,
+            TaskError::Internal(_) => wire::INTERNAL,
+        }
+    }
+
+    /// What the client reads. A disabled store says only that it is
+    /// unavailable: the disk error's detail is for the operator's log.
+    pub fn message(&self) -> String {
+        match self {
+            TaskError::Store(
+                StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped,
+            ) => "the task store is unavailable".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// Fields added to the registered `data` (name and help).
+    pub fn data(&self) -> Option<Value> {
+        match self {
+            TaskError::InvalidArguments(e) => Some(json!({"location": e.location})),
+            TaskError::ArtifactArguments => Some(json!({"location": "arguments/taskId"})),
+            TaskError::PollTooSoon { retry_after_ms } => {
+                Some(json!({"retryAfterMs": retry_after_ms}))
+            }
+            TaskError::TasksRequired(_) => Some(json!({
+                "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
+            })),
+            _ => None,
+        }
+    }
+
+    pub fn run(tool: &str, e: &RunError) -> TaskError {
+        TaskError::Run {
+            code: e.wire(),
+            message: e.message(tool),
+        }
+    }
+
+    /// The error body a failed task keeps in the store.
+    pub fn body(&self) -> ErrorBody {
+        let code = self.wire();
+        ErrorBody {
+            code: code.code,
+            message: self.message(),
+            data: Some(match self.data() {
+                Some(extra) => code.data_with(extra),
+                None => code.data(),
+            }),
+        }
+    }
+}
+
+impl From<StoreError> for TaskError {
+    fn from(e: StoreError) -> TaskError {
+        TaskError::Store(e)
+    }
+}

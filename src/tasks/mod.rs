@@ -1,0 +1,495 @@
+//! The task domain: admission of tool calls, background running, polls,
+//! cancellation, the built-in `artifact_read`, and stopping. Shared by
+//! every transport and every per-request protocol handler; it speaks plain
+//! values (`serde_json::Value`, store records, [`TaskError`]) and no
+//! protocol library's types.
+//!
+//! Order of a background call: admission (not stopping, tool exists,
+//! arguments valid, a running slot free) → the task row is committed → only
+//! then the tool starts. A store that is busy, full or disabled makes the
+//! call run synchronously instead; a creation reference already used by the
+//! owner returns the existing task and runs nothing.
+
+mod artifact_read;
+mod error;
+mod polls;
+mod request;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::artifacts::Artifacts;
+use crate::config::{TaskMode, TaskSettings};
+use crate::store::{
+    Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId, TaskRecord,
+    TaskStatus,
+};
+use crate::tools::{Registry, RunError, Runner, ToolSpec};
+
+pub use artifact_read::ARTIFACT_READ_TOOL;
+pub use error::TaskError;
+pub use polls::POLL_BURST;
+
+/// The `_meta` key under which a client names the operation a call belongs
+/// to, so that a retry after a lost reply returns the same task.
+pub const OPERATION_ID_META_KEY: &str = "dev.taskgate/operationId";
+/// Longest operation reference accepted.
+pub const MAX_OPERATION_ID_BYTES: usize = 256;
+/// The extension a request declares to get tasks.
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+/// Room left in a record for the pointer that replaces a spilled result.
+const SPILL_MARGIN: usize = 512;
+
+/// The owner of every task until authentication arrives: whoever can reach
+/// the loopback listener or the stdio pipe.
+pub fn local_owner() -> Digest {
+    Digest::of_parts(&[b"taskgate-owner", b"local"])
+}
+
+/// The first bytes of an owner digest, enough to follow one caller through
+/// the log without writing its identity there.
+fn owner_tag(owner: &Digest) -> String {
+    owner.to_hex()[..8].to_string()
+}
+
+/// One `tools/call`, as the protocol layer understood it.
+pub struct Call {
+    pub tool: String,
+    pub arguments: Option<Map<String, Value>>,
+    pub owner: Digest,
+    /// This very request declared the Tasks extension on 2026-07-28 or later.
+    pub negotiated: bool,
+    pub operation_id: Option<String>,
+    /// Cancelled when the client goes away or cancels the request.
+    pub client_cancel: CancellationToken,
+}
+
+/// How the result of a call is delivered.
+#[derive(Debug)]
+pub enum Delivery {
+    /// The tool result (the JSON shape of MCP's `CallToolResult`).
+    Now(Value),
+    /// The committed task the client polls.
+    Task(TaskRecord),
+}
+
+/// Bounds the task service enforces at admission.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Poll budgets tracked at most (the live-task limit).
+    pub max_polls_tracked: usize,
+    /// Synchronous calls in flight (stdio has no HTTP-level limit).
+    pub max_sync_calls: usize,
+}
+
+/// A background task running in this process.
+struct Running {
+    token: CancellationToken,
+    /// The owner asked to cancel (as opposed to the daemon stopping).
+    cancel_requested: AtomicBool,
+}
+
+pub struct TaskService {
+    store: Store,
+    tools: Registry,
+    artifacts: Artifacts,
+    settings: TaskSettings,
+    slots: Arc<Semaphore>,
+    sync_slots: Arc<Semaphore>,
+    running: Mutex<HashMap<TaskId, Arc<Running>>>,
+    polls: polls::Polls,
+    stopping: AtomicBool,
+    /// Cancelled when the daemon stops: every run's token descends from it.
+    stop: CancellationToken,
+    /// Every background run, so that stopping can wait for their outcomes.
+    tracker: TaskTracker,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl TaskService {
+    pub fn new(
+        store: Store,
+        tools: Registry,
+        artifacts: Artifacts,
+        settings: TaskSettings,
+        limits: Limits,
+    ) -> Arc<TaskService> {
+        Arc::new(TaskService {
+            slots: Arc::new(Semaphore::new(settings.max_running)),
+            sync_slots: Arc::new(Semaphore::new(limits.max_sync_calls)),
+            polls: polls::Polls::new(settings.poll_interval, limits.max_polls_tracked),
+            store,
+            tools,
+            artifacts,
+            settings,
+            running: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+            stop: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Every tool a client may call: the registry's and `artifact_read`.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        let mut specs: Vec<ToolSpec> = self.tools.specs().cloned().collect();
+        specs.push(artifact_read::spec());
+        specs
+    }
+
+    pub fn running_count(&self) -> usize {
+        lock(&self.running).len()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether a call may become a background task right now.
+    fn tasks_available(&self) -> bool {
+        self.store.disabled_reason().is_none() && !self.is_stopping()
+    }
+
+    /// Admits and runs one tool call.
+    pub async fn call(self: &Arc<Self>, call: Call) -> Result<Delivery, TaskError> {
+        let span = tracing::info_span!("call", tool = %call.tool, owner = %owner_tag(&call.owner));
+        self.admit_and_run(call).instrument(span).await
+    }
+
+    async fn admit_and_run(self: &Arc<Self>, call: Call) -> Result<Delivery, TaskError> {
+        if self.is_stopping() {
+            return Err(TaskError::Stopping);
+        }
+        if call.tool == ARTIFACT_READ_TOOL {
+            return artifact_read::run(&self.store, &self.artifacts, call.arguments, call.owner)
+                .await
+                .map(Delivery::Now);
+        }
+        let Some(tool) = self.tools.get(&call.tool) else {
+            return Err(TaskError::UnknownTool(call.tool));
+        };
+        let args = call.arguments.unwrap_or_default();
+        tool.validate(&Value::Object(args.clone()))
+            .map_err(TaskError::InvalidArguments)?;
+        let mode = tool.spec().task;
+        if mode == TaskMode::Required && !call.negotiated {
+            return Err(TaskError::TasksRequired(call.tool));
+        }
+        if let Some(op) = &call.operation_id
+            && (op.is_empty() || op.len() > MAX_OPERATION_ID_BYTES)
+        {
+            return Err(TaskError::InvalidOperationId);
+        }
+        if call.negotiated && mode != TaskMode::Never && self.tasks_available() {
+            // `None`: the store or the slots said no; run it now instead.
+            if let Some(record) = self
+                .try_background(&tool, &args, call.owner, call.operation_id)
+                .await?
+            {
+                return Ok(Delivery::Task(record));
+            }
+        }
+        self.run_now(tool.as_ref(), &args, call.client_cancel)
+            .await
+            .map(Delivery::Now)
+    }
+
+    /// Creates the task and starts it; `None` means "run synchronously".
+    async fn try_background(
+        self: &Arc<Self>,
+        tool: &Arc<dyn Runner>,
+        args: &Map<String, Value>,
+        owner: Digest,
+        operation_id: Option<String>,
+    ) -> Result<Option<TaskRecord>, TaskError> {
+        let name = tool.spec().name.as_str();
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            tracing::info!(
+                max_running = self.settings.max_running,
+                "all background slots busy; running the call synchronously"
+            );
+            return Ok(None);
+        };
+        let new = NewTask {
+            owner,
+            reference: operation_id.as_deref().map(request::reference),
+            request: Some(request::identity(name, args)),
+            ttl_ms: self.settings.default_ttl.as_millis() as i64,
+            poll_interval_ms: self.settings.poll_interval.as_millis() as i64,
+            status_message: None,
+        };
+        match self.store.create(new).await {
+            Ok(Created::New(record)) => {
+                let running = Arc::new(Running {
+                    token: self.stop.child_token(),
+                    cancel_requested: AtomicBool::new(false),
+                });
+                lock(&self.running).insert(record.id.clone(), running.clone());
+                let span = tracing::info_span!(parent: None, "task", task = %record.id,
+                    tool = name, owner = %owner_tag(&owner));
+                tracing::debug!(parent: &span, "task created; starting it");
+                let run = self.clone().run_background(
+                    record.id.clone(),
+                    owner,
+                    tool.clone(),
+                    args.clone(),
+                    running,
+                    permit,
+                );
+                self.tracker.spawn(run.instrument(span));
+                Ok(Some(record))
+            }
+            Ok(Created::Existing(record)) => {
+                tracing::info!(task = %record.id,
+                    "operation reference already used: returning the existing task, running nothing");
+                Ok(Some(record))
+            }
+            Err(StoreError::Conflict) => Err(TaskError::IdempotencyConflict),
+            Err(e) => {
+                tracing::warn!(error = %e,
+                    "task store cannot take the task; running the call synchronously");
+                Ok(None)
+            }
+        }
+    }
+
+    async fn run_now(
+        &self,
+        tool: &dyn Runner,
+        args: &Map<String, Value>,
+        client_cancel: CancellationToken,
+    ) -> Result<Value, TaskError> {
+        let Ok(_slot) = self.sync_slots.try_acquire() else {
+            return Err(TaskError::ServerBusy);
+        };
+        // Stopped by the client's cancellation or by the daemon stopping.
+        let token = self.stop.child_token();
+        let watch = {
+            let token = token.clone();
+            tokio::spawn(async move {
+                client_cancel.cancelled().await;
+                token.cancel();
+            })
+        };
+        let run = tool.run(args, self.settings.cancel_grace, &token).await;
+        watch.abort();
+        run.map_err(|e| TaskError::run(&tool.spec().name, &e))
+    }
+
+    async fn run_background(
+        self: Arc<Self>,
+        id: TaskId,
+        owner: Digest,
+        tool: Arc<dyn Runner>,
+        args: Map<String, Value>,
+        running: Arc<Running>,
+        _permit: OwnedSemaphorePermit,
+    ) {
+        let name = tool.spec().name.clone();
+        let run = tool
+            .run(&args, self.settings.cancel_grace, &running.token)
+            .await;
+        let (status, outcome) = match run {
+            Err(RunError::Cancelled) if running.cancel_requested.load(Ordering::SeqCst) => {
+                (TaskStatus::Cancelled, None)
+            }
+            Err(RunError::Cancelled) => (TaskStatus::Failed, Some(Outcome::interrupted())),
+            Err(e) => (
+                TaskStatus::Failed,
+                Some(Outcome::Error(TaskError::run(&name, &e).body())),
+            ),
+            Ok(result) => (TaskStatus::Completed, Some(Outcome::Result(result))),
+        };
+        let (status, outcome) = self.fit_in_record(&id, &owner, status, outcome);
+        match self.store.finish(&id, status, None, outcome).await {
+            Ok(Some(r)) => tracing::debug!(status = r.status.as_str(), "task finished"),
+            Ok(None) => tracing::info!("task expired before it finished"),
+            Err(e) => tracing::error!(error = %e,
+                "could not record the task's outcome; a restart will mark it failed"),
+        }
+        lock(&self.running).remove(&id);
+    }
+
+    /// A result too large for the record is spilled to an artifact; if that
+    /// fails the task fails rather than keep a truncated result.
+    fn fit_in_record(
+        &self,
+        id: &TaskId,
+        owner: &Digest,
+        status: TaskStatus,
+        outcome: Option<Outcome>,
+    ) -> (TaskStatus, Option<Outcome>) {
+        let Some(Outcome::Result(result)) = &outcome else {
+            return (status, outcome);
+        };
+        let size = serde_json::to_vec(&outcome)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
+        if size <= MAX_PAYLOAD_BYTES - SPILL_MARGIN {
+            return (status, outcome);
+        }
+        let is_error = result
+            .get("isError")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        match self.artifacts.write(id, owner, result) {
+            Ok(bytes) => (
+                status,
+                Some(Outcome::Result(artifact_read::pointer(id, bytes, is_error))),
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "spilling a large result failed; the task fails");
+                let body = TaskError::Run {
+                    code: crate::wire::RESULT_TOO_LARGE,
+                    message: format!("the result could not be stored: {e}"),
+                }
+                .body();
+                (TaskStatus::Failed, Some(Outcome::Error(body)))
+            }
+        }
+    }
+
+    /// Looks up the owner's task: unknown, expired and foreign IDs alike
+    /// are [`TaskError::UnknownTask`].
+    async fn owned(&self, id: &str, owner: &Digest) -> Result<TaskRecord, TaskError> {
+        let id = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        self.store
+            .get(&id, owner)
+            .await?
+            .ok_or(TaskError::UnknownTask)
+    }
+
+    /// `tasks/get`, with the advertised poll interval enforced per task.
+    pub async fn get(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
+        let span = tracing::debug_span!("poll", task = id, owner = %owner_tag(&owner));
+        self.poll(id, owner).instrument(span).await
+    }
+
+    async fn poll(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
+        if let Some(parsed) = TaskId::parse(id) {
+            self.polls
+                .admit(&owner, &parsed)
+                .map_err(|retry_after_ms| TaskError::PollTooSoon { retry_after_ms })?;
+        }
+        let record = self.owned(id, &owner).await?;
+        self.polls.spend(owner, record.id.clone());
+        Ok(record)
+    }
+
+    /// `tasks/cancel`: commit the intent, then stop the run. A finished task
+    /// is acknowledged unchanged.
+    pub async fn cancel(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
+        let span = tracing::info_span!("cancel", task = id, owner = %owner_tag(&owner));
+        self.cancel_owned(id, owner).instrument(span).await
+    }
+
+    async fn cancel_owned(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
+        let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let record = self
+            .store
+            .request_cancel(&parsed, &owner)
+            .await?
+            .ok_or(TaskError::UnknownTask)?;
+        if record.status.is_terminal() {
+            return Ok(());
+        }
+        let running = lock(&self.running).get(&parsed).cloned();
+        match running {
+            Some(r) => {
+                r.cancel_requested.store(true, Ordering::SeqCst);
+                r.token.cancel();
+                tracing::info!(task = %parsed, "cancellation requested; stopping the run");
+            }
+            None => {
+                // Not running here (it finished meanwhile): nothing to stop.
+                if let Err(e) = self
+                    .store
+                    .finish(&parsed, TaskStatus::Cancelled, None, None)
+                    .await
+                {
+                    tracing::warn!(task = %parsed, error = %e, "could not record the cancellation");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `tasks/update`: input is never requested, so nothing is retained;
+    /// ownership is checked and the update acknowledged.
+    pub async fn update(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
+        self.owned(id, &owner).await.map(|_| ())
+    }
+
+    /// The first step of stopping: from now on every call is refused with
+    /// [`TaskError::Stopping`]; polls and cancels are still answered.
+    pub fn stop_admitting(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops everything that runs: a synchronous call gets an interruption
+    /// error, a background task ends `failed` with the interruption error,
+    /// never to be re-run. Returns once every background run has recorded
+    /// its end, or after `limit`.
+    pub async fn stop_running(&self, limit: Duration) {
+        self.stop_admitting();
+        self.stop.cancel();
+        self.tracker.close();
+        let count = self.tracker.len();
+        if count > 0 {
+            tracing::info!(
+                count,
+                "stopping background tasks; they end failed (interrupted)"
+            );
+        }
+        if tokio::time::timeout(limit, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.tracker.len(),
+                "background tasks did not record their end in time; a restart marks them failed"
+            );
+        }
+    }
+
+    /// The longest [`TaskService::stop_running`] should need: the grace a
+    /// tool gets, and time to kill it and record the outcome.
+    pub fn stop_limit(&self) -> Duration {
+        self.settings.cancel_grace + Duration::from_secs(10)
+    }
+
+    /// Deletes artifacts whose task has expired or gone (called periodically).
+    pub async fn sweep_artifacts(&self, batch: usize) {
+        let Ok(ids) = self.artifacts.list(batch) else {
+            return;
+        };
+        if ids.is_empty() {
+            return;
+        }
+        let Ok(alive) = self.store.unexpired(ids.clone()).await else {
+            return;
+        };
+        for (id, alive) in ids.iter().zip(alive) {
+            if !alive
+                && !lock(&self.running).contains_key(id)
+                && let Err(e) = self.artifacts.remove(id)
+            {
+                tracing::warn!(task = %id, error = %e, "could not delete an expired artifact");
+            }
+        }
+    }
+}

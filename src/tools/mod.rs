@@ -1,0 +1,197 @@
+//! Tools: what a call runs. A [`Runner`] describes itself ([`ToolSpec`]),
+//! checks its arguments and runs one call under a cancellation token. Two
+//! kinds exist today: command tools from `[[tool]]` configuration
+//! ([`command`], run as bounded child processes by [`process`] under the
+//! [`shim`]) and built-ins of the daemon ([`builtin`]). Upstream MCP servers
+//! will be a third kind of runner.
+//!
+//! This module knows nothing of tasks, owners, the store or the protocol
+//! library: a run produces the tool result's JSON (the shape of MCP's
+//! `CallToolResult`) or a [`RunError`] that knows its wire code.
+
+pub mod builtin;
+pub mod command;
+pub mod process;
+pub mod shim;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Effect, TaskMode, ToolConfig};
+use crate::exit::{Classify, ExitClass};
+use crate::wire::{self, WireCode};
+
+pub use command::CommandTool;
+
+/// What `tools/list` shows of a tool, and how the task layer treats it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// A JSON Schema object for the arguments.
+    pub input_schema: Value,
+    pub effect: Effect,
+    /// Whether a call runs as a background task when the client negotiated
+    /// the Tasks extension.
+    pub task: TaskMode,
+}
+
+/// The future of one run: the tool result as JSON, or why there is none.
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, RunError>> + Send + 'a>>;
+
+/// Something a tool call can run.
+pub trait Runner: Send + Sync + std::fmt::Debug {
+    fn spec(&self) -> &ToolSpec;
+
+    /// Checks the arguments before anything is committed or started. An
+    /// error names the offending location, never the value.
+    fn validate(&self, args: &Value) -> Result<(), ArgumentError>;
+
+    /// Runs one call with validated arguments. `grace` is how long a
+    /// cancelled run may take to stop before it is killed.
+    fn run<'a>(
+        &'a self,
+        args: &'a Map<String, Value>,
+        grace: Duration,
+        cancel: &'a CancellationToken,
+    ) -> RunFuture<'a>;
+}
+
+/// A tool definition that cannot be served (exit 78 at startup).
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("tool {tool:?}: input_schema is not a valid JSON Schema: {detail}; fix the schema")]
+    BadSchema { tool: String, detail: String },
+    #[error(
+        "tool {tool:?}: argv placeholder {{{name}}} names no property of input_schema; declare it under properties or remove it"
+    )]
+    UnknownPlaceholder { tool: String, name: String },
+    #[error(
+        "tool {tool:?}: argv element {element:?} has an unclosed '{{'; write '{{{{' for a literal brace"
+    )]
+    BadTemplate { tool: String, element: String },
+    #[error("tool {tool:?} is declared twice; tool names must be unique")]
+    Duplicate { tool: String },
+}
+
+impl Classify for RegistryError {
+    fn exit_class(&self) -> ExitClass {
+        ExitClass::Config
+    }
+}
+
+/// Arguments that do not satisfy the tool's schema.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[error("invalid arguments for {tool}: {location}: {problem}")]
+pub struct ArgumentError {
+    pub tool: String,
+    /// JSON pointer of the offending value, e.g. `arguments/seconds`.
+    pub location: String,
+    pub problem: String,
+}
+
+/// Why a run produced no result.
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("timed out after {0:?}; the process group was killed")]
+    Timeout(Duration),
+    #[error("{stream} exceeded its cap of {limit} bytes; the process group was killed")]
+    OutputLimit { stream: &'static str, limit: u64 },
+    #[error("cancelled; the process group was stopped")]
+    Cancelled,
+    #[error("I/O error talking to the process: {0}")]
+    Io(std::io::Error),
+    #[error("killed by signal {signal}")]
+    Killed { signal: i32 },
+}
+
+impl RunError {
+    /// The registered code a client sees for this end of a run.
+    pub fn wire(&self) -> WireCode {
+        match self {
+            RunError::Spawn { .. } => wire::TOOL_START_FAILED,
+            RunError::Timeout(_) => wire::TOOL_TIMEOUT,
+            RunError::OutputLimit { .. } => wire::TOOL_OUTPUT_LIMIT,
+            RunError::Cancelled => wire::TASK_INTERRUPTED,
+            RunError::Io(_) => wire::TOOL_IO,
+            RunError::Killed { .. } => wire::TOOL_KILLED,
+        }
+    }
+
+    /// The message a client reads, naming the tool.
+    pub fn message(&self, tool: &str) -> String {
+        match self {
+            RunError::Timeout(d) => format!("{tool} timed out after {} s", d.as_secs()),
+            RunError::Cancelled => format!("{tool} was stopped before it finished"),
+            RunError::Killed { signal } => format!("{tool} was killed by signal {signal}"),
+            other => format!("{tool}: {other}"),
+        }
+    }
+}
+
+/// A tool result as JSON, in the shape of MCP's `CallToolResult`: the text,
+/// the structured content when there is one, and whether it is an error
+/// result (the tool ran and reported failure).
+pub fn result_json(text: String, structured: Option<Value>, is_error: bool) -> Value {
+    let mut v = json!({
+        "resultType": "complete",
+        "content": [{"type": "text", "text": text}],
+        "isError": is_error,
+    });
+    if let Some(s) = structured {
+        v["structuredContent"] = s;
+    }
+    v
+}
+
+/// Every tool this daemon serves through the registry, by name.
+#[derive(Debug, Default, Clone)]
+pub struct Registry {
+    tools: BTreeMap<String, Arc<dyn Runner>>,
+}
+
+impl Registry {
+    /// Compiles the configured command tools, then adds `builtins`.
+    pub fn build(
+        configs: &[ToolConfig],
+        builtins: Vec<Arc<dyn Runner>>,
+    ) -> Result<Registry, RegistryError> {
+        let mut registry = Registry::default();
+        for c in configs {
+            registry.add(Arc::new(CommandTool::build(c.clone())?))?;
+        }
+        for b in builtins {
+            registry.add(b)?;
+        }
+        Ok(registry)
+    }
+
+    fn add(&mut self, runner: Arc<dyn Runner>) -> Result<(), RegistryError> {
+        let name = runner.spec().name.clone();
+        if self.tools.contains_key(&name) {
+            return Err(RegistryError::Duplicate { tool: name });
+        }
+        self.tools.insert(name, runner);
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Runner>> {
+        self.tools.get(name).cloned()
+    }
+
+    pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.tools.values().map(|r| r.spec())
+    }
+}

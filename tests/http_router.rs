@@ -1,0 +1,281 @@
+//! The HTTP application in process: `/healthz`, `/readyz` and the 503
+//! paths, driven with `tower::ServiceExt::oneshot` against the real router
+//! over a real store opened by the real startup path.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Map, Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use taskgate::config::{Config, Effect, Overrides, TaskMode};
+use taskgate::http::App;
+use taskgate::tasks::{Limits, TaskService};
+use taskgate::tools::{ArgumentError, Registry, RunError, RunFuture, Runner, ToolSpec};
+
+struct Fixture {
+    _root: tempfile::TempDir,
+    svc: Arc<TaskService>,
+    app: App,
+    /// Notified when the `hold` tool has started a call.
+    started: Arc<Notify>,
+}
+
+/// A built-in tool that announces each call and then runs until it is
+/// cancelled, so a test knows a request is in flight.
+#[derive(Debug)]
+struct Hold {
+    spec: ToolSpec,
+    started: Arc<Notify>,
+}
+
+impl Runner for Hold {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, _args: &Value) -> Result<(), ArgumentError> {
+        Ok(())
+    }
+
+    fn run<'a>(
+        &'a self,
+        _args: &'a Map<String, Value>,
+        _grace: Duration,
+        cancel: &'a CancellationToken,
+    ) -> RunFuture<'a> {
+        Box::pin(async move {
+            self.started.notify_one();
+            cancel.cancelled().await;
+            Err(RunError::Cancelled)
+        })
+    }
+}
+
+/// A daemon's pieces without its process, opened by the real startup path;
+/// one request at a time may be in flight.
+fn fixture() -> Fixture {
+    let root = common::private_dir();
+    let state = common::state_dir(root.path());
+    let config_path = root.path().join("taskgate.toml");
+    std::fs::write(&config_path, "[server]\nmax_concurrent_requests = 1\n")
+        .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
+    let overrides = Overrides {
+        config_path: Some(config_path),
+        state_dir: Some(state),
+        listen: None,
+    };
+    let env = [("HOME".to_string(), "/nonexistent".to_string())]
+        .into_iter()
+        .collect();
+    let config = Config::load_from(&overrides, &env).unwrap_or_else(|e| panic!("{e}"));
+    let serving = taskgate::startup::open_serving(&config).unwrap_or_else(|e| panic!("{e:?}"));
+    let started = Arc::new(Notify::new());
+    let hold: Arc<dyn Runner> = Arc::new(Hold {
+        spec: ToolSpec {
+            name: "hold".into(),
+            description: "runs until cancelled".into(),
+            input_schema: json!({"type": "object"}),
+            effect: Effect::ReadOnly,
+            task: TaskMode::Never,
+        },
+        started: started.clone(),
+    });
+    let tools = Registry::build(&config.tools, vec![hold]).unwrap_or_else(|e| panic!("{e}"));
+    let svc = TaskService::new(
+        serving.store.clone(),
+        tools,
+        serving.artifacts,
+        config.tasks.clone(),
+        Limits {
+            max_polls_tracked: 1000,
+            max_sync_calls: 8,
+        },
+    );
+    // The lifetime lock stays held for the rest of the test process.
+    std::mem::forget(serving.claimed);
+    let app = App::new(svc.clone(), &config.server);
+    Fixture {
+        _root: root,
+        svc,
+        app,
+        started,
+    }
+}
+
+async fn get(app: &App, path: &str) -> (StatusCode, String) {
+    let response = app
+        .router
+        .clone()
+        .oneshot(
+            Request::get(path)
+                .body(Body::empty())
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn mcp_call(tool: &str) -> Request<Body> {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "router-test", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {}}
+        }}
+    });
+    Request::post("/mcp")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header(header::HOST, "127.0.0.1")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn healthz_answers_and_readyz_follows_the_service() {
+    let fx = fixture();
+    assert_eq!(
+        get(&fx.app, "/healthz").await,
+        (StatusCode::OK, "ok\n".into())
+    );
+    assert_eq!(
+        get(&fx.app, "/readyz").await,
+        (StatusCode::OK, "ready\n".into())
+    );
+    fx.svc.stop_admitting();
+    let (status, body) = get(&fx.app, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("stopping"), "{body}");
+    // The process still answers while it stops.
+    assert_eq!(get(&fx.app, "/healthz").await.0, StatusCode::OK);
+    fx.svc
+        .store()
+        .shutdown()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
+    let fx = fixture();
+    let router = fx.app.router.clone();
+    let mut held = tokio::spawn(async move { router.oneshot(mcp_call("hold")).await });
+    // The tool says it started: the one request slot is taken.
+    tokio::select! {
+        _ = fx.started.notified() => {}
+        r = &mut held => {
+            let response = r.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap_or_else(|e| panic!("{e}")).to_bytes();
+            panic!("the held call ended before its tool started: {status} {}", String::from_utf8_lossy(&body));
+        }
+    }
+    let response = fx
+        .app
+        .router
+        .clone()
+        .oneshot(mcp_call("hold"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(body["error"]["code"], taskgate::wire::SERVER_BUSY.code);
+    assert_eq!(
+        body["error"]["data"]["name"],
+        taskgate::wire::SERVER_BUSY.name
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("server.max_concurrent_requests = 1")),
+        "{body}"
+    );
+
+    // Stopping the service ends the held call with its interruption error.
+    fx.svc.stop_running(Duration::from_secs(10)).await;
+    let response = held
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        body["error"]["data"]["name"],
+        taskgate::wire::TASK_INTERRUPTED.name,
+        "{body}"
+    );
+    fx.svc
+        .store()
+        .shutdown()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
+    let fx = fixture();
+    fx.svc.stop_admitting();
+    let response = fx
+        .app
+        .router
+        .clone()
+        .oneshot(mcp_call("hold"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        body["error"]["code"],
+        taskgate::wire::STOPPING.code,
+        "{body}"
+    );
+    assert_eq!(body["error"]["data"]["name"], taskgate::wire::STOPPING.name);
+    fx.svc
+        .store()
+        .shutdown()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
