@@ -898,6 +898,28 @@ mod tests {
         }
     }
 
+    /// Invariant 6 at its source: every ranged key refuses a value just
+    /// below its minimum as well as just above its maximum.
+    #[test]
+    fn every_ranged_key_refuses_both_sides_of_its_range() {
+        for key in keys::KEYS {
+            let Kind::Int(spec) = key.kind else { continue };
+            let var = key.env_var().unwrap();
+            let mut outside = vec![(spec.max + 1).to_string()];
+            if spec.min > 0 {
+                outside.push((spec.min - 1).to_string());
+            }
+            for bad in outside {
+                let e = Config::load_from(
+                    &Overrides::default(),
+                    &env(&[("HOME", "/h"), (var.as_str(), bad.as_str())]),
+                )
+                .expect_err(&format!("{var}={bad} must be refused"));
+                assert!(e.to_string().contains(&key.dotted()), "{e}");
+            }
+        }
+    }
+
     #[test]
     fn an_upper_bound_may_be_another_key() {
         let e = Config::load_from(
