@@ -110,6 +110,23 @@ fn fixture() -> Fixture {
     }
 }
 
+/// The whole body of a response, as text.
+async fn text(response: axum::response::Response) -> String {
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// The whole body of a response, as JSON.
+async fn json_body(response: axum::response::Response) -> Value {
+    let text = text(response).await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
 async fn get(app: &App, path: &str) -> (StatusCode, String) {
     let response = app
         .router
@@ -121,14 +138,7 @@ async fn get(app: &App, path: &str) -> (StatusCode, String) {
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    (response.status(), text(response).await)
 }
 
 fn mcp_call(tool: &str) -> Request<Body> {
@@ -186,8 +196,7 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
         r = &mut held => {
             let response = r.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
             let status = response.status();
-            let body = response.into_body().collect().await.unwrap_or_else(|e| panic!("{e}")).to_bytes();
-            panic!("the held call ended before its tool started: {status} {}", String::from_utf8_lossy(&body));
+            panic!("the held call ended before its tool started: {status} {}", text(response).await);
         }
     }
     let response = fx
@@ -205,13 +214,7 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
             .map(|v| v.as_bytes()),
         Some(&b"1"[..])
     );
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_bytes();
-    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let body = json_body(response).await;
     assert_eq!(body["error"]["code"], taskgate::wire::SERVER_BUSY.code);
     assert_eq!(
         body["error"]["data"]["name"],
@@ -230,13 +233,7 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_bytes();
-    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let body = json_body(response).await;
     assert_eq!(
         body["error"]["data"]["name"],
         taskgate::wire::TASK_INTERRUPTED.name,
@@ -260,13 +257,7 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
         .oneshot(mcp_call("hold"))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .to_bytes();
-    let body: Value = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}"));
+    let body = json_body(response).await;
     assert_eq!(
         body["error"]["code"],
         taskgate::wire::STOPPING.code,
