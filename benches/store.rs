@@ -18,7 +18,6 @@ fn task(ttl_ms: i64) -> NewTask {
         request: Some(Digest::of(b"request")),
         ttl_ms,
         poll_interval_ms: 1000,
-        status_message: None,
     }
 }
 

@@ -31,7 +31,8 @@ use common::strace::Strace;
 use common::*;
 use rusqlite::{Connection, OpenFlags};
 use taskgate::store::{
-    CapacityKind, Clock, Outcome, Store, StoreError, StoreOptions, TaskId, TaskStatus,
+    CapacityKind, Clock, Outcome, Store, StoreError, StoreOptions, TERMINAL_RETENTION_MS, TaskId,
+    TaskStatus,
 };
 
 /// The child's mode; its presence makes `fault_child` run.
@@ -104,7 +105,7 @@ async fn create_finished(
         .map_err(|e| ("create", None, e))?;
     let id = created.record().id.clone();
     let rec = store
-        .finish(&id, TaskStatus::Completed, None, Some(big_outcome(tag)))
+        .finish(&id, TaskStatus::Completed, Some(big_outcome(tag)))
         .await
         .map_err(|e| ("finish", Some(id.clone()), e))?;
     let rec = rec.expect("a task just created is there to finish");
@@ -154,7 +155,7 @@ async fn child_fsync_eio(base: &Path) {
         }
     }
     let (_, first) = &ids[0];
-    match store.finish(first, TaskStatus::Cancelled, None, None).await {
+    match store.finish(first, TaskStatus::Cancelled, None).await {
         Ok(r) => say(&format!("later ack finish {r:?}")),
         Err(e) => say(&format!("later err finish {e:?}")),
     }
@@ -659,20 +660,28 @@ fn the_page_cap_is_a_capacity_error_and_the_sweep_makes_room() {
         };
         let (store, _) = Store::open(options).expect("open");
 
-        // Short-lived tasks, each with a 1000-byte status message, created
-        // at once (one group commit) so they all expire together.
+        // Short-lived tasks, each finished with a 1000-byte result: kept
+        // for the retention hour after finishing, then they all expire.
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..SHORT {
             let store = store.clone();
             set.spawn(async move {
-                let mut new = new_task(SHORT_TTL_MS);
-                new.status_message = Some("s".repeat(1000));
-                store.create(new).await
+                let id = store
+                    .create(new_task(SHORT_TTL_MS))
+                    .await?
+                    .record()
+                    .id
+                    .clone();
+                let result = Outcome::Result(serde_json::json!("s".repeat(1000)));
+                store
+                    .finish(&id, TaskStatus::Completed, Some(result))
+                    .await
+                    .map(|_| id)
             });
         }
         let mut short = Vec::new();
         while let Some(r) = set.join_next().await {
-            short.push(r.unwrap().expect("short-lived create").record().id.clone());
+            short.push(r.unwrap().expect("short-lived task"));
         }
 
         // Then finished 15 KiB tasks until the page cap refuses.
@@ -724,7 +733,9 @@ fn the_page_cap_is_a_capacity_error_and_the_sweep_makes_room() {
         // Once the short-lived tasks expired, the sweep deletes them at the
         // page cap and new tasks fit again. (The once-a-second timer runs the
         // same sweep; whichever comes first deletes them.)
-        hand.advance(Duration::from_millis(SHORT_TTL_MS as u64));
+        hand.advance(Duration::from_millis(
+            (TERMINAL_RETENTION_MS + SHORT_TTL_MS) as u64,
+        ));
         println!("before sweep_now: {:?}", store.stats().await);
         let mut swept = 0;
         loop {

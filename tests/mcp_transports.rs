@@ -1060,7 +1060,6 @@ fn seed_tasks(state: &Path) -> (String, String) {
             request: None,
             ttl_ms,
             poll_interval_ms: POLL_MS as i64,
-            status_message: None,
         };
         let foreign = store
             .create(new(Digest::of(b"someone-else"), 86_400_000))

@@ -358,7 +358,6 @@ fn database_larger_than_the_page_cap() {
                 .finish(
                     &id,
                     taskgate::store::TaskStatus::Completed,
-                    None,
                     Some(taskgate::store::Outcome::Result(serde_json::json!(
                         "y".repeat(15000)
                     ))),

@@ -334,7 +334,7 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
         clock.advance(Duration::from_millis(1_000));
         let result = Outcome::Result(serde_json::json!({"content": []}));
         let done = store
-            .finish(&t.id, TaskStatus::Completed, None, Some(result.clone()))
+            .finish(&t.id, TaskStatus::Completed, Some(result.clone()))
             .await
             .unwrap()
             .unwrap();
@@ -348,7 +348,7 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
         assert_eq!(done.ttl_ms(), done.expires_ms - done.created_ms);
         // A later cancel or failure does not replace the first outcome.
         let late = store
-            .finish(&t.id, TaskStatus::Cancelled, None, None)
+            .finish(&t.id, TaskStatus::Cancelled, None)
             .await
             .unwrap()
             .unwrap();
@@ -367,9 +367,7 @@ fn the_terminal_transition_happens_once_and_extends_retention() {
         let big = Outcome::Result(serde_json::json!("z".repeat(17 * 1024)));
         let t2 = created(&store, 60_000).await;
         assert!(matches!(
-            store
-                .finish(&t2.id, TaskStatus::Completed, None, Some(big))
-                .await,
+            store.finish(&t2.id, TaskStatus::Completed, Some(big)).await,
             Err(StoreError::PayloadTooLarge { .. })
         ));
         store.shutdown().await.unwrap();
@@ -401,12 +399,7 @@ fn cancel_intent_is_owner_scoped_and_ignores_terminal_tasks() {
 
         let done = created(&store, 60_000).await;
         store
-            .finish(
-                &done.id,
-                TaskStatus::Failed,
-                None,
-                Some(Outcome::interrupted()),
-            )
+            .finish(&done.id, TaskStatus::Failed, Some(Outcome::interrupted()))
             .await
             .unwrap();
         let after = store
@@ -453,12 +446,7 @@ fn restart_fails_running_tasks_and_keeps_finished_ones() {
         let result =
             Outcome::Result(serde_json::json!({"content": [{"type": "text", "text": "done"}]}));
         store
-            .finish(
-                &finished.id,
-                TaskStatus::Completed,
-                None,
-                Some(result.clone()),
-            )
+            .finish(&finished.id, TaskStatus::Completed, Some(result.clone()))
             .await
             .unwrap();
         store.shutdown().await.unwrap();

@@ -39,8 +39,6 @@ pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_read_only};
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
 /// results are spilled to artifacts.
 pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
-/// Largest status message a record may hold.
-pub const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
 /// Expired rows deleted per sweep, and per creation batch.
 pub const SWEEP_BATCH: u32 = 128;
 /// How often the store thread sweeps expired rows.
@@ -227,7 +225,6 @@ pub struct NewTask {
     pub request: Option<Digest>,
     pub ttl_ms: i64,
     pub poll_interval_ms: i64,
-    pub status_message: Option<String>,
 }
 
 /// The answer to a creation.
@@ -438,7 +435,6 @@ enum Command {
     Finish {
         id: TaskId,
         status: TaskStatus,
-        message: Option<String>,
         payload: Option<Vec<u8>>,
         reply: Reply<Option<TaskRecord>>,
     },
@@ -599,7 +595,6 @@ impl Store {
                 "ttl and poll interval must be positive".into(),
             ));
         }
-        check_message(new.status_message.as_deref())?;
         self.call(|reply| Command::Create { new, reply }).await
     }
 
@@ -616,7 +611,6 @@ impl Store {
         &self,
         id: &TaskId,
         status: TaskStatus,
-        message: Option<String>,
         outcome: Option<Outcome>,
     ) -> Result<Option<TaskRecord>, StoreError> {
         if !status.is_terminal() {
@@ -625,7 +619,6 @@ impl Store {
                 status.as_str()
             )));
         }
-        check_message(message.as_deref())?;
         let payload = outcome.as_ref().map(Outcome::encode);
         if let Some(p) = &payload
             && p.len() > MAX_PAYLOAD_BYTES
@@ -639,7 +632,6 @@ impl Store {
         self.call(|reply| Command::Finish {
             id,
             status,
-            message,
             payload,
             reply,
         })
@@ -797,16 +789,6 @@ impl Drop for Opening {
             drop(std::mem::replace(&mut self.go, dead));
             let _ = h.join();
         }
-    }
-}
-
-fn check_message(m: Option<&str>) -> Result<(), StoreError> {
-    match m {
-        Some(m) if m.len() > MAX_STATUS_MESSAGE_BYTES => Err(StoreError::Invalid(format!(
-            "status message of {} bytes exceeds {MAX_STATUS_MESSAGE_BYTES}",
-            m.len()
-        ))),
-        _ => Ok(()),
     }
 }
 

@@ -81,14 +81,13 @@ pub(crate) fn insert(
     let expires = now.saturating_add(new.ttl_ms);
     conn.prepare_cached(
         "INSERT INTO tasks (id, owner, reference, request, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested)
-         VALUES (?1, ?2, ?3, ?4, 'working', ?5, ?6, ?6, ?7, ?8, NULL, 0)",
+         VALUES (?1, ?2, ?3, ?4, 'working', NULL, ?5, ?5, ?6, ?7, NULL, 0)",
     )?
     .execute(params![
         id.as_str(),
         &new.owner.0[..],
         new.reference.as_ref().map(|d| d.0.to_vec()),
         new.request.as_ref().map(|d| d.0.to_vec()),
-        new.status_message,
         now,
         expires,
         new.poll_interval_ms,
@@ -96,7 +95,7 @@ pub(crate) fn insert(
     Ok(TaskRecord {
         id: id.clone(),
         status: TaskStatus::Working,
-        status_message: new.status_message.clone(),
+        status_message: None,
         created_ms: now,
         updated_ms: now,
         expires_ms: expires,
@@ -176,13 +175,12 @@ pub(crate) fn finish(
     conn: &Connection,
     id: &TaskId,
     status: TaskStatus,
-    message: Option<&str>,
     payload: Option<&[u8]>,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "UPDATE tasks SET status = :status, status_message = :message, payload = :payload, updated_ms = :now, {RETAIN}
+            "UPDATE tasks SET status = :status, payload = :payload, updated_ms = :now, {RETAIN}
              WHERE id = :id AND status IN {NONTERMINAL} AND expires_ms > :now
              RETURNING {COLUMNS}"
         )
@@ -192,7 +190,6 @@ pub(crate) fn finish(
         .query_row(
             named_params! {
                 ":status": status.as_str(),
-                ":message": message,
                 ":payload": payload,
                 ":now": now,
                 ":retain": TERMINAL_RETENTION_MS,

@@ -132,7 +132,6 @@ enum Write {
     Finish {
         id: TaskId,
         status: super::TaskStatus,
-        message: Option<String>,
         payload: Option<Vec<u8>>,
     },
     RequestCancel {
@@ -318,7 +317,6 @@ impl Worker {
                 Command::Finish {
                     id,
                     status,
-                    message,
                     payload,
                     reply,
                 } => writes.push((
@@ -326,7 +324,6 @@ impl Worker {
                     Write::Finish {
                         id,
                         status,
-                        message,
                         payload,
                     },
                     WriteReply::Record(reply),
@@ -532,11 +529,9 @@ impl Worker {
             Write::Finish {
                 id,
                 status,
-                message,
                 payload,
             } => {
-                let r =
-                    records::finish(c, id, *status, message.as_deref(), payload.as_deref(), now)?;
+                let r = records::finish(c, id, *status, payload.as_deref(), now)?;
                 Ok((WriteOk::Record(r), 0))
             }
             Write::RequestCancel { id, owner } => {

@@ -230,7 +230,6 @@ impl TaskService {
             request: Some(request::identity(name, args)),
             ttl_ms: self.settings.default_ttl.as_millis() as i64,
             poll_interval_ms: self.settings.poll_interval.as_millis() as i64,
-            status_message: None,
         };
         match self.store.create(new).await {
             Ok(Created::New(record)) => {
@@ -315,7 +314,7 @@ impl TaskService {
             Ok(result) => (TaskStatus::Completed, Some(Outcome::Result(result))),
         };
         let (status, outcome) = self.fit_in_record(&id, &owner, status, outcome);
-        match self.store.finish(&id, status, None, outcome).await {
+        match self.store.finish(&id, status, outcome).await {
             Ok(Some(r)) => tracing::debug!(status = r.status.as_str(), "task finished"),
             Ok(None) => tracing::info!("task expired before it finished"),
             Err(e) => tracing::error!(error = %e,
@@ -418,7 +417,7 @@ impl TaskService {
                 // Not running here (it finished meanwhile): nothing to stop.
                 if let Err(e) = self
                     .store
-                    .finish(&parsed, TaskStatus::Cancelled, None, None)
+                    .finish(&parsed, TaskStatus::Cancelled, None)
                     .await
                 {
                     tracing::warn!(task = %parsed, error = %e, "could not record the cancellation");

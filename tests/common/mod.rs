@@ -58,7 +58,6 @@ pub fn new_task(ttl_ms: i64) -> NewTask {
         request: None,
         ttl_ms,
         poll_interval_ms: 500,
-        status_message: None,
     }
 }
 
@@ -85,7 +84,6 @@ pub fn populate(dir: &Path, n: usize) -> Vec<String> {
                     .finish(
                         &id,
                         taskgate::store::TaskStatus::Completed,
-                        None,
                         Some(taskgate::store::Outcome::Result(
                             serde_json::json!({"content":[{"type":"text","text":format!("result {i} {}", "x".repeat(200))}]}),
                         )),
