@@ -567,3 +567,27 @@ fn the_store_thread_logs_inside_the_callers_span() {
         "no sweep logged inside the caller's span: {sweeps:#?}"
     );
 }
+
+#[test]
+fn an_opening_given_up_before_recovery_recovers_nothing() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let store = open_with(&dir, |_| {});
+        let running = created(&store, 60_000).await;
+        store.shutdown().await.unwrap();
+
+        // What startup does when opening the artifacts fails: the store is
+        // validated, knows the unfinished task, and is dropped unrecovered.
+        let opening = Store::begin_open(StoreOptions::new(dir.join("tasks.db"))).unwrap();
+        assert_eq!(opening.unfinished(), std::slice::from_ref(&running.id));
+        drop(opening);
+
+        let (store, report) = Store::open(StoreOptions::new(dir.join("tasks.db"))).unwrap();
+        assert_eq!(report.recovered_ids, vec![running.id.clone()]);
+        let r = store.get(&running.id, &owner()).await.unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Failed);
+        store.shutdown().await.unwrap();
+    });
+}
