@@ -29,6 +29,8 @@ use crate::store::{Store, StoreError};
 use crate::tasks::{Limits, TaskService};
 use crate::tools::{Registry, Runner};
 
+/// How many recovered task IDs the startup log names.
+const RECOVERED_IDS_LOGGED: usize = 16;
 /// How often STATUS= is refreshed with current counts.
 const STATUS_REFRESH: Duration = Duration::from_secs(10);
 /// How often spilled artifacts of expired tasks are looked for.
@@ -132,9 +134,17 @@ pub fn serve(
         "task store open"
     );
     if report.recovered > 0 {
+        // Enough IDs to find the affected tasks, never an unbounded line.
+        let shown: Vec<&str> = report
+            .recovered_ids
+            .iter()
+            .take(RECOVERED_IDS_LOGGED)
+            .map(|id| id.as_str())
+            .collect();
         tracing::warn!(
             recovered = report.recovered,
             cancelled = report.cancelled,
+            first_ids = %shown.join(" "),
             "tasks that were running when the daemon stopped have ended (cancelled if their cancel was committed, failed otherwise); none was re-run"
         );
     }
