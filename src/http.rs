@@ -103,13 +103,18 @@ pub struct Drain {
 impl Drain {
     /// Waits until no `/mcp` request awaits its answer (an SSE stream counts
     /// only until its headers are sent); `false` if `limit` passed first.
-    /// Requests that arrive meanwhile are refused as busy.
+    /// Requests that arrive meanwhile, or later on a connection still open,
+    /// are refused as busy.
     pub async fn idle(&self, limit: Duration) -> bool {
         let all = self.limits.max_requests as u32;
-        matches!(
+        let idle = matches!(
             tokio::time::timeout(limit, self.limits.requests.acquire_many(all)).await,
             Ok(Ok(_))
-        )
+        );
+        // Released permits would let a request through to a service whose
+        // streams are about to end, and it would get an empty 500.
+        self.limits.requests.close();
+        idle
     }
 
     /// Ends SSE streams and legacy sessions, so that connections close.

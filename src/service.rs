@@ -4,8 +4,8 @@
 //! Signal handlers are installed before any startup work, so a SIGTERM at
 //! any moment, even the instant READY=1 went out, is a clean stop.
 //!
-//! Shutdown: STOPPING=1; stop admitting (a call is refused with
-//! `TG_SERVER_STOPPING`, polls and cancels are still answered); every
+//! Shutdown: stop admitting (a call is refused with `TG_SERVER_STOPPING`,
+//! polls and cancels are still answered), then STOPPING=1; every
 //! running tool is stopped and its task recorded as failed (interrupted);
 //! the HTTP listener closes and in-flight requests get their real answers;
 //! streams and sessions end; the background chores end; then the store's
@@ -328,8 +328,10 @@ impl Process {
     }
 
     fn begin_stopping(&self) {
-        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        // Admission ends before STOPPING=1 goes out: a call that arrives once
+        // stopping has been announced is refused, never started.
         self.svc.stop_admitting();
+        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         tracing::info!("stopping: no new calls are admitted");
     }
 

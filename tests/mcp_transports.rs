@@ -886,12 +886,12 @@ fn stdio_cancel_ends_the_task_cancelled_and_its_process_group() {
 }
 
 // ---------------------------------------------------------------------------
-// 3. A legacy client never sees the extension; tasks/* are -32601 for it.
+// 3. A legacy client never sees the extension; tasks/* are method-not-found for it.
 
 const UNKNOWN_ID: &str = "tg-0123456789abcdef0123456789abcdef";
 
 /// The same daemon speaks Tasks to a 2026-07-28 client: `tasks/get` exists
-/// (an unknown ID is "not found", not -32601) and `server/discover`
+/// (an unknown ID is "not found", not method-not-found) and `server/discover`
 /// advertises the extension. So what the legacy client sees below is the
 /// negotiation, not a missing feature.
 fn tasks_exist_for_2026(w: &mut dyn Wire) {
@@ -939,7 +939,7 @@ fn legacy_sees_no_tasks(w: &mut dyn Wire) {
         let r = w.legacy(method, json!({"taskId": UNKNOWN_ID}));
         assert_eq!(
             r.code(),
-            Some(-32601),
+            Some(wire::METHOD_NOT_FOUND.code),
             "{method} on a legacy session must be method-not-found: {}",
             r.raw
         );
@@ -1009,12 +1009,12 @@ fn without_tasks(w: &mut dyn Wire, text: &str) {
         json!({"name": "must_task", "arguments": {"text": text}}),
         false,
     );
-    assert_eq!(r.code(), Some(-32021), "{}", r.raw);
+    assert_eq!(r.code(), Some(wire::TASKS_REQUIRED.code), "{}", r.raw);
     assert!(
         r.error()
             .pointer("/data/requiredCapabilities/extensions/io.modelcontextprotocol~1tasks")
             .is_some(),
-        "-32021 must name the Tasks extension in data.requiredCapabilities: {}",
+        "the missing-Tasks error must name the Tasks extension in data.requiredCapabilities: {}",
         r.raw
     );
 }

@@ -19,6 +19,7 @@ use common::*;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use taskgate::client::{Client, ClientError};
+use taskgate::wire;
 
 const ROUNDS_ENV: &str = "TASKGATE_SHUTDOWN_ROUNDS";
 const DEFAULT_ROUNDS: u32 = 30;
@@ -171,8 +172,9 @@ fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
     let ran = mark.exists();
     let refused_as_stopping = matches!(
         &answer,
-        Ok(Err(ClientError::Rpc { error, .. }))
-            if error.pointer("/data/name").and_then(Value::as_str) == Some("TG_SERVER_STOPPING")
+        Ok(Err(ClientError::Rpc { code, error, .. }))
+            if *code == wire::STOPPING.code
+                && error.pointer("/data/name").and_then(Value::as_str) == Some(wire::STOPPING.name)
     );
     assert!(
         refused_as_stopping && !ran,
