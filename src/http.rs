@@ -41,6 +41,8 @@ const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 struct Limits {
     requests: Arc<Semaphore>,
     max_requests: usize,
+    /// Whether a refusal is "stopping" rather than "busy".
+    svc: Arc<TaskService>,
 }
 
 /// The application (`/mcp`, `/healthz`, `/readyz`) and what stopping it
@@ -69,6 +71,7 @@ impl App {
         let limits = Limits {
             requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
             max_requests: settings.max_concurrent_requests,
+            svc: svc.clone(),
         };
         let router = Router::new()
             .route_service("/mcp", mcp)
@@ -104,7 +107,7 @@ impl Drain {
     /// Waits until no `/mcp` request awaits its answer (an SSE stream counts
     /// only until its headers are sent); `false` if `limit` passed first.
     /// Requests that arrive meanwhile, or later on a connection still open,
-    /// are refused as busy.
+    /// are refused with `TG_SERVER_STOPPING`.
     pub async fn idle(&self, limit: Duration) -> bool {
         let all = self.limits.max_requests as u32;
         let idle = matches!(
@@ -125,13 +128,29 @@ impl Drain {
 
 async fn limit_requests(State(limits): State<Limits>, request: Request, next: Next) -> Response {
     let Ok(_permit) = limits.requests.clone().try_acquire_owned() else {
-        let w = wire::SERVER_BUSY;
+        // A request that reaches a stopping daemon (its slots are closed or
+        // being drained) is told so, not that the server is busy.
+        let (w, message) = if limits.svc.is_stopping() || limits.requests.is_closed() {
+            (
+                wire::STOPPING,
+                "the server is stopping and admits no new requests; retry once it is back"
+                    .to_string(),
+            )
+        } else {
+            (
+                wire::SERVER_BUSY,
+                format!(
+                    "too many concurrent requests (server.max_concurrent_requests = {}); retry shortly",
+                    limits.max_requests
+                ),
+            )
+        };
         let body = serde_json::json!({
             "jsonrpc": "2.0",
             "id": null,
             "error": {
                 "code": w.code,
-                "message": format!("too many concurrent requests (server.max_concurrent_requests = {}); retry shortly", limits.max_requests),
+                "message": message,
                 "data": w.data(),
             }
         });

@@ -264,6 +264,26 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
         "{body}"
     );
     assert_eq!(body["error"]["data"]["name"], taskgate::wire::STOPPING.name);
+
+    // Once the HTTP side has drained, a request on a connection still open
+    // never reaches the protocol layer: it is told the server is stopping.
+    let drain = fx.app.drain();
+    assert!(drain.idle(Duration::from_secs(5)).await);
+    let response = fx
+        .app
+        .router
+        .clone()
+        .oneshot(mcp_call("hold"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = json_body(response).await;
+    assert_eq!(
+        body["error"]["code"],
+        taskgate::wire::STOPPING.code,
+        "{body}"
+    );
+    assert_eq!(body["error"]["data"]["name"], taskgate::wire::STOPPING.name);
     fx.svc
         .store()
         .shutdown()
