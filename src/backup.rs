@@ -21,7 +21,7 @@ use thiserror::Error;
 use crate::config::{Config, Overrides};
 use crate::exit::{Classify, ExitClass, Refusal};
 use crate::state_dir::{self, Actor, StateDir};
-use crate::store::{self, CheckReport};
+use crate::store::{self, CheckReport, StoreId};
 
 pub const MANIFEST: &str = "MANIFEST.sha256";
 
@@ -283,7 +283,7 @@ fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
 fn verify_snapshot(
     snapshot: &Path,
     max_pages: u64,
-) -> Result<(Vec<PathBuf>, CheckReport), BackupError> {
+) -> Result<(Vec<PathBuf>, CheckReport, Option<StoreId>), BackupError> {
     let bad = |problem: String| BackupError::BadSnapshot {
         path: snapshot.to_path_buf(),
         problem,
@@ -331,16 +331,17 @@ fn verify_snapshot(
     if !listed.iter().any(|p| p == Path::new(state_dir::DB_FILE)) {
         return Err(bad("the manifest lists no tasks.db".into()));
     }
-    let report = store::check_read_only(&snapshot.join(state_dir::DB_FILE), max_pages)
-        .map_err(|e| bad(format!("it fails validation: {e}")))?;
-    Ok((listed, report))
+    let (report, identity) =
+        store::check_identified(&snapshot.join(state_dir::DB_FILE), max_pages, None)
+            .map_err(|e| bad(format!("it fails validation: {e}")))?;
+    Ok((listed, report, identity))
 }
 
 /// `taskgate restore --from SNAPSHOT --verify-only`.
 pub fn verify(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
     let config = Config::load(overrides)?;
     let snapshot = absolute(snapshot)?;
-    let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
+    let (files, report, _) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
     Ok(vec![
         format!(
             "snapshot {} verified: {} files match the manifest",
@@ -355,9 +356,12 @@ pub fn verify(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Ref
 pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
     let (config, dir) = operator_dir(overrides)?;
     let snapshot = absolute(snapshot)?;
-    let (files, report) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
+    let (files, report, identity) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
     let mut lock = dir.lock()?;
-    lock.record_holder();
+    // The directory is about to hold the snapshot's store: no identity is
+    // recorded during the swap (a crash in it leaves either database
+    // servable), and the snapshot's is recorded once it is installed.
+    lock.record_store(None)?;
     let owner = if nix::unistd::geteuid().is_root() && dir.owner() != 0 {
         use std::os::unix::fs::MetadataExt;
         let gid = fs::metadata(dir.path()).map(|m| m.gid()).unwrap_or(0);
@@ -427,6 +431,7 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
     let _ = fs::remove_dir(staging.join(state_dir::ARTIFACTS_DIR));
     let _ = fs::remove_dir(&staging);
     sync_dir(&parent)?;
+    lock.record_store(identity.as_ref().map(StoreId::as_str))?;
 
     let after = store::check_read_only(&dir.db_path(), config.store.max_db_pages)?;
     Ok(vec![

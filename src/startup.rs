@@ -9,7 +9,7 @@ use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
 use crate::state_dir::{Actor, LifetimeLock, StateDir};
-use crate::store::{self, CheckReport, OpenReport, Store, StoreOptions};
+use crate::store::{self, CheckReport, OpenReport, Store, StoreId, StoreOptions};
 
 /// A state directory found safe, with its lock held.
 pub struct Claimed {
@@ -33,6 +33,15 @@ pub fn claim_as(config: &Config, actor: Actor) -> Result<Claimed, Refusal> {
     Ok(Claimed { dir, lock })
 }
 
+impl Claimed {
+    /// The identity of the store this directory held, as recorded beside
+    /// the database. A malformed record counts as none: it can only come
+    /// from a hand-edited lock file, and the database is still validated.
+    pub fn recorded_store(&self) -> Option<StoreId> {
+        self.lock.recorded_store().and_then(|s| StoreId::parse(&s))
+    }
+}
+
 /// Everything `serve` needs from the state directory.
 pub struct Serving {
     pub claimed: Claimed,
@@ -46,10 +55,17 @@ pub struct Serving {
 /// what a crash left half-done) and run restart recovery.
 pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
     let mut claimed = claim(config)?;
-    let options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
+    let mut options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
+    // A directory that held a store serves that store only: an empty or
+    // replaced tasks.db is refused before anything is written.
+    options.expected_identity = claimed.recorded_store();
     let opening = Store::begin_open(options)?;
-    // Validated: from here on this process serves the directory.
-    claimed.lock.record_holder();
+    // Validated: from here on this process serves the directory, and the
+    // directory records which store it holds (the first start after an
+    // upgrade records an identity the database has just been given).
+    claimed
+        .lock
+        .record_store(Some(opening.identity().as_str()))?;
     let artifacts = Artifacts::open(
         claimed.dir.path(),
         config.tasks.artifact_max_bytes,
@@ -83,6 +99,10 @@ pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
         return Ok(CheckOutcome::NotCreatedYet(config.state_dir));
     }
     let claimed = claim_as(&config, Actor::Operator)?;
-    let report = store::check_read_only(&claimed.dir.db_path(), config.store.max_db_pages)?;
+    let (report, _) = store::check_identified(
+        &claimed.dir.db_path(),
+        config.store.max_db_pages,
+        claimed.recorded_store().as_ref(),
+    )?;
     Ok(CheckOutcome::Checked(claimed.dir, report))
 }

@@ -284,7 +284,8 @@ impl StateDir {
             Err(fs::TryLockError::WouldBlock) => {
                 let mut text = String::new();
                 let _ = file.read_to_string(&mut text);
-                let holder = match text.trim().parse::<u32>() {
+                let pid = text.lines().next().unwrap_or("").trim();
+                let holder = match pid.parse::<u32>() {
                     Ok(pid) => format!(" (pid {pid})"),
                     Err(_) => String::new(),
                 };
@@ -292,7 +293,7 @@ impl StateDir {
             }
             Err(fs::TryLockError::Error(source)) => return Err(LockError::Io { path, source }),
         }
-        Ok(LifetimeLock { file })
+        Ok(LifetimeLock { file, path })
     }
 }
 
@@ -384,17 +385,57 @@ fn check_private_file(path: &Path, meta: &fs::Metadata, me: u32) -> Result<(), P
 #[derive(Debug)]
 pub struct LifetimeLock {
     file: File,
+    path: PathBuf,
 }
 
+/// The prefix of the line of `tasks.lock` that records the identity of the
+/// store the directory holds (the pid is the first line).
+const STORE_LINE: &str = "store ";
+
 impl LifetimeLock {
-    /// Writes this process's pid into the lock file: done by `serve` once
-    /// its start is validated, and by backup and restore. The pid is only a
-    /// hint for the "held by" message; the lock is the flock.
+    /// The store identity recorded in the lock file, as written there (the
+    /// store module says whether it is well formed). Reading changes
+    /// nothing.
+    pub fn recorded_store(&self) -> Option<String> {
+        let mut text = String::new();
+        let mut file = &self.file;
+        file.rewind().ok()?;
+        file.read_to_string(&mut text).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(STORE_LINE))
+            .map(|id| id.trim().to_string())
+    }
+
+    /// Writes this process's pid into the lock file, keeping the recorded
+    /// store identity: done by backup and restore. The pid is only a hint
+    /// for the "held by" message; the lock is the flock.
     pub fn record_holder(&mut self) {
+        let store = self.recorded_store();
+        let _ = self.write(store.as_deref());
+    }
+
+    /// Writes this process's pid and the identity of the store the
+    /// directory now holds (`None`: no identity recorded), and makes it
+    /// durable: done by `serve` once its start is validated, and by
+    /// restore around the swap. The content is overwritten in place and
+    /// then cut to length, so it is never seen empty.
+    pub fn record_store(&mut self, store: Option<&str>) -> Result<(), LockError> {
+        self.write(store)
+            .and_then(|_| self.file.sync_data())
+            .map_err(|source| LockError::Io {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    fn write(&mut self, store: Option<&str>) -> io::Result<()> {
+        let mut text = format!("{}\n", std::process::id());
+        if let Some(id) = store {
+            text.push_str(&format!("{STORE_LINE}{id}\n"));
+        }
         let file = &mut self.file;
-        let _ = file
-            .set_len(0)
-            .and_then(|_| file.rewind())
-            .and_then(|_| writeln!(file, "{}", std::process::id()));
+        file.rewind()?;
+        file.write_all(text.as_bytes())?;
+        file.set_len(text.len() as u64)
     }
 }

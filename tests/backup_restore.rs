@@ -176,9 +176,12 @@ fn restore_refuses_bad_snapshots_and_leaves_the_live_directory_alone() {
     populate(&state, 1);
     let live = sha256_file(&state.join("tasks.db"));
 
-    // A flipped byte: the manifest catches it.
+    // A flipped byte: the manifest catches it. It is the type byte of a
+    // b-tree page in the middle of the file, so that the database is
+    // corrupt whatever the layout of its pages (a byte in a page's free
+    // space would pass the integrity check below).
     let mut bytes = std::fs::read(snap.join("tasks.db")).unwrap();
-    let mid = bytes.len() / 2;
+    let mid = bytes.len() / 4096 / 2 * 4096;
     bytes[mid] ^= 0xff;
     std::fs::write(snap.join("tasks.db"), &bytes).unwrap();
     let out = run(&[
@@ -266,4 +269,62 @@ fn backup_and_verification_work_under_a_non_ascii_path() {
     let out = run(&["restore", "--state-dir", s, "--from", b, "--verify-only"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("3 tasks"));
+}
+
+/// The store identity the directory recorded beside its database.
+fn recorded_store(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("tasks.lock"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("store "))
+        .map(str::to_string)
+}
+
+#[test]
+fn a_restore_records_the_snapshots_store_beside_it() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let other_root = root.path().join("other-root");
+    std::fs::create_dir(&other_root).unwrap();
+    std::fs::set_permissions(&other_root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let other = state_dir(&other_root);
+    for dir in [&state, &other] {
+        populate(dir, 2);
+        assert!(Daemon::builder().state_dir(dir).start().stop().success());
+    }
+    let mine = recorded_store(&state).expect("serve records the store");
+    let theirs = recorded_store(&other).expect("serve records the store");
+    assert_ne!(mine, theirs);
+
+    // A backup keeps the record.
+    let s = state.to_str().unwrap();
+    let snap = root.path().join("snap");
+    let out = run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(recorded_store(&state).as_ref(), Some(&mine));
+
+    // Restoring another store's snapshot is the operator's choice: the
+    // directory then holds that store, and serves it.
+    let other_snap = root.path().join("other-snap");
+    let o = other.to_str().unwrap();
+    let out = run(&[
+        "backup",
+        "--state-dir",
+        o,
+        "--to",
+        other_snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&[
+        "restore",
+        "--state-dir",
+        s,
+        "--from",
+        other_snap.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(recorded_store(&state).as_ref(), Some(&theirs));
+    let out = run(&["check", "--state-dir", s]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(Daemon::builder().state_dir(&state).start().stop().success());
 }

@@ -597,3 +597,115 @@ fn check_says_how_serve_will_end_the_tasks_that_were_running() {
         "{stdout}"
     );
 }
+
+/// Serves `dir` once and stops it cleanly.
+fn serve_once(dir: &Path) {
+    let daemon = spawn_server(dir);
+    assert!(daemon.stop().success());
+}
+
+/// The store identity the directory recorded beside its database.
+fn recorded_store(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("tasks.lock"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("store "))
+        .map(str::to_string)
+}
+
+/// The store identity the database holds.
+fn db_identity(dir: &Path) -> Option<String> {
+    let c = rusqlite::Connection::open(dir.join("tasks.db")).unwrap();
+    let id = c
+        .query_row("SELECT id FROM store_identity", [], |r| r.get(0))
+        .ok();
+    c.close().unwrap();
+    id
+}
+
+#[test]
+fn an_emptied_or_removed_database_in_a_served_directory_is_refused() {
+    let (_root, dir) = valid_store();
+    serve_once(&dir);
+    assert!(recorded_store(&dir).is_some(), "serve records the store");
+    let db = dir.join("tasks.db");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert_refused(
+        &dir,
+        &[],
+        65,
+        &[
+            "database replaced",
+            "tasks.db is empty",
+            "restore the store's snapshot or move the directory aside",
+        ],
+    );
+    std::fs::remove_file(&db).unwrap();
+    assert_refused(&dir, &[], 65, &["database replaced", "tasks.db is missing"]);
+}
+
+#[test]
+fn a_database_from_another_store_is_refused() {
+    let (_root, dir) = valid_store();
+    serve_once(&dir);
+    let (_other_root, other) = valid_store();
+    serve_once(&other);
+    std::fs::copy(other.join("tasks.db"), dir.join("tasks.db")).unwrap();
+    chmod(&dir.join("tasks.db"), 0o600);
+    assert_refused(&dir, &[], 65, &["database replaced", "another store"]);
+    // A database with no identity at all (an older store's) is no
+    // replacement for the one recorded either.
+    with_db(&dir, "DROP TABLE store_identity");
+    assert_refused(&dir, &[], 65, &["database replaced", "no store identity"]);
+}
+
+#[test]
+fn an_interrupted_first_provisioning_resumes() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let dir_s = dir.to_str().unwrap();
+    // Killed inside the initialising transaction: nothing was committed,
+    // so nothing is recorded beside the database.
+    let out = taskgate(
+        &["serve", "--state-dir", dir_s, "--listen", "127.0.0.1:0"],
+        &[("TASKGATE_TEST_CRASH_AT", "mid-migration")],
+    );
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGABRT),
+        "{out:?}"
+    );
+    assert_eq!(recorded_store(&dir), None);
+    let out = taskgate(&["check", "--state-dir", dir_s], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // The restart provisions the store; killed right after, the next start
+    // serves the same store.
+    spawn_server(&dir).kill();
+    let id = recorded_store(&dir).expect("the first start records its store");
+    serve_once(&dir);
+    assert_eq!(recorded_store(&dir).as_ref(), Some(&id));
+    assert_eq!(db_identity(&dir).as_ref(), Some(&id));
+}
+
+#[test]
+fn a_store_made_before_identities_gets_one_on_its_first_start() {
+    let (_root, dir) = valid_store();
+    // As a store made by an earlier version: no identity in the database,
+    // none recorded beside it.
+    with_db(&dir, "DROP TABLE store_identity");
+    assert_eq!(recorded_store(&dir), None);
+    let dir_s = dir.to_str().unwrap();
+    let out = taskgate(&["check", "--state-dir", dir_s], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    serve_once(&dir);
+    let id = recorded_store(&dir).expect("serve records the store");
+    assert_eq!(db_identity(&dir), Some(id));
+    let out = taskgate(&["check", "--state-dir", dir_s], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("6 tasks retained"));
+}

@@ -34,7 +34,7 @@ use crate::config::StoreSettings;
 use crate::exit::{Classify, ExitClass};
 
 pub use clock::{Clock, ManualClock};
-pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_read_only};
+pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_identified, check_read_only};
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
 /// results are spilled to artifacts.
@@ -76,6 +76,39 @@ impl TaskId {
 }
 
 impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A store's identity: 128 random bits, hex, chosen when its database is
+/// initialised and kept in it for life. The state directory records it
+/// beside the database (in `tasks.lock`), so an empty or replaced
+/// `tasks.db` under existing task handles is recognised and refused rather
+/// than served as a new, empty store.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StoreId(String);
+
+impl StoreId {
+    /// A fresh identity from the operating system's random source.
+    pub fn generate() -> Result<StoreId, getrandom::Error> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)?;
+        Ok(StoreId(hex(&bytes)))
+    }
+
+    /// Accepts only the exact shape `generate` produces.
+    pub fn parse(s: &str) -> Option<StoreId> {
+        (s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| StoreId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StoreId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
@@ -349,6 +382,14 @@ pub enum OpenError {
         during: &'static str,
         detail: String,
     },
+    #[error(
+        "{path}: database replaced: {found}, but this state directory held store {expected} (recorded in tasks.lock); restore the store's snapshot or move the directory aside"
+    )]
+    Replaced {
+        path: PathBuf,
+        expected: StoreId,
+        found: String,
+    },
     #[error("the store thread could not start: {0}")]
     Thread(String),
 }
@@ -387,6 +428,10 @@ pub struct StoreOptions {
     pub max_db_pages: u64,
     /// Where every "now" of the store comes from.
     pub clock: Clock,
+    /// The identity the state directory recorded for its store, if any: a
+    /// database that is not that store (missing, empty, another store's or
+    /// one without an identity) is refused before anything is written.
+    pub expected_identity: Option<StoreId>,
     /// Test hook: while this file exists the store thread takes no command.
     #[doc(hidden)]
     pub stall_file: Option<PathBuf>,
@@ -402,6 +447,7 @@ impl StoreOptions {
             checkpoint_interval: Duration::from_secs(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT),
             max_db_pages: bounds::MAX_DB_PAGES_DEFAULT,
             clock: Clock::system(),
+            expected_identity: None,
             stall_file: None,
         }
     }
@@ -414,6 +460,7 @@ impl StoreOptions {
             checkpoint_interval: s.checkpoint_interval,
             max_db_pages: s.max_db_pages,
             clock: Clock::system(),
+            expected_identity: None,
             stall_file: crate::testhooks::stall_file(),
         }
     }
@@ -542,8 +589,8 @@ impl Store {
             .name("taskgate-store".into())
             .spawn(move || worker::run(options, rx, thread_shared, ready_tx, go_rx))
             .map_err(|e| OpenError::Thread(e.to_string()))?;
-        let unfinished = match ready.recv() {
-            Ok(Ok(worker::Stage::Prepared(ids))) => ids,
+        let (unfinished, identity) = match ready.recv() {
+            Ok(Ok(worker::Stage::Prepared(ids, identity))) => (ids, identity),
             Ok(Ok(worker::Stage::Recovered(_))) => {
                 let _ = handle.join();
                 return Err(OpenError::Thread("the store thread skipped a stage".into()));
@@ -565,6 +612,7 @@ impl Store {
             go,
             handle: Some(handle),
             unfinished,
+            identity,
         })
     }
 
@@ -730,6 +778,7 @@ pub struct Opening {
     go: mpsc::Sender<()>,
     handle: Option<JoinHandle<()>>,
     unfinished: Vec<TaskId>,
+    identity: StoreId,
 }
 
 impl Opening {
@@ -738,6 +787,12 @@ impl Opening {
     /// a run that never committed (a spilled result) may outlive this.
     pub fn unfinished(&self) -> &[TaskId] {
         &self.unfinished
+    }
+
+    /// The identity of the opened store (chosen now if the database had
+    /// none): the state directory records it beside the database.
+    pub fn identity(&self) -> &StoreId {
+        &self.identity
     }
 
     /// Runs restart recovery and returns the serving store.
@@ -761,7 +816,7 @@ impl Opening {
                 }
                 Ok((self.store.clone(), report))
             }
-            Ok(Ok(worker::Stage::Prepared(_))) => {
+            Ok(Ok(worker::Stage::Prepared(..))) => {
                 join(handle);
                 Err(OpenError::Thread(
                     "the store thread repeated a stage".into(),

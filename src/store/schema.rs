@@ -14,9 +14,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
-use super::{Clock, OpenError, StoreOptions, TaskId, records};
+use super::{Clock, OpenError, StoreId, StoreOptions, TaskId, records};
 use crate::testhooks;
 
 /// The schema version this build writes and serves.
@@ -52,6 +52,17 @@ PRAGMA user_version = 1;
 /// two statements the migration runs in one transaction.
 const V2_ADD_PROPOSAL: &str = "ALTER TABLE tasks ADD COLUMN proposal TEXT";
 const V2_PROPOSAL_INDEX: &str = "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL";
+
+/// The store's identity (see [`StoreId`]): one row, written when the
+/// database is initialised, or by the first start of this version on a
+/// store made before it. Older builds of the same schema version never
+/// read it, so adding it needs no version of its own.
+const IDENTITY_DDL: &str = "
+CREATE TABLE IF NOT EXISTS store_identity (
+    one INTEGER PRIMARY KEY NOT NULL CHECK (one = 1),
+    id  TEXT    NOT NULL CHECK (length(id) = 32)
+) STRICT;
+";
 
 /// What opening for service did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -373,10 +384,93 @@ fn in_transaction(
     })
 }
 
+fn new_identity(path: &Path) -> Result<StoreId, OpenError> {
+    StoreId::generate().map_err(|e| OpenError::Io {
+        path: path.to_path_buf(),
+        during: "choosing the store identity",
+        detail: e.to_string(),
+    })
+}
+
+fn insert_identity(conn: &Connection, id: &StoreId) -> rusqlite::Result<()> {
+    conn.execute_batch(IDENTITY_DDL)?;
+    conn.execute(
+        "INSERT INTO store_identity (one, id) VALUES (1, ?1) ON CONFLICT DO NOTHING",
+        [id.as_str()],
+    )
+    .map(|_| ())
+}
+
+/// The identity the database holds; `None` for a store made before
+/// identities existed.
+fn read_identity(
+    conn: &Connection,
+    path: &Path,
+    version: i64,
+) -> Result<Option<StoreId>, OpenError> {
+    let err = |e| refusal(path, "reading the store identity", version, e);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'store_identity'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(err)?;
+    if tables == 0 {
+        return Ok(None);
+    }
+    let id: Option<String> = conn
+        .query_row("SELECT id FROM store_identity WHERE one = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(err)?;
+    match id {
+        None => Ok(None),
+        Some(s) => StoreId::parse(&s)
+            .map(Some)
+            .ok_or_else(|| OpenError::SchemaMismatch {
+                path: path.to_path_buf(),
+                version,
+                detail: format!("store_identity holds a malformed id {s:?}"),
+            }),
+    }
+}
+
+/// Refuses a database that is not the store the state directory recorded:
+/// a missing or empty file, another store's database, or one without an
+/// identity where one was recorded. Nothing recorded (a directory never
+/// served by this version, or a pristine first provisioning) refuses
+/// nothing.
+fn verify_identity(
+    path: &Path,
+    report: &CheckReport,
+    found: Option<&StoreId>,
+    recorded: Option<&StoreId>,
+) -> Result<(), OpenError> {
+    let Some(expected) = recorded else {
+        return Ok(());
+    };
+    let found = match (found, report) {
+        (Some(id), _) if id == expected => return Ok(()),
+        (Some(id), _) => format!("tasks.db is another store ({id})"),
+        (None, CheckReport::Missing) => "tasks.db is missing".to_string(),
+        (None, CheckReport::Pristine) => "tasks.db is empty".to_string(),
+        (None, CheckReport::Valid { .. }) => "tasks.db has no store identity".to_string(),
+    };
+    Err(OpenError::Replaced {
+        path: path.to_path_buf(),
+        expected: expected.clone(),
+        found,
+    })
+}
+
 fn initialize(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    let id = new_identity(path)?;
     in_transaction(conn, path, "initialising the schema", 0, |c| {
         c.execute_batch(V1_DDL)?;
-        migrate_v1_to_v2(c)
+        migrate_v1_to_v2(c)?;
+        insert_identity(c, &id)
     })
 }
 
@@ -455,6 +549,7 @@ pub(crate) struct Prepared {
     pub migrated_from: Option<i64>,
     /// Tasks that were working when the last process stopped.
     pub unfinished: Vec<records::Unfinished>,
+    pub identity: StoreId,
 }
 
 /// Opening for service, first half: validates without writing, then
@@ -465,52 +560,69 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare(options: &StoreOptions) -> Result<Prepared, OpenError> {
     let path = options.db_path.as_path();
     let len = file_len(path);
-    let validated = match len {
-        None => {
-            create_private_file(path)?;
-            false
-        }
-        Some(0) => false,
-        Some(_) => match check_read_only_at(path, options.max_db_pages, &options.clock)? {
-            CheckReport::Valid { .. } => true,
-            CheckReport::Missing | CheckReport::Pristine => false,
-        },
-    };
+    let (report, found) = check_read_only_at(path, options.max_db_pages, &options.clock)?;
+    verify_identity(
+        path,
+        &report,
+        found.as_ref(),
+        options.expected_identity.as_ref(),
+    )?;
+    let validated = matches!(report, CheckReport::Valid { .. });
+    if len.is_none() {
+        create_private_file(path)?;
+    }
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
     apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
     let (version, objects) = classify(&conn, path)?;
     check_version(path, version, objects)?;
 
-    let mut prepared = Prepared {
-        conn,
-        initialized: false,
-        migrated_from: None,
-        unfinished: Vec::new(),
-    };
-    let conn = &prepared.conn;
+    let mut initialized = false;
+    let mut migrated_from = None;
     if version == 0 {
         // Pristine: no schema objects at all. Left by an interrupted first
         // start; we hold the lifetime lock, so finishing it is safe.
-        initialize(conn, path)?;
-        prepared.initialized = true;
+        initialize(&conn, path)?;
+        initialized = true;
     } else {
         if !validated {
             // Unreachable in practice (a non-empty versioned file was
             // validated above); kept so no path serves an unchecked file.
-            integrity_check(conn, path, version)?;
-            verify_shape(conn, path, version)?;
-            decode_all(conn, path, version)?;
+            integrity_check(&conn, path, version)?;
+            verify_shape(&conn, path, version)?;
+            decode_all(&conn, path, version)?;
         }
         if version == 1 {
-            in_transaction(conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
-            prepared.migrated_from = Some(1);
+            in_transaction(&conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
+            migrated_from = Some(1);
         }
     }
-    verify_shape(conn, path, SCHEMA_VERSION)?;
-    prepared.unfinished = records::unfinished(conn)
+    verify_shape(&conn, path, SCHEMA_VERSION)?;
+    let identity = match read_identity(&conn, path, SCHEMA_VERSION)? {
+        Some(id) => id,
+        None => {
+            // A store made before identities existed gets one now; it is
+            // recorded beside the database once opening succeeds.
+            let id = new_identity(path)?;
+            in_transaction(
+                &conn,
+                path,
+                "recording the store identity",
+                SCHEMA_VERSION,
+                |c| insert_identity(c, &id),
+            )?;
+            id
+        }
+    };
+    let unfinished = records::unfinished(&conn)
         .map_err(|e| refusal(path, "listing unfinished tasks", SCHEMA_VERSION, e))?;
-    Ok(prepared)
+    Ok(Prepared {
+        conn,
+        initialized,
+        migrated_from,
+        unfinished,
+        identity,
+    })
 }
 
 /// Opening for service, second half: restart recovery. Every task that was
@@ -572,17 +684,30 @@ fn uri_path(path: &Path) -> String {
 /// them) SQLite needs a -shm index, and any -shm or -wal it creates for
 /// that is removed afterwards.
 pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
-    check_read_only_at(db_path, max_db_pages, &Clock::system())
+    check_read_only_at(db_path, max_db_pages, &Clock::system()).map(|(report, _)| report)
+}
+
+/// [`check_read_only`] that also returns the database's identity, and
+/// refuses, as `serve` would, a database that is not the store `recorded`
+/// names (what the state directory recorded beside it).
+pub fn check_identified(
+    db_path: &Path,
+    max_db_pages: u64,
+    recorded: Option<&StoreId>,
+) -> Result<(CheckReport, Option<StoreId>), OpenError> {
+    let (report, found) = check_read_only_at(db_path, max_db_pages, &Clock::system())?;
+    verify_identity(db_path, &report, found.as_ref(), recorded)?;
+    Ok((report, found))
 }
 
 fn check_read_only_at(
     db_path: &Path,
     max_db_pages: u64,
     clock: &Clock,
-) -> Result<CheckReport, OpenError> {
+) -> Result<(CheckReport, Option<StoreId>), OpenError> {
     match file_len(db_path) {
-        None => return Ok(CheckReport::Missing),
-        Some(0) => return Ok(CheckReport::Pristine),
+        None => return Ok((CheckReport::Missing, None)),
+        Some(0) => return Ok((CheckReport::Pristine, None)),
         Some(_) => {}
     }
     let sidecar = |suffix: &str| {
@@ -622,12 +747,12 @@ fn validate_read_only(
     max_db_pages: u64,
     immutable: bool,
     clock: &Clock,
-) -> Result<CheckReport, OpenError> {
+) -> Result<(CheckReport, Option<StoreId>), OpenError> {
     apply_pragmas(conn, db_path, false, max_db_pages, immutable)?;
     let (version, objects) = classify(conn, db_path)?;
     check_version(db_path, version, objects)?;
     if version == 0 {
-        return Ok(CheckReport::Pristine);
+        return Ok((CheckReport::Pristine, None));
     }
     integrity_check(conn, db_path, version)?;
     verify_shape(conn, db_path, version)?;
@@ -635,13 +760,17 @@ fn validate_read_only(
     let (nonterminal, cancel_requested) = records::count_nonterminal(conn)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
     let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
-    Ok(CheckReport::Valid {
-        version,
-        retained,
-        unexpired,
-        nonterminal,
-        cancel_requested,
-    })
+    let identity = read_identity(conn, db_path, version)?;
+    Ok((
+        CheckReport::Valid {
+            version,
+            retained,
+            unexpired,
+            nonterminal,
+            cancel_requested,
+        },
+        identity,
+    ))
 }
 
 #[cfg(test)]

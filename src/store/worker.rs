@@ -20,8 +20,8 @@ use rusqlite::{Connection, ErrorCode};
 use super::schema::{self, OpenReport};
 use super::{
     CapacityKind, CheckpointReport, Command, Created, Envelope, MAX_BATCH, NewTask, OpenError,
-    Reply, SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreOptions, StoreStats, TaskId,
-    TaskRecord, records,
+    Reply, SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreId, StoreOptions, StoreStats,
+    TaskId, TaskRecord, records,
 };
 
 /// Pages of headroom below `max_page_count` within which SQLITE_FULL is
@@ -33,7 +33,7 @@ const PAGE_CAP_MARGIN: u64 = 2048;
 pub(super) enum Stage {
     /// Validated and migrated; these tasks are about to be ended by
     /// recovery. The thread waits for the opener's go-ahead.
-    Prepared(Vec<TaskId>),
+    Prepared(Vec<TaskId>, StoreId),
     Recovered(OpenReport),
 }
 
@@ -52,7 +52,7 @@ pub(super) fn run(
         }
     };
     let ids = prepared.unfinished.iter().map(|u| u.id.clone()).collect();
-    let _ = ready.send(Ok(Stage::Prepared(ids)));
+    let _ = ready.send(Ok(Stage::Prepared(ids, prepared.identity.clone())));
     if go.recv().is_err() {
         // The opener gave up: close without recovering (checkpoint-on-close
         // is still off, so the file is left as migration left it).
