@@ -66,7 +66,7 @@ pub enum Command {
     /// reference table of docs/operations.md.
     #[command(hide = true)]
     Man(ManArgs),
-    /// Internal: runs one tool for the daemon (see exec/shim.rs).
+    /// Internal: runs one tool for the daemon (see tools/shim.rs).
     #[command(name = "exec-tool", hide = true)]
     ExecTool(ExecToolArgs),
 }

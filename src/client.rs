@@ -315,3 +315,16 @@ fn response_message(text: &str, id: u64) -> Result<Value, ClientError> {
         text.chars().take(200).collect::<String>()
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    /// The client's default URL is the daemon's default listen address: one
+    /// definition of that address, in the configuration's key table.
+    #[test]
+    fn the_default_url_is_the_default_listen_address() {
+        assert_eq!(
+            super::DEFAULT_URL,
+            format!("http://{}/mcp", crate::config::DEFAULT_LISTEN)
+        );
+    }
+}

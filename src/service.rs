@@ -268,11 +268,15 @@ impl Process {
             tracing::warn!("HTTP requests still in flight after {HTTP_DRAIN_LIMIT:?}; ending them");
         }
         drain.end_streams();
+        let abort = server.abort_handle();
         match tokio::time::timeout(HTTP_CLOSE_LIMIT, server).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
             Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Err(_) => tracing::warn!("HTTP connections did not close in time; dropping them"),
+            Err(_) => {
+                tracing::warn!("HTTP connections did not close in time; dropping them");
+                abort.abort();
+            }
         }
         self.finish().await;
         Ok(())

@@ -1,6 +1,7 @@
 //! Opening a state directory, for `serve` and for `check`: the private
-//! directory and its files, the lifetime lock (steps 2–3), then the store
-//! (steps 4–7: pragmas, schema, integrity, recovery) and the artifacts.
+//! directory and its files, the lifetime lock (startup steps 3–4 in
+//! docs/ARCHITECTURE.md), then the store (steps 5–8: validation, opening
+//! for writing, artifacts, recovery).
 //!
 //! A refused start leaves every file as it was: everything that can refuse
 //! runs read-only before the first file is created or written.
@@ -17,7 +18,7 @@ pub struct Claimed {
     pub lock: LifetimeLock,
 }
 
-/// Steps 2 and 3 for the serving process: check the directory and files,
+/// Steps 3 and 4 for the serving process: check the directory and files,
 /// then take the lock. The default directory is created when missing.
 pub fn claim(config: &Config) -> Result<Claimed, Refusal> {
     claim_as(config, Actor::Owner)
@@ -50,7 +51,7 @@ pub struct Serving {
     pub report: OpenReport,
 }
 
-/// Steps 2–7 for `serve`: claim the directory, validate the database
+/// Steps 3–8 for `serve`: claim the directory, validate the database
 /// without writing, then open it for writing, open the artifacts (removing
 /// what a crash left half-done) and run restart recovery.
 pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
@@ -91,7 +92,7 @@ pub enum CheckOutcome {
     Checked(StateDir, CheckReport),
 }
 
-/// Steps 1–6 without writing to the database.
+/// Steps 1 and 3–5 without writing to the database.
 pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
     let config = Config::load(overrides)?;
     crate::tools::Registry::build(&config.tools, Vec::new())?;

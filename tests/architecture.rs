@@ -144,15 +144,63 @@ fn imports(text: &str, prefix: &str) -> BTreeSet<String> {
             continue;
         }
         let rest = &text[at + prefix.len()..];
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
-            .collect();
-        if !name.is_empty() {
-            found.insert(name);
+        match rest.strip_prefix('{') {
+            // `crate::{a, b::c, d::{e, f}}`: the first name of each member.
+            Some(group) => {
+                for member in top_level_members(group) {
+                    let name = leading_name(member.trim_start());
+                    if !name.is_empty() && name != "self" {
+                        found.insert(name);
+                    }
+                }
+            }
+            None => {
+                let name = leading_name(rest);
+                if !name.is_empty() {
+                    found.insert(name);
+                }
+            }
         }
     }
     found
+}
+
+/// A path's first segment: `store::Digest` → `store`.
+fn leading_name(path: &str) -> String {
+    path.chars()
+        .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+        .collect()
+}
+
+/// The members of a `{…}` group (the text after its opening brace), split
+/// at its own commas, up to its closing brace.
+fn top_level_members(group: &str) -> Vec<&str> {
+    let mut members = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                members.push(&group[start..i]);
+                return members;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                members.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    members.push(&group[start..]);
+    members
+}
+
+#[test]
+fn the_import_scan_sees_paths_and_groups() {
+    let text = "use crate::store::Digest;\nuse crate::{tasks, tools::{Runner, ToolSpec}, wire};\nlet x = crate::config::bounds::X;\n// [`crate::http`]\nmy_crate::mcp";
+    let found: Vec<String> = imports(text, "crate::").into_iter().collect();
+    assert_eq!(found, ["config", "http", "store", "tasks", "tools", "wire"]);
 }
 
 fn layer_of(module: &str) -> usize {

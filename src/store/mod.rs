@@ -216,7 +216,7 @@ impl Outcome {
             code: w.code,
             message: "task interrupted: the daemon stopped while it ran; it was not run again"
                 .into(),
-            data: Some(serde_json::json!({ "name": w.name, "help": w.help })),
+            data: Some(w.data()),
         })
     }
 

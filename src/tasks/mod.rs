@@ -171,6 +171,10 @@ impl TaskService {
     }
 
     async fn admit_and_run(self: &Arc<Self>, call: Call) -> Result<Delivery, TaskError> {
+        // Held until this call has spawned its run or answered: stopping
+        // waits for it, so a call admitted just before stopping began cannot
+        // spawn a run that nobody waits for.
+        let _in_flight = self.tracker.token();
         if self.is_stopping() {
             return Err(TaskError::Stopping);
         }
