@@ -285,6 +285,25 @@ fn contains(hay: &[u8], needle: &str) -> bool {
 
 #[test]
 fn raw_arguments_and_operation_ids_never_reach_the_disk() {
+    marker_scan(None);
+}
+
+/// rmcp logs every request it receives (tool arguments, `_meta`) and every
+/// result at debug and trace: the log stays clean at every level.
+#[test]
+fn raw_arguments_and_operation_ids_never_reach_the_log_at_debug() {
+    marker_scan(Some("debug"));
+}
+
+#[test]
+fn raw_arguments_and_operation_ids_never_reach_the_log_at_trace() {
+    marker_scan(Some("trace"));
+}
+
+/// Calls tools with markers in the arguments and the operation reference
+/// (as tasks, failing and not, and synchronously), then scans the log, the
+/// database, its WAL and the artifacts for them.
+fn marker_scan(level: Option<&str>) {
     let root = private_dir();
     let state = state_dir(root.path());
     let config = write_config(
@@ -298,7 +317,15 @@ fn raw_arguments_and_operation_ids_never_reach_the_disk() {
     let arg_marker = "RAW-ARGUMENT-MARKER-7f3a";
     let op_marker = "RAW-OPERATION-MARKER-9c1e";
     let rt = runtime();
-    let daemon = Daemon::start(&config, &state, &root.path().join("log"));
+    let log_path = root.path().join("log");
+    let mut builder = Daemon::builder()
+        .config(&config)
+        .state_dir(&state)
+        .log(&log_path);
+    if let Some(level) = level {
+        builder = builder.env("TASKGATE_LOG", level);
+    }
+    let daemon = builder.start();
     rt.block_on(async {
         let c = daemon.client(true);
         for (i, name) in ["quiet", "failing"].iter().enumerate() {
@@ -331,12 +358,24 @@ fn raw_arguments_and_operation_ids_never_reach_the_disk() {
             "a raw operation ID reached the disk"
         );
     });
-    let log = std::fs::read_to_string(root.path().join("log")).unwrap();
     assert!(daemon.stop().success());
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    if level.is_some() {
+        // The scan means something only if the level took effect.
+        assert!(
+            log.contains("DEBUG") || log.contains("TRACE"),
+            "no debug events in the log at {level:?}:\n{log}"
+        );
+    }
     let after = state_bytes(&state);
     assert!(!contains(&after, arg_marker) && !contains(&after, op_marker));
+    let leaked: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(arg_marker) || l.contains(op_marker))
+        .take(3)
+        .collect();
     assert!(
-        !log.contains(arg_marker) && !log.contains(op_marker),
-        "raw values in the log"
+        leaked.is_empty(),
+        "raw values in the log at {level:?}: {leaked:#?}"
     );
 }
