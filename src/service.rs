@@ -362,17 +362,24 @@ async fn ticker(period: Duration) -> tokio::time::Interval {
 
 async fn status_line(svc: &TaskService, where_: &str) -> String {
     let store = svc.store();
+    // Calls that wanted a task and ran synchronously: said only when any did.
+    let fallbacks = match svc.fallbacks() {
+        f if f.total() == 0 => String::new(),
+        f => format!("; {f}"),
+    };
     if let Some(reason) = store.disabled_reason() {
-        return format!("DEGRADED: task store disabled until restart ({reason}); {where_}");
+        return format!(
+            "DEGRADED: task store disabled until restart ({reason}); {where_}{fallbacks}"
+        );
     }
     match store.stats().await {
         Ok(s) => format!(
-            "{where_}; tasks retained {}, unexpired {}, running {}",
+            "{where_}; tasks retained {}, unexpired {}, running {}{fallbacks}",
             s.retained,
             s.unexpired,
             svc.running_count()
         ),
-        Err(e) => format!("{where_}; task counts unavailable: {e}"),
+        Err(e) => format!("{where_}; task counts unavailable: {e}{fallbacks}"),
     }
 }
 
@@ -386,6 +393,8 @@ async fn refresh_status(
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
+            // A fallback shows at once, not at the next tick.
+            _ = svc.fallback_noted() => {}
             _ = stop.cancelled() => return,
         }
         let line = status_line(&svc, &describe()).await;

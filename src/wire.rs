@@ -68,6 +68,9 @@ registry! {
     /// The daemon is shutting down and admits no new calls.
     STOPPING = (-32054, "TG_SERVER_STOPPING",
         "the server is stopping; calls already admitted finish, new ones are refused; retry once it is back");
+    /// Every running slot is taken and the tool runs only as a task.
+    TASK_SLOTS_BUSY = (-32055, "TG_TASK_SLOTS_BUSY",
+        "every background task slot (tasks.max_running) is taken and this tool runs only as a task; retry after a short delay");
     /// Too many requests at once.
     SERVER_BUSY = (-32052, "TG_SERVER_BUSY",
         "the server is at its concurrency limit; retry after a short delay");

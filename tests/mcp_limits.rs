@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use taskgate::client::ClientError;
+use taskgate::wire;
 
 fn config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
     let p = dir.join("taskgate.toml");
@@ -262,4 +263,123 @@ fn spilled_results_go_when_their_task_expires() {
         );
         store.shutdown().await.unwrap();
     });
+}
+
+/// A quick tool, `required` or `optional`, plus one that holds its running
+/// slot until cancelled.
+fn task_mode_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    let p = dir.join("taskgate.toml");
+    let tool = |name: &str, script: &str, task: &str| {
+        format!(
+            r#"
+[[tool]]
+name = "{name}"
+argv = ["/bin/sh", "-c", {script:?}]
+effect = "read_only"
+task = "{task}"
+timeout_secs = 60
+[tool.input_schema]
+type = "object"
+"#
+        )
+    };
+    std::fs::write(
+        &p,
+        format!(
+            "{extra}\n[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n{}{}{}",
+            tool("must", "printf done", "required"),
+            tool("may", "printf done", "optional"),
+            tool("linger", "sleep 60", "required"),
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// The JSON-RPC error a call got, which must be the registered `expected`.
+fn assert_refused(
+    got: Result<serde_json::Value, ClientError>,
+    expected: wire::WireCode,
+) -> serde_json::Value {
+    match got {
+        Err(ClientError::Rpc { code, error, .. }) => {
+            assert_eq!(code, expected.code, "{error}");
+            assert_eq!(error["data"]["name"], expected.name, "{error}");
+            error
+        }
+        other => panic!("expected {}, got {other:?}", expected.name),
+    }
+}
+
+#[test]
+fn a_required_tool_at_the_live_task_limit_gets_the_capacity_error_and_an_optional_one_falls_back_counted()
+ {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = task_mode_config(root.path(), "[store]\nmax_live_tasks = 1\n");
+    let mut daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    assert!(!daemon.status.contains("fallbacks"), "{}", daemon.status);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        // The one live task the store may hold.
+        let first = c.call_tool("must", json!({}), None).await.unwrap();
+        assert_eq!(first["resultType"], "task", "{first}");
+        // At the limit a required tool gets the capacity error...
+        let started = Instant::now();
+        assert_refused(
+            c.call_tool("must", json!({}), None).await,
+            wire::STORE_CAPACITY,
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // ...and an optional one still answers, synchronously.
+        let now = c.call_tool("may", json!({}), None).await.unwrap();
+        assert_eq!(now["resultType"], "complete", "{now}");
+        assert_eq!(now["content"][0]["text"], "done");
+    });
+    // The fallback is counted where the operator looks.
+    let status = daemon.wait_for("fallbacks 1 (capacity 1)", Duration::from_secs(5));
+    assert!(status.contains("STATUS=serving on"), "{status}");
+    let log = daemon.log_text();
+    assert!(
+        log.contains("reason=\"store_capacity\"") || log.contains("reason=store_capacity"),
+        "{log}"
+    );
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_required_tool_with_every_slot_busy_gets_a_clear_error_at_once() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = task_mode_config(root.path(), "");
+    let cfg_text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        cfg_text.replace("[tasks]\n", "[tasks]\nmax_running = 1\n"),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        // Holds the only running slot until cancelled.
+        let held = c.call_tool("linger", json!({}), None).await.unwrap();
+        assert_eq!(held["resultType"], "task", "{held}");
+        let started = Instant::now();
+        let error = assert_refused(
+            c.call_tool("must", json!({}), None).await,
+            wire::TASK_SLOTS_BUSY,
+        );
+        assert_eq!(error["data"]["maxRunning"], 1, "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // An optional tool runs synchronously instead, counted.
+        let now = c.call_tool("may", json!({}), None).await.unwrap();
+        assert_eq!(now["resultType"], "complete", "{now}");
+        c.cancel_task(held["taskId"].as_str().unwrap())
+            .await
+            .unwrap();
+    });
+    daemon.wait_for("fallbacks 1 (slots 1)", Duration::from_secs(5));
+    assert!(daemon.stop().success());
 }

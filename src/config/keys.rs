@@ -262,7 +262,7 @@ pub const TASKS_MAX_RUNNING: KeySpec = int(
     8,
     (1, 1024),
     Unit::Count,
-    "Background tasks running at once; when all are busy a call runs synchronously instead.",
+    "Background tasks running at once; when all are busy a call to an optional tool runs synchronously instead, and one to a required tool is refused.",
 );
 pub const TASKS_CANCEL_GRACE_MS: KeySpec = int(
     Section::Tasks,

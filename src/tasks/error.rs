@@ -34,6 +34,11 @@ pub enum TaskError {
     PollTooSoon { retry_after_ms: u64 },
     #[error("too many calls in flight; retry shortly")]
     ServerBusy,
+    /// Every running slot is taken and the tool runs only as a task.
+    #[error(
+        "all {max_running} background task slots are busy (tasks.max_running); this tool runs only as a task, retry shortly"
+    )]
+    SlotsBusy { max_running: usize },
     #[error("the server is stopping and admits no new calls; retry against the restarted server")]
     Stopping,
     #[error("no stored result for this task")]
@@ -65,6 +70,7 @@ impl TaskError {
             TaskError::UnknownTask => wire::UNKNOWN_TASK,
             TaskError::PollTooSoon { .. } => wire::POLL_TOO_SOON,
             TaskError::ServerBusy => wire::SERVER_BUSY,
+            TaskError::SlotsBusy { .. } => wire::TASK_SLOTS_BUSY,
             TaskError::Stopping => wire::STOPPING,
             TaskError::ArtifactUnavailable => wire::ARTIFACT_UNAVAILABLE,
             TaskError::Store(e) => match e {
@@ -99,6 +105,7 @@ impl TaskError {
             TaskError::PollTooSoon { retry_after_ms } => {
                 Some(json!({"retryAfterMs": retry_after_ms}))
             }
+            TaskError::SlotsBusy { max_running } => Some(json!({"maxRunning": max_running})),
             TaskError::TasksRequired(_) => Some(json!({
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),

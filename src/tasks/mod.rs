@@ -6,9 +6,12 @@
 //!
 //! Order of a background call: admission (not stopping, tool exists,
 //! arguments valid, a running slot free) → the task row is committed → only
-//! then the tool starts. A store that is busy, full or disabled makes the
-//! call run synchronously instead; a creation reference already used by the
-//! owner returns the existing task and runs nothing.
+//! then the tool starts. A store that is busy, full or disabled, or every
+//! running slot taken, makes a call to an `optional` tool run synchronously
+//! instead (logged and counted by reason, see [`Fallbacks`]); a `required`
+//! tool gets the refusal itself, never a synchronous run. A creation
+//! reference already used by the owner returns the existing task and runs
+//! nothing.
 
 mod artifact_read;
 mod error;
@@ -16,12 +19,12 @@ mod polls;
 mod request;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -90,6 +93,108 @@ pub struct Limits {
     pub max_sync_calls: usize,
 }
 
+/// Why a call that asked for a task could not become one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// Every `tasks.max_running` slot was taken.
+    SlotsBusy,
+    /// The store's queue was full.
+    StoreBusy,
+    /// The live-task limit, the page cap or a full disk.
+    StoreCapacity,
+    /// The store is disabled (or failed otherwise).
+    StoreUnavailable,
+}
+
+impl FallbackReason {
+    const ALL: [FallbackReason; 4] = [
+        FallbackReason::StoreCapacity,
+        FallbackReason::SlotsBusy,
+        FallbackReason::StoreBusy,
+        FallbackReason::StoreUnavailable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackReason::SlotsBusy => "slots_busy",
+            FallbackReason::StoreBusy => "store_busy",
+            FallbackReason::StoreCapacity => "store_capacity",
+            FallbackReason::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// The short word in the status line.
+    fn word(self) -> &'static str {
+        match self {
+            FallbackReason::SlotsBusy => "slots",
+            FallbackReason::StoreBusy => "store busy",
+            FallbackReason::StoreCapacity => "capacity",
+            FallbackReason::StoreUnavailable => "store unavailable",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn of(e: &StoreError) -> FallbackReason {
+        match e {
+            StoreError::Busy { .. } => FallbackReason::StoreBusy,
+            StoreError::Capacity(_) => FallbackReason::StoreCapacity,
+            _ => FallbackReason::StoreUnavailable,
+        }
+    }
+}
+
+/// Calls to `optional` tools that asked for a task and ran synchronously
+/// instead, by reason, since the daemon started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fallbacks {
+    pub slots_busy: u64,
+    pub store_busy: u64,
+    pub store_capacity: u64,
+    pub store_unavailable: u64,
+}
+
+impl Fallbacks {
+    pub fn get(&self, reason: FallbackReason) -> u64 {
+        match reason {
+            FallbackReason::SlotsBusy => self.slots_busy,
+            FallbackReason::StoreBusy => self.store_busy,
+            FallbackReason::StoreCapacity => self.store_capacity,
+            FallbackReason::StoreUnavailable => self.store_unavailable,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        FallbackReason::ALL.iter().map(|r| self.get(*r)).sum()
+    }
+}
+
+/// `fallbacks 3 (capacity 2, slots 1)`: only the non-zero reasons; nothing
+/// at all while there were none.
+impl std::fmt::Display for Fallbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total = self.total();
+        if total == 0 {
+            return Ok(());
+        }
+        let parts: Vec<String> = FallbackReason::ALL
+            .iter()
+            .filter(|r| self.get(**r) > 0)
+            .map(|r| format!("{} {}", r.word(), self.get(*r)))
+            .collect();
+        write!(f, "fallbacks {total} ({})", parts.join(", "))
+    }
+}
+
+/// A call that asked for a task and could not get one: `error` is what a
+/// `required` tool answers with.
+struct Fallback {
+    reason: FallbackReason,
+    error: TaskError,
+}
+
 /// A background task running in this process.
 struct Running {
     token: CancellationToken,
@@ -111,6 +216,10 @@ pub struct TaskService {
     stop: CancellationToken,
     /// Every background run, so that stopping can wait for their outcomes.
     tracker: TaskTracker,
+    /// Synchronous fallbacks by [`FallbackReason`].
+    fallbacks: [AtomicU64; 4],
+    /// Wakes the status line when a fallback was counted.
+    fallback_noted: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -137,6 +246,8 @@ impl TaskService {
             stopping: AtomicBool::new(false),
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            fallbacks: Default::default(),
+            fallback_noted: Notify::new(),
         })
     }
 
@@ -159,9 +270,32 @@ impl TaskService {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Whether a call may become a background task right now.
-    fn tasks_available(&self) -> bool {
-        self.store.disabled_reason().is_none() && !self.is_stopping()
+    /// Synchronous fallbacks of `optional` tools so far, by reason.
+    pub fn fallbacks(&self) -> Fallbacks {
+        let n = |r: FallbackReason| self.fallbacks[r.index()].load(Ordering::Relaxed);
+        Fallbacks {
+            slots_busy: n(FallbackReason::SlotsBusy),
+            store_busy: n(FallbackReason::StoreBusy),
+            store_capacity: n(FallbackReason::StoreCapacity),
+            store_unavailable: n(FallbackReason::StoreUnavailable),
+        }
+    }
+
+    /// Resolves after a fallback was counted (once for any number of them
+    /// since the last wait), so the status line can show it promptly.
+    pub async fn fallback_noted(&self) {
+        self.fallback_noted.notified().await;
+    }
+
+    fn note_fallback(&self, tool: &str, fallback: &Fallback) {
+        self.fallbacks[fallback.reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.fallback_noted.notify_one();
+        tracing::info!(
+            tool,
+            reason = fallback.reason.as_str(),
+            cause = %fallback.error,
+            "the call could not become a task; running it synchronously"
+        );
     }
 
     /// Admits and runs one tool call.
@@ -198,13 +332,16 @@ impl TaskService {
         {
             return Err(TaskError::InvalidOperationId);
         }
-        if call.negotiated && mode != TaskMode::Never && self.tasks_available() {
-            // `None`: the store or the slots said no; run it now instead.
-            if let Some(record) = self
+        if call.negotiated && mode != TaskMode::Never {
+            match self
                 .try_background(&tool, &args, call.owner, call.operation_id)
                 .await?
             {
-                return Ok(Delivery::Task(record));
+                Ok(record) => return Ok(Delivery::Task(record)),
+                // A required tool gets a task or a clear error, never a
+                // synchronous run.
+                Err(fallback) if mode == TaskMode::Required => return Err(fallback.error),
+                Err(fallback) => self.note_fallback(&call.tool, &fallback),
             }
         }
         self.run_now(tool.as_ref(), &args, call.client_cancel)
@@ -212,21 +349,32 @@ impl TaskService {
             .map(Delivery::Now)
     }
 
-    /// Creates the task and starts it; `None` means "run synchronously".
+    /// Creates the task and starts it; `Ok(Err(_))` says why it could not
+    /// become a task (the caller decides whether to run it synchronously).
     async fn try_background(
         self: &Arc<Self>,
         tool: &Arc<dyn Runner>,
         args: &Map<String, Value>,
         owner: Digest,
         operation_id: Option<String>,
-    ) -> Result<Option<TaskRecord>, TaskError> {
+    ) -> Result<Result<TaskRecord, Fallback>, TaskError> {
         let name = tool.spec().name.as_str();
+        if self.is_stopping() {
+            return Err(TaskError::Stopping);
+        }
+        if let Some(reason) = self.store.disabled_reason() {
+            return Ok(Err(Fallback {
+                reason: FallbackReason::StoreUnavailable,
+                error: TaskError::Store(StoreError::Disabled { reason }),
+            }));
+        }
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            tracing::info!(
-                max_running = self.settings.max_running,
-                "all background slots busy; running the call synchronously"
-            );
-            return Ok(None);
+            return Ok(Err(Fallback {
+                reason: FallbackReason::SlotsBusy,
+                error: TaskError::SlotsBusy {
+                    max_running: self.settings.max_running,
+                },
+            }));
         };
         let new = NewTask {
             owner,
@@ -254,19 +402,18 @@ impl TaskService {
                     permit,
                 );
                 self.tracker.spawn(run.instrument(span));
-                Ok(Some(record))
+                Ok(Ok(record))
             }
             Ok(Created::Existing(record)) => {
                 tracing::info!(task = %record.id,
                     "operation reference already used: returning the existing task, running nothing");
-                Ok(Some(record))
+                Ok(Ok(record))
             }
             Err(StoreError::Conflict) => Err(TaskError::IdempotencyConflict),
-            Err(e) => {
-                tracing::warn!(error = %e,
-                    "task store cannot take the task; running the call synchronously");
-                Ok(None)
-            }
+            Err(e) => Ok(Err(Fallback {
+                reason: FallbackReason::of(&e),
+                error: TaskError::Store(e),
+            })),
         }
     }
 
@@ -494,5 +641,22 @@ impl TaskService {
                 tracing::warn!(task = %id, error = %e, "could not delete an expired artifact");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_summary_names_only_the_reasons_that_happened() {
+        assert_eq!(Fallbacks::default().to_string(), "");
+        let f = Fallbacks {
+            slots_busy: 1,
+            store_capacity: 2,
+            ..Fallbacks::default()
+        };
+        assert_eq!(f.total(), 3);
+        assert_eq!(f.to_string(), "fallbacks 3 (capacity 2, slots 1)");
     }
 }
