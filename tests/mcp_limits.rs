@@ -383,3 +383,43 @@ fn a_required_tool_with_every_slot_busy_gets_a_clear_error_at_once() {
     daemon.wait_for("fallbacks 1 (slots 1)", Duration::from_secs(5));
     assert!(daemon.stop().success());
 }
+
+/// A tool past its stdout cap that keeps stderr open (a child left behind
+/// holds it) is stopped at once with the output-limit error, not at its
+/// timeout.
+#[test]
+fn an_output_cap_ends_the_call_at_once_while_stderr_stays_open() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let p = root.path().join("taskgate.toml");
+    std::fs::write(
+        &p,
+        r#"
+[[tool]]
+name = "spew"
+argv = ["/bin/sh", "-c", "head -c 200000 /dev/zero; sleep 30"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 20
+max_stdout_bytes = 1024
+[tool.input_schema]
+type = "object"
+"#,
+    )
+    .unwrap();
+    let daemon = Daemon::start(&p, &state, &root.path().join("log"));
+    let rt = runtime();
+    rt.block_on(async {
+        let started = Instant::now();
+        assert_refused(
+            daemon
+                .client(false)
+                .call_tool("spew", json!({}), None)
+                .await,
+            wire::TOOL_OUTPUT_LIMIT,
+        );
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "the cap took {took:?}");
+    });
+    assert!(daemon.stop().success());
+}

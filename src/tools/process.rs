@@ -132,8 +132,14 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
     let out = read_capped(child.stdout.take(), inv.max_stdout, "stdout");
     let err = read_capped(child.stderr.take(), inv.max_stderr, "stderr");
     let work = async {
-        let ((), stdout, stderr) = tokio::join!(feed, out, err);
-        let (stdout, stderr) = (stdout?, stderr?);
+        // The first stream past its cap ends the run at once: a tool that
+        // keeps the other stream open (a background child holding stderr)
+        // must not turn an output overflow into a wait for its timeout.
+        let feed = async {
+            feed.await;
+            Ok::<(), RunError>(())
+        };
+        let ((), stdout, stderr) = tokio::try_join!(feed, out, err)?;
         let status = child.wait().await.map_err(RunError::Io)?;
         Ok::<_, RunError>(Finished {
             status,
