@@ -4,6 +4,13 @@
 //! concurrent requests are bounded; past either bound a client gets a clear
 //! 503 at once.
 //!
+//! Every connection has a header-read timeout: a connection that has not
+//! sent a whole request head within `server.header_read_timeout_ms` of
+//! opening, or of its previous response, is closed, so idle and slow
+//! connections cannot hold the connection bound. Legacy (`initialize`)
+//! sessions are bounded by `server.max_sessions` and expire after
+//! `server.session_idle_secs` without a request.
+//!
 //! Stopping is in two steps the service drives: [`Drain::idle`] waits for
 //! every request to have its answer, and only then [`Drain::end_streams`]
 //! ends SSE streams and sessions. Ending them first would cut in-flight
@@ -22,12 +29,22 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use futures_core::Stream;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError,
+};
+use rmcp::transport::streamable_http_server::session::{
+    ServerSseMessage, SessionId, SessionManager,
+};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
@@ -63,11 +80,19 @@ impl App {
             .with_max_request_body_bytes(settings.max_request_bytes)
             .with_cancellation_token(streams.clone());
         let factory_svc = svc.clone();
+        let sessions = Arc::new(BoundedSessions::new(
+            settings.max_sessions,
+            settings.session_idle,
+        ));
         let mcp = StreamableHttpService::new(
             move || Ok(Handler::new(factory_svc.clone())),
-            Arc::new(LocalSessionManager::default()),
+            sessions.clone(),
             config,
         );
+        let session_door = SessionDoor {
+            sessions,
+            max_request_bytes: settings.max_request_bytes,
+        };
         let limits = Limits {
             requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
             max_requests: settings.max_concurrent_requests,
@@ -75,6 +100,10 @@ impl App {
         };
         let router = Router::new()
             .route_service("/mcp", mcp)
+            .layer(middleware::from_fn_with_state(
+                session_door,
+                refuse_sessions_past_the_bound,
+            ))
             .layer(middleware::from_fn_with_state(
                 limits.clone(),
                 limit_requests,
@@ -292,14 +321,217 @@ impl axum::serve::Listener for LimitedListener {
     }
 }
 
-/// Serves `router` until `shutdown` resolves, then lets in-flight requests
-/// finish.
+/// Serves `router` until `shutdown` resolves; then stops accepting, lets
+/// every connection finish the request it is serving (keep-alive ends) and
+/// waits for them to close.
+///
+/// Each connection runs on hyper's HTTP/1 server with a timer, so its
+/// header-read timeout applies: hyper starts it whenever the connection
+/// waits for a request head, on a fresh connection and after each response
+/// alike, which makes it the idle keep-alive bound too.
 pub async fn run(
-    listener: LimitedListener,
+    mut listener: LimitedListener,
     router: Router,
+    header_read_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router.into_make_service())
-        .with_graceful_shutdown(shutdown)
-        .await
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let connections = TaskTracker::new();
+    let closing = CancellationToken::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (io, _addr) = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let conn = http.serve_connection(TokioIo::new(io), service);
+        let closing = closing.clone();
+        connections.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let ended = tokio::select! {
+                ended = conn.as_mut() => ended,
+                _ = closing.cancelled() => {
+                    // Answers the request in flight, then closes.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
+                // A timed-out head, a reset or a malformed request: the
+                // client's doing, and the connection's end.
+                tracing::debug!(error = %e, "HTTP connection ended");
+            }
+        });
+    }
+    // No new connection: the listening socket closes here.
+    drop(listener);
+    closing.cancel();
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+/// rmcp's in-memory session manager with a hard bound on open sessions and
+/// a shorter idle expiry. A session's slot is freed when rmcp closes it
+/// (DELETE, idle expiry, or the end of its worker).
+pub struct BoundedSessions {
+    inner: LocalSessionManager,
+    max: usize,
+    /// Makes "count, then create" one step, so the bound is never passed.
+    creating: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionsError {
+    #[error(
+        "too many legacy sessions (server.max_sessions = {max}); close one or retry once idle ones expire"
+    )]
+    Full { max: usize },
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+}
+
+impl BoundedSessions {
+    pub fn new(max: usize, idle: Duration) -> BoundedSessions {
+        let mut inner = LocalSessionManager::default();
+        inner.session_config.keep_alive = Some(idle);
+        BoundedSessions {
+            inner,
+            max,
+            creating: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Open legacy sessions.
+    pub async fn open(&self) -> usize {
+        self.inner.sessions.read().await.len()
+    }
+}
+
+impl SessionManager for BoundedSessions {
+    type Error = SessionsError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let _one_at_a_time = self.creating.lock().await;
+        if self.open().await >= self.max {
+            return Err(SessionsError::Full { max: self.max });
+        }
+        Ok(self.inner.create_session().await?)
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        Ok(self.inner.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        Ok(self.inner.close_session(id).await?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+}
+
+/// What the session door needs: the sessions and the body bound.
+#[derive(Clone)]
+struct SessionDoor {
+    sessions: Arc<BoundedSessions>,
+    max_request_bytes: usize,
+}
+
+/// Past `server.max_sessions`, a legacy `initialize` gets a JSON-RPC 503
+/// here. rmcp would turn the session manager's refusal (which keeps the
+/// bound hard when two arrive at once) into a plain-text 500. Only a
+/// session-less POST while every slot is taken has its body looked at.
+async fn refuse_sessions_past_the_bound(
+    State(door): State<SessionDoor>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST
+        || request.headers().contains_key("mcp-session-id")
+        || door.sessions.open().await < door.sessions.max
+    {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, door.max_request_bytes).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large (server.max_request_bytes)\n",
+        )
+            .into_response();
+    };
+    let message: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    match message {
+        Some(m) if m["method"] == "initialize" => json_rpc_unavailable(
+            wire::SESSIONS_FULL,
+            format!(
+                "too many legacy sessions (server.max_sessions = {}); retry once one closes or expires",
+                door.sessions.max
+            ),
+            m.get("id").cloned().unwrap_or(serde_json::Value::Null),
+        ),
+        _ => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+    }
+}
+
+/// A 503 whose body is a JSON-RPC error from a wire entry.
+fn json_rpc_unavailable(w: wire::WireCode, message: String, id: serde_json::Value) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": w.code, "message": message, "data": w.data() },
+    });
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (header::RETRY_AFTER, "1"),
+            (header::CONTENT_TYPE, "application/json"),
+        ],
+        body.to_string(),
+    )
+        .into_response()
 }

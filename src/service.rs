@@ -248,6 +248,7 @@ impl Process {
             tokio::spawn(http::run(
                 LimitedListener::new(listener, config.server.max_connections),
                 app.router,
+                config.server.header_read_timeout,
                 async move { stop.cancelled().await },
             ))
         };

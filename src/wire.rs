@@ -74,6 +74,9 @@ registry! {
     /// Too many requests at once.
     SERVER_BUSY = (-32052, "TG_SERVER_BUSY",
         "the server is at its concurrency limit; retry after a short delay");
+    /// Every legacy session slot is taken.
+    SESSIONS_FULL = (-32058, "TG_SESSIONS_FULL",
+        "the server holds as many legacy sessions as it allows (server.max_sessions); close a session with DELETE, retry after idle ones expire, or use protocol 2026-07-28 without a session");
     /// An artifact could not be read.
     ARTIFACT_UNAVAILABLE = (-32053, "TG_ARTIFACT_UNAVAILABLE",
         "no stored result for this task and caller; it may have expired or the task produced none");

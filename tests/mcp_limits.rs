@@ -423,3 +423,139 @@ type = "object"
     });
     assert!(daemon.stop().success());
 }
+
+/// Reads until the server closes `s`; `None` if it was still open after
+/// `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<String> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+        // A reset is the server closing too.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            Some(String::from_utf8_lossy(&got).into_owned())
+        }
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(
+        root.path(),
+        "[server]\nmax_connections = 3\nheader_read_timeout_ms = 500\n",
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    // The connection limit filled three ways: a connection that sends
+    // nothing, one that stops half-way through its request head, and a
+    // keep-alive connection idle after its first answer.
+    let mut silent = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
+    let mut half = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
+    write!(half, "GET /healthz HTTP/1.1\r\nHost: 127.0").unwrap();
+    let mut idle = held_connection(daemon.port);
+    let full = healthz(daemon.port);
+    assert!(full.starts_with("HTTP/1.1 503"), "{full:?}");
+
+    let started = Instant::now();
+    for (what, s) in [
+        ("silent", &mut silent),
+        ("half a header", &mut half),
+        ("idle keep-alive", &mut idle),
+    ] {
+        let left = Duration::from_secs(5).saturating_sub(started.elapsed());
+        assert!(
+            closed_within(s, left).is_some(),
+            "the {what} connection is still open {:?} after the 500 ms header-read timeout",
+            started.elapsed()
+        );
+    }
+    // Their slots are free again: a fresh client is answered.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let ok = healthz(daemon.port);
+        if ok.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 200 from /healthz 2 s after the held connections were closed: {ok:?}"
+        );
+    }
+    assert!(daemon.stop().success());
+}
+
+/// A legacy `initialize` as one raw HTTP/1.1 POST on a fresh connection:
+/// the status line, the `Mcp-Session-Id` if one was given, and the body.
+fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "legacy-client", "version": "1"},
+        },
+    })
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let session = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| v.trim().to_string())
+    });
+    (status, session, body.to_string())
+}
+
+#[test]
+fn legacy_sessions_past_the_bound_get_a_json_rpc_503() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(root.path(), "[server]\nmax_sessions = 2\n");
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    for id in 1..=2 {
+        let (status, session, body) = legacy_initialize(daemon.port, id);
+        assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+        assert!(
+            session.is_some(),
+            "initialize {id} opened no session: {body}"
+        );
+    }
+    let (status, session, body) = legacy_initialize(daemon.port, 3);
+    assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+    assert_eq!(session, None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["id"], 3, "{body}");
+    assert_eq!(v["error"]["code"], wire::SESSIONS_FULL.code, "{body}");
+    assert_eq!(
+        v["error"]["data"]["name"],
+        wire::SESSIONS_FULL.name,
+        "{body}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("server.max_sessions = 2"),
+        "{body}"
+    );
+    // A 2026-07-28 client needs no session and is still served.
+    let client = daemon.client(true);
+    let rt = runtime();
+    let tools = rt.block_on(client.request("tools/list", json!({}), None, None));
+    assert!(tools.is_ok(), "{tools:?}");
+    assert!(daemon.stop().success());
+}

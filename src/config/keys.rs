@@ -196,6 +196,30 @@ pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
     Unit::Bytes,
     "Largest request body.",
 );
+pub const SERVER_HEADER_READ_TIMEOUT_MS: KeySpec = int(
+    Section::Server,
+    "header_read_timeout_ms",
+    10_000,
+    (100, 600_000),
+    Unit::Millis,
+    "Time a connection gets to send a whole request head, counted from when it opens or its previous response ended; past it the connection is closed, so idle keep-alive and slow connections free their slot.",
+);
+pub const SERVER_MAX_SESSIONS: KeySpec = int(
+    Section::Server,
+    "max_sessions",
+    256,
+    (1, 65_536),
+    Unit::Count,
+    "Open legacy (`initialize`) sessions; past it an `initialize` gets 503 with `TG_SESSIONS_FULL` at once.",
+);
+pub const SERVER_SESSION_IDLE_SECS: KeySpec = int(
+    Section::Server,
+    "session_idle_secs",
+    120,
+    (1, DAY),
+    Unit::Seconds,
+    "Seconds a legacy session may go without a request before it is closed and its slot freed.",
+);
 
 pub const STORE_DIRECTORY: KeySpec = KeySpec {
     section: Section::Store,
@@ -329,6 +353,9 @@ pub static KEYS: &[KeySpec] = &[
     SERVER_MAX_CONNECTIONS,
     SERVER_MAX_CONCURRENT_REQUESTS,
     SERVER_MAX_REQUEST_BYTES,
+    SERVER_HEADER_READ_TIMEOUT_MS,
+    SERVER_MAX_SESSIONS,
+    SERVER_SESSION_IDLE_SECS,
     STORE_DIRECTORY,
     STORE_QUEUE_DEPTH,
     STORE_MAX_LIVE_TASKS,

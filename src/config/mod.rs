@@ -160,6 +160,9 @@ pub struct ServerSettings {
     pub max_connections: usize,
     pub max_concurrent_requests: usize,
     pub max_request_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub max_sessions: usize,
+    pub session_idle: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +400,9 @@ impl Config {
             max_connections: layers.size(&keys::SERVER_MAX_CONNECTIONS)?,
             max_concurrent_requests: layers.size(&keys::SERVER_MAX_CONCURRENT_REQUESTS)?,
             max_request_bytes: layers.size(&keys::SERVER_MAX_REQUEST_BYTES)?,
+            header_read_timeout: layers.duration_ms(&keys::SERVER_HEADER_READ_TIMEOUT_MS)?,
+            max_sessions: layers.size(&keys::SERVER_MAX_SESSIONS)?,
+            session_idle: layers.duration_secs(&keys::SERVER_SESSION_IDLE_SECS)?,
         };
         let tasks = TaskSettings {
             default_ttl: layers.duration_secs(&keys::TASKS_DEFAULT_TTL_SECS)?,
