@@ -521,10 +521,13 @@ fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
 }
 
 #[test]
-fn legacy_sessions_past_the_bound_get_a_json_rpc_503() {
+fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
     let root = private_dir();
     let state = state_dir(root.path());
-    let cfg = config(root.path(), "[server]\nmax_sessions = 2\n");
+    let cfg = config(
+        root.path(),
+        "[server]\nmax_sessions = 2\nsession_idle_secs = 1\n",
+    );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     for id in 1..=2 {
         let (status, session, body) = legacy_initialize(daemon.port, id);
@@ -557,5 +560,21 @@ fn legacy_sessions_past_the_bound_get_a_json_rpc_503() {
     let rt = runtime();
     let tools = rt.block_on(client.request("tools/list", json!({}), None, None));
     assert!(tools.is_ok(), "{tools:?}");
+    // The two sessions see no request for a second: they close and their
+    // slots take new sessions.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, session, body) = legacy_initialize(daemon.port, 4);
+        if status.starts_with("HTTP/1.1 200") {
+            assert!(session.is_some(), "{body}");
+            break;
+        }
+        assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+        assert!(
+            Instant::now() < deadline,
+            "no session slot freed 10 s after the sessions went idle (session_idle_secs = 1)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(daemon.stop().success());
 }
