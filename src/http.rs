@@ -2,7 +2,10 @@
 //! (the process answers) and `/readyz` (the task store is open and not
 //! latched disabled, and the daemon is not stopping). Connections and
 //! concurrent requests are bounded; past either bound a client gets a clear
-//! 503 at once.
+//! 503 at once. Requests have two budgets: `tools/call` (which may run a
+//! tool for as long as it takes) and everything else (polls, cancels,
+//! listings), so that long calls can never starve the requests a client
+//! needs to follow or stop its tasks.
 //!
 //! Every connection has a header-read timeout: a connection that has not
 //! sent a whole request head within `server.header_read_timeout_ms` of
@@ -32,7 +35,7 @@ use axum::routing::get;
 use futures_core::Stream;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
@@ -54,12 +57,52 @@ use crate::wire;
 /// How often an idle SSE stream gets a keep-alive comment.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// One bound on concurrent `/mcp` requests.
+#[derive(Clone)]
+struct Budget {
+    permits: Arc<Semaphore>,
+    max: usize,
+    /// The config key that sets it, for the refusal's message.
+    key: &'static str,
+}
+
+impl Budget {
+    fn new(max: usize, key: &'static str) -> Budget {
+        Budget {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            key,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Limits {
-    requests: Arc<Semaphore>,
-    max_requests: usize,
+    /// `tools/call`, and every request not known to be something else.
+    calls: Budget,
+    /// Polls, cancels, updates, listings: never taken by a call.
+    control: Budget,
     /// Whether a refusal is "stopping" rather than "busy".
     svc: Arc<TaskService>,
+}
+
+impl Limits {
+    /// The budget a request counts against. Only the `Mcp-Method` header
+    /// of a protocol version whose headers rmcp checks against the body
+    /// (a mismatch is refused there) is trusted to say "not a call";
+    /// anything else, including a request without it, is a call.
+    fn budget_of(&self, request: &Request) -> &Budget {
+        let headers = request.headers();
+        let checked = headers
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v >= ProtocolVersion::STANDARD_HEADERS.as_str());
+        let mut methods = headers.get_all("mcp-method").iter();
+        match (methods.next(), methods.next()) {
+            (Some(method), None) if checked && method.as_bytes() != b"tools/call" => &self.control,
+            _ => &self.calls,
+        }
+    }
 }
 
 /// The application (`/mcp`, `/healthz`, `/readyz`) and what stopping it
@@ -94,8 +137,14 @@ impl App {
             max_request_bytes: settings.max_request_bytes,
         };
         let limits = Limits {
-            requests: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
-            max_requests: settings.max_concurrent_requests,
+            calls: Budget::new(
+                settings.max_concurrent_requests,
+                "server.max_concurrent_requests",
+            ),
+            control: Budget::new(
+                settings.reserved_control_requests,
+                "server.reserved_control_requests",
+            ),
             svc: svc.clone(),
         };
         let router = Router::new()
@@ -138,15 +187,22 @@ impl Drain {
     /// Requests that arrive meanwhile, or later on a connection still open,
     /// are refused with `TG_SERVER_STOPPING`.
     pub async fn idle(&self, limit: Duration) -> bool {
-        let all = self.limits.max_requests as u32;
-        let idle = matches!(
-            tokio::time::timeout(limit, self.limits.requests.acquire_many(all)).await,
-            Ok(Ok(_))
-        );
+        let (calls, control) = (&self.limits.calls, &self.limits.control);
+        let both = async {
+            let calls = calls.permits.acquire_many(calls.max as u32).await.ok()?;
+            let control = control
+                .permits
+                .acquire_many(control.max as u32)
+                .await
+                .ok()?;
+            Some((calls, control))
+        };
+        let held = tokio::time::timeout(limit, both).await.ok().flatten();
         // Released permits would let a request through to a service whose
         // streams are about to end, and it would get an empty 500.
-        self.limits.requests.close();
-        idle
+        calls.permits.close();
+        control.permits.close();
+        held.is_some()
     }
 
     /// Ends SSE streams and legacy sessions, so that connections close.
@@ -156,10 +212,11 @@ impl Drain {
 }
 
 async fn limit_requests(State(limits): State<Limits>, request: Request, next: Next) -> Response {
-    let Ok(_permit) = limits.requests.clone().try_acquire_owned() else {
+    let budget = limits.budget_of(&request);
+    let Ok(_permit) = budget.permits.clone().try_acquire_owned() else {
         // A request that reaches a stopping daemon (its slots are closed or
         // being drained) is told so, not that the server is busy.
-        let (w, message) = if limits.svc.is_stopping() || limits.requests.is_closed() {
+        let (w, message) = if limits.svc.is_stopping() || budget.permits.is_closed() {
             (
                 wire::STOPPING,
                 "the server is stopping and admits no new requests; retry once it is back"
@@ -169,8 +226,8 @@ async fn limit_requests(State(limits): State<Limits>, request: Request, next: Ne
             (
                 wire::SERVER_BUSY,
                 format!(
-                    "too many concurrent requests (server.max_concurrent_requests = {}); retry shortly",
-                    limits.max_requests
+                    "too many concurrent requests ({} = {}); retry shortly",
+                    budget.key, budget.max
                 ),
             )
         };

@@ -71,6 +71,9 @@ registry! {
     /// Every running slot is taken and the tool runs only as a task.
     TASK_SLOTS_BUSY = (-32055, "TG_TASK_SLOTS_BUSY",
         "every background task slot (tasks.max_running) is taken and this tool runs only as a task; retry after a short delay");
+    /// Every running slot is taken: a call that would start a tool right away is not run.
+    RUN_SLOTS_BUSY = (-32056, "TG_RUN_SLOTS_BUSY",
+        "every running slot (tasks.max_running) is taken by a tool run, background or synchronous; this call ran nothing; retry after a short delay");
     /// Too many requests at once.
     SERVER_BUSY = (-32052, "TG_SERVER_BUSY",
         "the server is at its concurrency limit; retry after a short delay");

@@ -167,20 +167,20 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
         let done = slow.await.unwrap().unwrap();
         assert_eq!(done["content"][0]["text"], "rested");
 
-        // One background slot: the first call becomes a task, the second
-        // (slots full) runs synchronously and still answers.
+        // One running slot: the first call becomes a task, the second
+        // (slots full) cannot run synchronously either and is refused at
+        // once.
         let c = daemon.client(true);
         let first = c
             .call_tool("nap", json!({"seconds": 2}), None)
             .await
             .unwrap();
         assert_eq!(first["resultType"], "task");
-        let second = c
-            .call_tool("nap", json!({"seconds": 0}), None)
-            .await
-            .unwrap();
-        assert_eq!(second["resultType"], "complete", "{second}");
-        assert_eq!(second["content"][0]["text"], "rested");
+        let error = assert_refused(
+            c.call_tool("nap", json!({"seconds": 0}), None).await,
+            wire::RUN_SLOTS_BUSY,
+        );
+        assert_eq!(error["data"]["maxRunning"], 1, "{error}");
     });
     assert!(daemon.stop().success());
 }
@@ -359,7 +359,7 @@ fn a_required_tool_with_every_slot_busy_gets_a_clear_error_at_once() {
         cfg_text.replace("[tasks]\n", "[tasks]\nmax_running = 1\n"),
     )
     .unwrap();
-    let mut daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let rt = runtime();
     rt.block_on(async {
         let c = daemon.client(true);
@@ -373,14 +373,18 @@ fn a_required_tool_with_every_slot_busy_gets_a_clear_error_at_once() {
         );
         assert_eq!(error["data"]["maxRunning"], 1, "{error}");
         assert!(started.elapsed() < Duration::from_secs(5));
-        // An optional tool runs synchronously instead, counted.
-        let now = c.call_tool("may", json!({}), None).await.unwrap();
-        assert_eq!(now["resultType"], "complete", "{now}");
+        // An optional tool would need the same slot to run synchronously:
+        // refused at once as well, with the error that says so.
+        let error = assert_refused(
+            c.call_tool("may", json!({}), None).await,
+            wire::RUN_SLOTS_BUSY,
+        );
+        assert_eq!(error["data"]["maxRunning"], 1, "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
         c.cancel_task(held["taskId"].as_str().unwrap())
             .await
             .unwrap();
     });
-    daemon.wait_for("fallbacks 1 (slots 1)", Duration::from_secs(5));
     assert!(daemon.stop().success());
 }
 
@@ -576,5 +580,193 @@ fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(daemon.stop().success());
+}
+
+/// `block` announces itself on `started-<n>` and then holds its process
+/// until it is cancelled or the daemon stops (opening `hold`, a FIFO nobody
+/// writes, blocks the shell itself: no child whose copy of the command line
+/// would be counted twice); `optional`, so a client with Tasks gets a task
+/// and one without runs it synchronously.
+fn blocking_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
+    let p = dir.join("taskgate.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"{extra}
+[[tool]]
+name = "block"
+argv = ["/bin/sh", "-c", "echo started > \"$1/started-$0\"; read x < \"$1/hold\"", "{{n}}", "{dir}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+[tool.input_schema]
+type = "object"
+required = ["n"]
+[tool.input_schema.properties.n]
+type = "string"
+"#,
+            dir = dir.display()
+        ),
+    )
+    .unwrap();
+    nix::unistd::mkfifo(
+        &dir.join("hold"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    p
+}
+
+/// Tool processes of `block` under `dir` alive right now (the shell, not
+/// the shim that starts it), read from /proc.
+fn block_processes(dir: &std::path::Path) -> usize {
+    let marker = dir.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|cmdline| {
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.first().is_some_and(|a| a == "/bin/sh")
+                && args.iter().any(|a| a == &marker)
+                && args.iter().any(|a| a.contains("started-"))
+        })
+        .count()
+}
+
+/// Synchronous runs hold running slots too: with both taken by tasks, six
+/// concurrent synchronous calls are all refused at once with
+/// `TG_RUN_SLOTS_BUSY`, and no more than `tasks.max_running` tool processes
+/// ever exist.
+#[test]
+fn synchronous_calls_count_against_max_running_and_are_refused_at_once() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = blocking_config(
+        root.path(),
+        "[server]\nmax_concurrent_requests = 16\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\ncancel_grace_ms = 200\n",
+    );
+    let daemon = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&root.path().join("log"))
+        .start();
+    let fifos: Vec<Fifo> = (0..8)
+        .map(|n| Fifo::new(&root.path().join(format!("started-{n}"))))
+        .collect();
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let mut tasks = Vec::new();
+        for (n, started) in fifos.iter().enumerate().take(2) {
+            let task = c
+                .call_tool("block", json!({"n": n.to_string()}), None)
+                .await
+                .unwrap();
+            assert_eq!(task["resultType"], "task", "{task}");
+            started.read(Duration::from_secs(20));
+            tasks.push(task["taskId"].as_str().unwrap().to_string());
+        }
+        assert_eq!(block_processes(root.path()), 2);
+        // Both slots are taken: six synchronous calls at once.
+        let calls: Vec<_> = (2..8)
+            .map(|n| {
+                let url = daemon.url();
+                tokio::spawn(async move {
+                    let c = taskgate::client::Client::new(&url, false).unwrap();
+                    let call = c.call_tool("block", json!({"n": n.to_string()}), None);
+                    tokio::time::timeout(Duration::from_secs(5), call).await
+                })
+            })
+            .collect();
+        for (n, call) in (2..8).zip(calls) {
+            let Ok(got) = call.await.unwrap() else {
+                panic!(
+                    "call {n} was not refused within 5 s: it runs ({} tool processes with max_running = 2)",
+                    block_processes(root.path())
+                );
+            };
+            let error = assert_refused(got, wire::RUN_SLOTS_BUSY);
+            assert_eq!(error["data"]["maxRunning"], 2, "{error}");
+            let message = error["message"].as_str().unwrap_or_default();
+            assert!(message.contains("tasks.max_running"), "{message}");
+            assert!(message.contains("retry"), "{message}");
+        }
+        assert_eq!(block_processes(root.path()), 2);
+        for id in &tasks {
+            c.cancel_task(id).await.unwrap();
+        }
+    });
+    assert!(daemon.stop().success());
+}
+
+/// A long synchronous call holds the only `tools/call` request slot and
+/// the other running slot holds a task: another call is refused at the
+/// door, but polling, listing and cancelling still answer, from their own
+/// budget.
+#[test]
+fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_slot() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = blocking_config(
+        root.path(),
+        "[server]\nmax_concurrent_requests = 1\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\ncancel_grace_ms = 200\n",
+    );
+    let daemon = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&root.path().join("log"))
+        .start();
+    let fifos: Vec<Fifo> = (0..2)
+        .map(|n| Fifo::new(&root.path().join(format!("started-{n}"))))
+        .collect();
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let task = c.call_tool("block", json!({"n": "0"}), None).await.unwrap();
+        assert_eq!(task["resultType"], "task", "{task}");
+        let id = task["taskId"].as_str().unwrap().to_string();
+        fifos[0].read(Duration::from_secs(20));
+        // The synchronous call holds the one request slot for calls.
+        let url = daemon.url();
+        let long = tokio::spawn(async move {
+            taskgate::client::Client::new(&url, false)
+                .unwrap()
+                .call_tool("block", json!({"n": "1"}), None)
+                .await
+        });
+        fifos[1].read(Duration::from_secs(20));
+        assert_refused(
+            daemon
+                .client(false)
+                .call_tool("block", json!({"n": "2"}), None)
+                .await,
+            wire::SERVER_BUSY,
+        );
+        // Meanwhile the task can be followed and stopped.
+        let got = c.get_task(&id).await.unwrap();
+        assert_eq!(got["status"], "working", "{got}");
+        let tools = c
+            .request("tools/list", json!({}), None, None)
+            .await
+            .unwrap();
+        assert!(
+            tools["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["name"] == "block")),
+            "{tools}"
+        );
+        c.cancel_task(&id).await.unwrap();
+        let ended = c.wait_task(&id, &got).await.unwrap();
+        assert_eq!(ended["status"], "cancelled", "{ended}");
+        assert!(block_processes(root.path()) <= 2);
+        assert!(!long.is_finished());
+    });
     assert!(daemon.stop().success());
 }

@@ -186,7 +186,15 @@ pub const SERVER_MAX_CONCURRENT_REQUESTS: KeySpec = int(
     64,
     (1, 4096),
     Unit::Count,
-    "`/mcp` requests in flight (and synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
+    "`tools/call` requests in flight on `/mcp`, and any request that does not name its method (synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
+);
+pub const SERVER_RESERVED_CONTROL_REQUESTS: KeySpec = int(
+    Section::Server,
+    "reserved_control_requests",
+    16,
+    (1, 1024),
+    Unit::Count,
+    "`/mcp` requests other than `tools/call` (polls, cancels, listings) in flight, counted apart from `max_concurrent_requests` so long calls cannot starve them.",
 );
 pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
     Section::Server,
@@ -286,7 +294,7 @@ pub const TASKS_MAX_RUNNING: KeySpec = int(
     8,
     (1, 1024),
     Unit::Count,
-    "Background tasks running at once; when all are busy a call to an optional tool runs synchronously instead, and one to a required tool is refused.",
+    "Tool runs at once, background or synchronous; when all are busy a call is refused at once (`TG_TASK_SLOTS_BUSY` or `TG_RUN_SLOTS_BUSY`).",
 );
 pub const TASKS_CANCEL_GRACE_MS: KeySpec = int(
     Section::Tasks,
@@ -352,6 +360,7 @@ pub static KEYS: &[KeySpec] = &[
     SERVER_LISTEN,
     SERVER_MAX_CONNECTIONS,
     SERVER_MAX_CONCURRENT_REQUESTS,
+    SERVER_RESERVED_CONTROL_REQUESTS,
     SERVER_MAX_REQUEST_BYTES,
     SERVER_HEADER_READ_TIMEOUT_MS,
     SERVER_MAX_SESSIONS,

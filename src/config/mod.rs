@@ -159,6 +159,8 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     pub max_connections: usize,
     pub max_concurrent_requests: usize,
+    /// `/mcp` requests that are not `tools/call`, bounded apart.
+    pub reserved_control_requests: usize,
     pub max_request_bytes: usize,
     pub header_read_timeout: Duration,
     pub max_sessions: usize,
@@ -399,6 +401,7 @@ impl Config {
             listen,
             max_connections: layers.size(&keys::SERVER_MAX_CONNECTIONS)?,
             max_concurrent_requests: layers.size(&keys::SERVER_MAX_CONCURRENT_REQUESTS)?,
+            reserved_control_requests: layers.size(&keys::SERVER_RESERVED_CONTROL_REQUESTS)?,
             max_request_bytes: layers.size(&keys::SERVER_MAX_REQUEST_BYTES)?,
             header_read_timeout: layers.duration_ms(&keys::SERVER_HEADER_READ_TIMEOUT_MS)?,
             max_sessions: layers.size(&keys::SERVER_MAX_SESSIONS)?,

@@ -39,6 +39,12 @@ pub enum TaskError {
         "all {max_running} background task slots are busy (tasks.max_running); this tool runs only as a task, retry shortly"
     )]
     SlotsBusy { max_running: usize },
+    /// Every running slot is taken, and the call would have run the tool
+    /// synchronously: a synchronous run counts against the same bound.
+    #[error(
+        "all {max_running} running slots are busy (tasks.max_running); the tool was not started, retry shortly"
+    )]
+    RunSlotsBusy { max_running: usize },
     #[error("the server is stopping and admits no new calls; retry against the restarted server")]
     Stopping,
     #[error("no stored result for this task")]
@@ -71,6 +77,7 @@ impl TaskError {
             TaskError::PollTooSoon { .. } => wire::POLL_TOO_SOON,
             TaskError::ServerBusy => wire::SERVER_BUSY,
             TaskError::SlotsBusy { .. } => wire::TASK_SLOTS_BUSY,
+            TaskError::RunSlotsBusy { .. } => wire::RUN_SLOTS_BUSY,
             TaskError::Stopping => wire::STOPPING,
             TaskError::ArtifactUnavailable => wire::ARTIFACT_UNAVAILABLE,
             TaskError::Store(e) => match e {
@@ -105,7 +112,9 @@ impl TaskError {
             TaskError::PollTooSoon { retry_after_ms } => {
                 Some(json!({"retryAfterMs": retry_after_ms}))
             }
-            TaskError::SlotsBusy { max_running } => Some(json!({"maxRunning": max_running})),
+            TaskError::SlotsBusy { max_running } | TaskError::RunSlotsBusy { max_running } => {
+                Some(json!({"maxRunning": max_running}))
+            }
             TaskError::TasksRequired(_) => Some(json!({
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),

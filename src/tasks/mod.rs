@@ -6,12 +6,19 @@
 //!
 //! Order of a background call: admission (not stopping, tool exists,
 //! arguments valid, a running slot free) → the task row is committed → only
-//! then the tool starts. A store that is busy, full or disabled, or every
-//! running slot taken, makes a call to an `optional` tool run synchronously
-//! instead (logged and counted by reason, see [`Fallbacks`]); a `required`
-//! tool gets the refusal itself, never a synchronous run. A creation
-//! reference already used by the owner returns the existing task and runs
-//! nothing.
+//! then the tool starts. A store that is busy, full or disabled makes a call
+//! to an `optional` tool run synchronously instead (logged and counted by
+//! reason, see [`Fallbacks`]); a `required` tool gets the refusal itself,
+//! never a synchronous run. A creation reference already used by the owner
+//! returns the existing task and runs nothing.
+//!
+//! `tasks.max_running` bounds every run that starts a process, background
+//! or synchronous: a synchronous run holds a slot of the same semaphore, so
+//! there are never more tool processes than the bound. With every slot
+//! taken a call is refused at once (`TG_TASK_SLOTS_BUSY` for a `required`
+//! tool, `TG_RUN_SLOTS_BUSY` otherwise), never queued. Only the benchmark's
+//! no-op, which starts nothing, may still fall back to a synchronous run
+//! without a slot.
 
 mod artifact_read;
 mod error;
@@ -189,10 +196,12 @@ impl std::fmt::Display for Fallbacks {
 }
 
 /// A call that asked for a task and could not get one: `error` is what a
-/// `required` tool answers with.
+/// `required` tool answers with; `slot` is the running slot it had already
+/// taken, which a synchronous run then holds.
 struct Fallback {
     reason: FallbackReason,
     error: TaskError,
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 /// A background task running in this process.
@@ -207,6 +216,7 @@ pub struct TaskService {
     tools: Registry,
     artifacts: Artifacts,
     settings: TaskSettings,
+    /// `tasks.max_running`: held by every run that starts a process.
     slots: Arc<Semaphore>,
     sync_slots: Arc<Semaphore>,
     running: Mutex<HashMap<TaskId, Arc<Running>>>,
@@ -332,6 +342,7 @@ impl TaskService {
         {
             return Err(TaskError::InvalidOperationId);
         }
+        let mut slot = None;
         if call.negotiated && mode != TaskMode::Never {
             match self
                 .try_background(&tool, &args, call.owner, call.operation_id)
@@ -341,10 +352,22 @@ impl TaskService {
                 // A required tool gets a task or a clear error, never a
                 // synchronous run.
                 Err(fallback) if mode == TaskMode::Required => return Err(fallback.error),
-                Err(fallback) => self.note_fallback(&call.tool, &fallback),
+                // No slot for a task is no slot for a synchronous run either.
+                Err(Fallback {
+                    reason: FallbackReason::SlotsBusy,
+                    ..
+                }) if tool.starts_process() => {
+                    return Err(TaskError::RunSlotsBusy {
+                        max_running: self.settings.max_running,
+                    });
+                }
+                Err(mut fallback) => {
+                    self.note_fallback(&call.tool, &fallback);
+                    slot = fallback.slot.take();
+                }
             }
         }
-        self.run_now(tool.as_ref(), &args, call.client_cancel)
+        self.run_now(tool.as_ref(), &args, call.client_cancel, slot)
             .await
             .map(Delivery::Now)
     }
@@ -366,6 +389,7 @@ impl TaskService {
             return Ok(Err(Fallback {
                 reason: FallbackReason::StoreUnavailable,
                 error: TaskError::Store(StoreError::Disabled { reason }),
+                slot: None,
             }));
         }
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
@@ -374,6 +398,7 @@ impl TaskService {
                 error: TaskError::SlotsBusy {
                     max_running: self.settings.max_running,
                 },
+                slot: None,
             }));
         };
         let new = NewTask {
@@ -413,16 +438,33 @@ impl TaskService {
             Err(e) => Ok(Err(Fallback {
                 reason: FallbackReason::of(&e),
                 error: TaskError::Store(e),
+                slot: Some(permit),
             })),
         }
     }
 
+    /// Runs the tool in this request. A tool that starts a process holds a
+    /// running slot throughout (`slot`, or one taken now); none free is an
+    /// immediate refusal, never a wait.
     async fn run_now(
         &self,
         tool: &dyn Runner,
         args: &Map<String, Value>,
         client_cancel: CancellationToken,
+        slot: Option<OwnedSemaphorePermit>,
     ) -> Result<Value, TaskError> {
+        let _running_slot = match slot {
+            Some(slot) => Some(slot),
+            None if tool.starts_process() => match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    return Err(TaskError::RunSlotsBusy {
+                        max_running: self.settings.max_running,
+                    });
+                }
+            },
+            None => None,
+        };
         let Ok(_slot) = self.sync_slots.try_acquire() else {
             return Err(TaskError::ServerBusy);
         };

@@ -50,4 +50,8 @@ impl Runner for BenchNoop {
     ) -> RunFuture<'a> {
         Box::pin(async { Ok(result_json("ok".into(), None, false)) })
     }
+
+    fn starts_process(&self) -> bool {
+        false
+    }
 }

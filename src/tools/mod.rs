@@ -62,6 +62,13 @@ pub trait Runner: Send + Sync + std::fmt::Debug {
         grace: Duration,
         cancel: &'a CancellationToken,
     ) -> RunFuture<'a>;
+
+    /// Whether a run starts a process. Such runs, synchronous ones too,
+    /// hold a `tasks.max_running` slot; a built-in that only computes its
+    /// answer in the daemon does not need one to run synchronously.
+    fn starts_process(&self) -> bool {
+        true
+    }
 }
 
 /// A tool definition that cannot be served (exit 78 at startup).
