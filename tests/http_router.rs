@@ -127,6 +127,27 @@ async fn json_body(response: axum::response::Response) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+impl Fixture {
+    /// One request through a clone of the real router.
+    async fn send(&self, request: Request<Body>) -> axum::response::Response {
+        self.app
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Closes the store cleanly, as a stopping daemon does.
+    async fn close(self) {
+        self.svc
+            .store()
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 async fn get(app: &App, path: &str) -> (StatusCode, String) {
     let response = app
         .router
@@ -178,11 +199,7 @@ async fn healthz_answers_and_readyz_follows_the_service() {
     assert!(body.contains("stopping"), "{body}");
     // The process still answers while it stops.
     assert_eq!(get(&fx.app, "/healthz").await.0, StatusCode::OK);
-    fx.svc
-        .store()
-        .shutdown()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    fx.close().await;
 }
 
 #[tokio::test]
@@ -199,13 +216,7 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
             panic!("the held call ended before its tool started: {status} {}", text(response).await);
         }
     }
-    let response = fx
-        .app
-        .router
-        .clone()
-        .oneshot(mcp_call("hold"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let response = fx.send(mcp_call("hold")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         response
@@ -239,24 +250,14 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
         taskgate::wire::TASK_INTERRUPTED.name,
         "{body}"
     );
-    fx.svc
-        .store()
-        .shutdown()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    fx.close().await;
 }
 
 #[tokio::test]
 async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
     let fx = fixture();
     fx.svc.stop_admitting();
-    let response = fx
-        .app
-        .router
-        .clone()
-        .oneshot(mcp_call("hold"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let response = fx.send(mcp_call("hold")).await;
     let body = json_body(response).await;
     assert_eq!(
         body["error"]["code"],
@@ -269,13 +270,7 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
     // never reaches the protocol layer: it is told the server is stopping.
     let drain = fx.app.drain();
     assert!(drain.idle(Duration::from_secs(5)).await);
-    let response = fx
-        .app
-        .router
-        .clone()
-        .oneshot(mcp_call("hold"))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let response = fx.send(mcp_call("hold")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body = json_body(response).await;
     assert_eq!(
@@ -284,9 +279,5 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
         "{body}"
     );
     assert_eq!(body["error"]["data"]["name"], taskgate::wire::STOPPING.name);
-    fx.svc
-        .store()
-        .shutdown()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    fx.close().await;
 }

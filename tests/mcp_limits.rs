@@ -588,6 +588,32 @@ fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
 /// writes, blocks the shell itself: no child whose copy of the command line
 /// would be counted twice); `optional`, so a client with Tasks gets a task
 /// and one without runs it synchronously.
+/// A daemon serving `block` with two running slots and
+/// `max_concurrent_requests` call slots, and the FIFOs on which its first
+/// `fifos` calls announce themselves.
+fn blocking_daemon(
+    root: &std::path::Path,
+    max_concurrent_requests: u32,
+    fifos: usize,
+) -> (Daemon, Vec<Fifo>) {
+    let state = state_dir(root);
+    let cfg = blocking_config(
+        root,
+        &format!(
+            "[server]\nmax_concurrent_requests = {max_concurrent_requests}\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\ncancel_grace_ms = 200\n"
+        ),
+    );
+    let daemon = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&root.join("log"))
+        .start();
+    let fifos = (0..fifos)
+        .map(|n| Fifo::new(&root.join(format!("started-{n}"))))
+        .collect();
+    (daemon, fifos)
+}
+
 fn blocking_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
     let p = dir.join("taskgate.toml");
     std::fs::write(
@@ -647,19 +673,7 @@ fn block_processes(dir: &std::path::Path) -> usize {
 #[test]
 fn synchronous_calls_count_against_max_running_and_are_refused_at_once() {
     let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = blocking_config(
-        root.path(),
-        "[server]\nmax_concurrent_requests = 16\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\ncancel_grace_ms = 200\n",
-    );
-    let daemon = Daemon::builder()
-        .config(&cfg)
-        .state_dir(&state)
-        .log(&root.path().join("log"))
-        .start();
-    let fifos: Vec<Fifo> = (0..8)
-        .map(|n| Fifo::new(&root.path().join(format!("started-{n}"))))
-        .collect();
+    let (daemon, fifos) = blocking_daemon(root.path(), 16, 8);
     let rt = runtime();
     rt.block_on(async {
         let c = daemon.client(true);
@@ -713,19 +727,7 @@ fn synchronous_calls_count_against_max_running_and_are_refused_at_once() {
 #[test]
 fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_slot() {
     let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = blocking_config(
-        root.path(),
-        "[server]\nmax_concurrent_requests = 1\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\ncancel_grace_ms = 200\n",
-    );
-    let daemon = Daemon::builder()
-        .config(&cfg)
-        .state_dir(&state)
-        .log(&root.path().join("log"))
-        .start();
-    let fifos: Vec<Fifo> = (0..2)
-        .map(|n| Fifo::new(&root.path().join(format!("started-{n}"))))
-        .collect();
+    let (daemon, fifos) = blocking_daemon(root.path(), 1, 2);
     let rt = runtime();
     rt.block_on(async {
         let c = daemon.client(true);
