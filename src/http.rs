@@ -1,18 +1,25 @@
 //! The HTTP face of the daemon: MCP streamable HTTP at `/mcp`, `/healthz`
 //! (the process answers) and `/readyz` (the task store is open and not
-//! latched disabled, and the daemon is not stopping). Connections and
-//! concurrent requests are bounded; past either bound a client gets a clear
-//! 503 at once. Requests have two budgets: `tools/call` (which may run a
-//! tool for as long as it takes) and everything else (polls, cancels,
-//! listings), so that long calls can never starve the requests a client
-//! needs to follow or stop its tasks.
+//! latched disabled, the daemon is not stopping, and `/mcp` has a free
+//! request slot of each kind). Connections and concurrent requests are
+//! bounded; past either bound a client gets a clear 503 at once. Requests
+//! have two budgets: `tools/call` (which may run a tool for as long as it
+//! takes) and everything else (polls, cancels, listings), so that long
+//! calls can never starve the requests a client needs to follow or stop
+//! its tasks.
 //!
 //! Every connection has a header-read timeout: a connection that has not
 //! sent a whole request head within `server.header_read_timeout_ms` of
 //! opening, or of its previous response, is closed, so idle and slow
-//! connections cannot hold the connection bound. Legacy (`initialize`)
-//! sessions are bounded by `server.max_sessions` and expire after
-//! `server.session_idle_secs` without a request.
+//! connections cannot hold the connection bound. A `/mcp` POST body is read
+//! whole, within `server.body_read_timeout_ms` and `server.max_request_bytes`,
+//! and passes [`screen`](crate::mcp::screen) before it takes a request
+//! slot: a client dribbling its body holds only its own connection, and a
+//! malformed message gets a JSON-RPC error rather than the protocol
+//! library's plain-text one. The screened message, not a header, says which
+//! budget it counts against. Legacy (`initialize`) sessions are bounded by
+//! `server.max_sessions` and expire after `server.session_idle_secs`
+//! without a request.
 //!
 //! Stopping is in two steps the service drives: [`Drain::idle`] waits for
 //! every request to have its answer, and only then [`Drain::end_streams`]
@@ -35,7 +42,7 @@ use axum::routing::get;
 use futures_core::Stream;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use rmcp::model::{ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
@@ -51,6 +58,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
+use crate::mcp::screen::{self, Kind, Refusal};
 use crate::tasks::TaskService;
 use crate::wire;
 
@@ -87,22 +95,42 @@ struct Limits {
 }
 
 impl Limits {
-    /// The budget a request counts against. Only the `Mcp-Method` header
-    /// of a protocol version whose headers rmcp checks against the body
-    /// (a mismatch is refused there) is trusted to say "not a call";
-    /// anything else, including a request without it, is a call.
+    /// The budget a request counts against, from what the screen found in
+    /// its body: a `tools/call` counts as a call, any other message as
+    /// control. A request without a body (GET and DELETE, which hold their
+    /// slot only until the response starts) is control; a POST the screen
+    /// did not mark cannot reach here, and would count as a call.
     fn budget_of(&self, request: &Request) -> &Budget {
-        let headers = request.headers();
-        let checked = headers
-            .get("mcp-protocol-version")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v >= ProtocolVersion::STANDARD_HEADERS.as_str());
-        let mut methods = headers.get_all("mcp-method").iter();
-        match (methods.next(), methods.next()) {
-            (Some(method), None) if checked && method.as_bytes() != b"tools/call" => &self.control,
-            _ => &self.calls,
+        match request.extensions().get::<Kind>() {
+            Some(kind) if kind.is_call() => &self.calls,
+            Some(_) => &self.control,
+            None if request.method() == axum::http::Method::POST => &self.calls,
+            None => &self.control,
         }
     }
+
+    /// Why `/mcp` cannot admit a request of some kind right now, if so.
+    fn saturated(&self) -> Option<String> {
+        [&self.calls, &self.control]
+            .into_iter()
+            .find(|b| b.permits.available_permits() == 0 && !b.permits.is_closed())
+            .map(|b| format!("every request slot is in use ({} = {})", b.key, b.max))
+    }
+}
+
+/// What a `/mcp` POST needs before it may take a request slot: its whole
+/// body, in time and within the size bound.
+#[derive(Clone)]
+struct Intake {
+    max_request_bytes: usize,
+    body_read_timeout: Duration,
+}
+
+/// What `/readyz` looks at.
+#[derive(Clone)]
+struct Readiness {
+    svc: Arc<TaskService>,
+    limits: Limits,
 }
 
 /// The application (`/mcp`, `/healthz`, `/readyz`) and what stopping it
@@ -132,9 +160,10 @@ impl App {
             sessions.clone(),
             config,
         );
-        let session_door = SessionDoor {
-            sessions,
+        let session_door = SessionDoor { sessions };
+        let intake = Intake {
             max_request_bytes: settings.max_request_bytes,
+            body_read_timeout: settings.body_read_timeout,
         };
         let limits = Limits {
             calls: Budget::new(
@@ -147,6 +176,12 @@ impl App {
             ),
             svc: svc.clone(),
         };
+        let readiness = Readiness {
+            svc,
+            limits: limits.clone(),
+        };
+        // Layers run outermost last-added: the body is read and screened,
+        // then a request slot is taken, then the session bound is checked.
         let router = Router::new()
             .route_service("/mcp", mcp)
             .layer(middleware::from_fn_with_state(
@@ -157,9 +192,10 @@ impl App {
                 limits.clone(),
                 limit_requests,
             ))
+            .layer(middleware::from_fn_with_state(intake, read_and_screen))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .with_state(svc);
+            .with_state(readiness);
         App {
             router,
             limits,
@@ -253,24 +289,115 @@ async fn limit_requests(State(limits): State<Limits>, request: Request, next: Ne
     next.run(request).await
 }
 
+/// Reads a `/mcp` POST's whole body (within `server.body_read_timeout_ms`
+/// and `server.max_request_bytes`) and screens it, before the request may
+/// take a slot. What passes goes on with its [`Kind`] attached; what does
+/// not gets its JSON-RPC error here.
+async fn read_and_screen(State(intake): State<Intake>, request: Request, next: Next) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (mut parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        let refusal = Refusal {
+            code: wire::REQUEST_TOO_LARGE,
+            message: format!(
+                "the request body is larger than server.max_request_bytes = {}",
+                intake.max_request_bytes
+            ),
+            id: serde_json::Value::Null,
+        };
+        // The rest of the body is never read: the connection must close.
+        json_rpc_error(StatusCode::PAYLOAD_TOO_LARGE, &refusal, true)
+    };
+    if declared.is_some_and(|n| n > intake.max_request_bytes as u64) {
+        return too_large();
+    }
+    let limited = http_body_util::Limited::new(body, intake.max_request_bytes);
+    let read = tokio::time::timeout(
+        intake.body_read_timeout,
+        http_body_util::BodyExt::collect(limited),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            // The client broke off mid-body; nobody is left to answer.
+            tracing::debug!(error = %e, "request body ended early");
+            return StatusCode::BAD_REQUEST.into_response();
+        }
+        Err(_elapsed) => {
+            let refusal = Refusal {
+                code: wire::REQUEST_TIMEOUT,
+                message: format!(
+                    "the request body did not arrive within server.body_read_timeout_ms = {}",
+                    intake.body_read_timeout.as_millis()
+                ),
+                id: serde_json::Value::Null,
+            };
+            return json_rpc_error(StatusCode::REQUEST_TIMEOUT, &refusal, true);
+        }
+    };
+    match screen::screen(&bytes) {
+        Ok(kind) => {
+            parts.extensions.insert(kind);
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+        Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
+    }
+}
+
+/// A JSON-RPC error response; `close` when the connection cannot carry
+/// another request (its body was left unread).
+fn json_rpc_error(status: StatusCode, refusal: &Refusal, close: bool) -> Response {
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        refusal.to_json().to_string(),
+    )
+        .into_response();
+    if close {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(svc): State<Arc<TaskService>>) -> (StatusCode, String) {
-    if svc.is_stopping() {
-        return (
+/// Ready means a new request would be admitted: not stopping, the store
+/// serving, and a free `/mcp` slot of each kind. Busy running slots do not
+/// make the daemon unready: polls and cancels of its tasks, which only it
+/// can answer, still get through, and a call that finds no running slot is
+/// told so at once.
+async fn readyz(State(ready): State<Readiness>) -> (StatusCode, String) {
+    let not_ready = |why: String| {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: stopping\n".into(),
-        );
+            format!("not ready: {why}\n"),
+        )
+    };
+    if ready.svc.is_stopping() {
+        return not_ready("stopping".into());
     }
-    match svc.store().disabled_reason() {
-        None => (StatusCode::OK, "ready\n".into()),
-        Some(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: task store disabled until restart: {reason}\n"),
-        ),
+    if let Some(reason) = ready.svc.store().disabled_reason() {
+        return not_ready(format!("task store disabled until restart: {reason}"));
     }
+    if let Some(why) = ready.limits.saturated() {
+        return not_ready(why);
+    }
+    (StatusCode::OK, "ready\n".into())
 }
 
 /// A TCP listener that holds one permit per open connection. Past the
@@ -528,51 +655,37 @@ impl SessionManager for BoundedSessions {
     }
 }
 
-/// What the session door needs: the sessions and the body bound.
+/// What the session door needs: the sessions.
 #[derive(Clone)]
 struct SessionDoor {
     sessions: Arc<BoundedSessions>,
-    max_request_bytes: usize,
 }
 
 /// Past `server.max_sessions`, a legacy `initialize` gets a JSON-RPC 503
 /// here. rmcp would turn the session manager's refusal (which keeps the
-/// bound hard when two arrive at once) into a plain-text 500. Only a
-/// session-less POST while every slot is taken has its body looked at.
+/// bound hard when two arrive at once) into a plain-text 500.
 async fn refuse_sessions_past_the_bound(
     State(door): State<SessionDoor>,
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() != axum::http::Method::POST
-        || request.headers().contains_key("mcp-session-id")
+    let id = match request.extensions().get::<Kind>() {
+        Some(Kind::Request { method, id }) if method == "initialize" => id.clone(),
+        _ => return next.run(request).await,
+    };
+    if request.headers().contains_key("mcp-session-id")
         || door.sessions.open().await < door.sessions.max
     {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, door.max_request_bytes).await else {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request body too large (server.max_request_bytes)\n",
-        )
-            .into_response();
-    };
-    let message: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
-    match message {
-        Some(m) if m["method"] == "initialize" => json_rpc_unavailable(
-            wire::SESSIONS_FULL,
-            format!(
-                "too many legacy sessions (server.max_sessions = {}); retry once one closes or expires",
-                door.sessions.max
-            ),
-            m.get("id").cloned().unwrap_or(serde_json::Value::Null),
+    json_rpc_unavailable(
+        wire::SESSIONS_FULL,
+        format!(
+            "too many legacy sessions (server.max_sessions = {}); retry once one closes or expires",
+            door.sessions.max
         ),
-        _ => {
-            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
-                .await
-        }
-    }
+        id,
+    )
 }
 
 /// A 503 whose body is a JSON-RPC error from a wire entry.

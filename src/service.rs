@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Overrides};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, LimitedListener};
-use crate::mcp::Handler;
+use crate::mcp::{self, Handler};
 use crate::startup;
 use crate::store::{Store, StoreError};
 use crate::tasks::{Limits, TaskService};
@@ -168,7 +168,11 @@ pub fn serve(
         };
         match listener {
             Some(listener) => process.run_http(listener, &config, state_dir).await,
-            None => process.run_stdio(state_dir).await,
+            None => {
+                process
+                    .run_stdio(state_dir, config.server.max_request_bytes)
+                    .await
+            }
         }
     });
     // The lock is released only when the process is done with the files.
@@ -283,7 +287,7 @@ impl Process {
         Ok(())
     }
 
-    async fn run_stdio(&mut self, state_dir: String) -> Result<(), Refusal> {
+    async fn run_stdio(&mut self, state_dir: String, max_line_bytes: usize) -> Result<(), Refusal> {
         use rmcp::ServiceExt;
         use rmcp::service::ServerInitializeError;
         tracing::info!("serving MCP over stdio");
@@ -293,7 +297,12 @@ impl Process {
         }))
         .await;
 
-        let serving = Handler::new(self.svc.clone()).serve(rmcp::transport::stdio());
+        // Malformed lines are answered by the screen; the library sees only
+        // well-formed ones.
+        let (stdin, stdout) = rmcp::transport::stdio();
+        let (transport, pump) = mcp::stdio::screened(stdin, stdout, max_line_bytes);
+        let pump = tokio::spawn(pump);
+        let serving = Handler::new(self.svc.clone()).serve(transport);
         let running = tokio::select! {
             _ = self.signals.recv() => None,
             r = serving => match r {
@@ -327,6 +336,12 @@ impl Process {
         if let Some((cancel, waiting)) = session {
             cancel.cancel();
             let _ = tokio::time::timeout(HTTP_CLOSE_LIMIT, waiting).await;
+        }
+        // The library has closed its side: the pump writes what is left.
+        match tokio::time::timeout(HTTP_CLOSE_LIMIT, pump).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "writing to stdout failed"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!("stdout did not take the last answers in time"),
         }
         self.finish().await;
         Ok(())

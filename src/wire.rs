@@ -2,12 +2,12 @@
 //!
 //! Every JSON-RPC error taskgate itself produces has an entry here: its
 //! numeric code, a stable name for logs and docs, and one line of help for
-//! the client. JSON-RPC and the MCP specification fix a few codes (invalid
-//! params, method not found, internal error, missing client capability),
-//! which several named errors share; taskgate's own codes live in the
-//! JSON-RPC server range -32040..=-32059. `tests/architecture.rs` fails when
-//! code outside this file and the one conversion in `mcp::convert` makes up
-//! a code.
+//! the client. JSON-RPC and the MCP specification fix a few codes (parse
+//! error, invalid request, invalid params, method not found, internal
+//! error, missing client capability), which several named errors share;
+//! taskgate's own codes live in the JSON-RPC server range -32040..=-32059.
+//! `tests/architecture.rs` fails when code outside this file and the one
+//! conversion in `mcp::convert` makes up a code.
 
 /// One registered wire error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,13 +98,25 @@ registry! {
     /// A tool that runs only as a task, called without the Tasks extension.
     TASKS_REQUIRED = (-32021, "TG_TASKS_REQUIRED",
         "this tool runs only as a task; declare the io.modelcontextprotocol/tasks extension on protocol 2026-07-28");
+    /// A message that is not JSON at all.
+    PARSE_ERROR = (-32700, "TG_PARSE_ERROR",
+        "the message is not valid JSON; send one JSON-RPC 2.0 object");
+    /// JSON that is not one JSON-RPC 2.0 message (a batch, a bad id or version, no method).
+    INVALID_REQUEST = (-32600, "TG_INVALID_REQUEST",
+        "the message is not a single JSON-RPC 2.0 request, notification or response; the message says which part is wrong");
+    /// A request body past `server.max_request_bytes`.
+    REQUEST_TOO_LARGE = (-32600, "TG_REQUEST_TOO_LARGE",
+        "the request body is larger than the server accepts (server.max_request_bytes); send less, e.g. store large inputs elsewhere and pass a reference");
+    /// A request body that did not arrive in time.
+    REQUEST_TIMEOUT = (-32057, "TG_REQUEST_TIMEOUT",
+        "the request body did not arrive within server.body_read_timeout_ms; send the whole body at once");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");
 }
 
 /// Codes fixed by JSON-RPC or MCP, which several named errors may share.
-pub const PROTOCOL_CODES: &[i64] = &[-32602, -32601, -32603, -32021];
+pub const PROTOCOL_CODES: &[i64] = &[-32700, -32600, -32602, -32601, -32603, -32021];
 
 impl WireCode {
     /// The `data` object every taskgate error carries: its name and help.

@@ -490,6 +490,82 @@ fn silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout() {
     assert!(daemon.stop().success());
 }
 
+/// A `/mcp` POST that announces a 100,000-byte body, waits until the
+/// server asks for it (`100 Continue`: the server is reading the body), then
+/// sends one byte and stalls.
+fn dribbling_post(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n"
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = s
+            .read(&mut buf)
+            .expect("the server answers the body's Expect");
+        assert!(n > 0, "closed before asking for the body: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got);
+    assert!(
+        head.starts_with("HTTP/1.1 100"),
+        "a POST that has not sent its body yet was answered: {head:?}"
+    );
+    s.write_all(b"{").unwrap();
+    s
+}
+
+/// Clients that announce a body and dribble it hold only their own
+/// connections: no request slot is taken until a body is in, so polls and
+/// calls are admitted and `/readyz` says ready; each dribbler gets a
+/// JSON-RPC 408 after `server.body_read_timeout_ms` and is closed.
+#[test]
+fn dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_timeout() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(
+        root.path(),
+        "[server]\nmax_concurrent_requests = 2\nreserved_control_requests = 2\nbody_read_timeout_ms = 1500\n",
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    // Twice as many dribblers as there are request slots of both kinds.
+    let mut dribblers: Vec<TcpStream> = (0..8).map(|_| dribbling_post(daemon.port)).collect();
+    let ready = http_get(daemon.port, "/readyz");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let unknown = c.get_task("no-such-task").await;
+        assert_refused(unknown, wire::UNKNOWN_TASK);
+        let done = daemon
+            .client(false)
+            .call_tool("nap", json!({"seconds": 0}), None)
+            .await
+            .unwrap();
+        assert_eq!(done["content"][0]["text"], "rested", "{done}");
+    });
+    for (n, s) in dribblers.iter_mut().enumerate() {
+        let reply = closed_within(s, Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("dribbler {n} is still open 10 s into a 1.5 s body timeout"));
+        assert!(reply.starts_with("HTTP/1.1 408"), "dribbler {n}: {reply:?}");
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        let error: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("dribbler {n}: the 408 body is not JSON ({e}): {reply:?}"));
+        assert_eq!(
+            error["error"]["code"],
+            wire::REQUEST_TIMEOUT.code,
+            "{error}"
+        );
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("server.body_read_timeout_ms"), "{message}");
+    }
+    assert!(daemon.stop().success());
+}
+
 /// A legacy `initialize` as one raw HTTP/1.1 POST on a fresh connection:
 /// the status line, the `Mcp-Session-Id` if one was given, and the body.
 fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
@@ -751,6 +827,13 @@ fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_sl
                 .await,
             wire::SERVER_BUSY,
         );
+        // /mcp cannot admit a call now, and /readyz says so.
+        let ready = http_get(daemon.port, "/readyz");
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(
+            ready.contains("every request slot is in use (server.max_concurrent_requests = 1)"),
+            "{ready}"
+        );
         // Meanwhile the task can be followed and stopped.
         let got = c.get_task(&id).await.unwrap();
         assert_eq!(got["status"], "working", "{got}");
@@ -769,6 +852,11 @@ fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_sl
         assert_eq!(ended["status"], "cancelled", "{ended}");
         assert!(block_processes(root.path()) <= 2);
         assert!(!long.is_finished());
+        // The long call ends; its slot is free and the daemon is ready again.
+        std::fs::write(root.path().join("hold"), "go\n").unwrap();
+        long.await.unwrap().unwrap();
+        let ready = http_get(daemon.port, "/readyz");
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     });
     assert!(daemon.stop().success());
 }

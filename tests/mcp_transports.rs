@@ -274,6 +274,9 @@ trait Wire {
     /// Sends a notification.
     fn notify(&mut self, msg: Value);
     fn next_id(&mut self) -> u64;
+    /// Sends `text` exactly as given and returns the error answering it
+    /// (whose id is `id`), with the HTTP status where there is one.
+    fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply);
     fn log(&self) -> String;
     fn daemon_pid(&self) -> i32;
 
@@ -383,6 +386,31 @@ impl Wire for StdioWire {
 
     fn notify(&mut self, msg: Value) {
         self.write(&msg);
+    }
+
+    fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply) {
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        stdin.write_all(format!("{text}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        let deadline = Instant::now() + STEP;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|e| {
+                panic!(
+                    "no stdio answer to {text:?} ({e}); log:\n{}",
+                    self.proc.log_text()
+                )
+            });
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+                panic!("stdout carried a line that is not JSON ({e}): {line:?}")
+            });
+            if v.get("error").is_some() && &v["id"] == id {
+                return (None, Reply::new(line));
+            }
+            if v.get("method").is_none() && v.get("id").is_some() {
+                self.early.insert(v["id"].to_string(), line);
+            }
+        }
     }
 
     fn next_id(&mut self) -> u64 {
@@ -604,6 +632,26 @@ impl Wire for HttpWire {
             )
         });
         Reply::new(raw)
+    }
+
+    fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply) {
+        let headers = vec![
+            ("content-type", "application/json".to_string()),
+            ("accept", "application/json, text/event-stream".to_string()),
+            ("mcp-protocol-version", V2026.to_string()),
+        ];
+        let exchange = post(self.port, headers, text.to_string(), Some(id.clone()));
+        let r = match self
+            .rt
+            .block_on(async { tokio::time::timeout(STEP, exchange).await })
+        {
+            Ok(r) => r,
+            Err(_) => panic!("no HTTP response to {text:?} within {STEP:?}"),
+        };
+        let raw = r
+            .message
+            .unwrap_or_else(|| panic!("HTTP {} with no JSON-RPC body to {text:?}", r.status));
+        (Some(r.status), Reply::new(raw))
     }
 
     fn notify(&mut self, msg: Value) {
@@ -1105,6 +1153,116 @@ fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Malformed messages: JSON-RPC errors with the codes the specification
+// fixes, and the connection or session goes on.
+
+fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
+    let mut meta_only = json!({});
+    meta_only["_meta"] = meta(true);
+    let with = |extra: Value| {
+        let mut p = meta_only.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        p
+    };
+    let cases: Vec<(String, Value, i64)> = vec![
+        ("{\"jsonrpc\": \"2.0\", \"id\": 1, ".into(), Value::Null, -32700),
+        ("not json at all".into(), Value::Null, -32700),
+        (
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.into(),
+            Value::Null,
+            -32600,
+        ),
+        (r#"{"jsonrpc":"2.0","id":31}"#.into(), json!(31), -32600),
+        (
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"tools/list"}"#.into(),
+            Value::Null,
+            -32600,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 32, "method": "tasks/get", "params": with(json!({"taskId": 123}))}).to_string(),
+            json!(32),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 33, "method": "tasks/cancel", "params": meta_only.clone()}).to_string(),
+            json!(33),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": 34, "method": "tools/call", "params": with(json!({"name": "slow_echo", "arguments": [1]}))}).to_string(),
+            json!(34),
+            -32602,
+        ),
+        (
+            json!({"jsonrpc": "2.0", "id": "s", "method": "tools/list", "params": [1]}).to_string(),
+            json!("s"),
+            -32602,
+        ),
+    ];
+    for (text, id, code) in &cases {
+        let (status, reply) = w.send_text(text, id);
+        assert_eq!(reply.code(), Some(*code), "{text} -> {}", reply.raw);
+        let error = reply.error();
+        assert!(
+            error["data"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("TG_")),
+            "{}",
+            reply.raw
+        );
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+        if let Some(status) = status {
+            assert_eq!(status, 400, "{text} -> {}", reply.raw);
+        }
+    }
+    // One byte past the default bound (1 MiB): refused whole, unread.
+    let pad = "x".repeat(1 << 20);
+    let huge = json!({"jsonrpc": "2.0", "id": 36, "method": "tools/list", "params": {"pad": pad}});
+    let (status, reply) = w.send_text(&huge.to_string(), &Value::Null);
+    assert_eq!(
+        reply.code(),
+        Some(-32600),
+        "{}",
+        &reply.raw[..200.min(reply.raw.len())]
+    );
+    assert_eq!(reply.error()["data"]["name"], "TG_REQUEST_TOO_LARGE");
+    if let Some(status) = status {
+        assert_eq!(status, 413);
+    }
+    // Nothing was lost: the next well-formed request is served.
+    let r = w.call(
+        "tools/call",
+        json!({"name": "slow_echo", "arguments": {"text": "still here"}}),
+        false,
+    );
+    assert!(
+        r.result()["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("still here")),
+        "{}",
+        r.raw
+    );
+}
+
+#[test]
+fn http_malformed_messages_get_json_rpc_errors() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    malformed_messages_get_json_rpc_errors(&mut w);
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_malformed_messages_get_json_rpc_errors() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    malformed_messages_get_json_rpc_errors(&mut w);
+    w.close_and_expect_clean_exit();
 }
 
 #[test]

@@ -186,7 +186,7 @@ pub const SERVER_MAX_CONCURRENT_REQUESTS: KeySpec = int(
     64,
     (1, 4096),
     Unit::Count,
-    "`tools/call` requests in flight on `/mcp`, and any request that does not name its method (synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
+    "`tools/call` requests in flight on `/mcp` (and synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
 );
 pub const SERVER_RESERVED_CONTROL_REQUESTS: KeySpec = int(
     Section::Server,
@@ -202,7 +202,7 @@ pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
     MIB,
     (4 * KIB, 16 * MIB),
     Unit::Bytes,
-    "Largest request body.",
+    "Largest request body on `/mcp` (and longest line on stdio); a larger one gets `413` with `TG_REQUEST_TOO_LARGE` (on stdio, the error alone). Bodies are read whole before a request slot is taken, so up to `max_connections` of them may be held at once.",
 );
 pub const SERVER_HEADER_READ_TIMEOUT_MS: KeySpec = int(
     Section::Server,
@@ -211,6 +211,14 @@ pub const SERVER_HEADER_READ_TIMEOUT_MS: KeySpec = int(
     (100, 600_000),
     Unit::Millis,
     "Time a connection gets to send a whole request head, counted from when it opens or its previous response ended; past it the connection is closed, so idle keep-alive and slow connections free their slot.",
+);
+pub const SERVER_BODY_READ_TIMEOUT_MS: KeySpec = int(
+    Section::Server,
+    "body_read_timeout_ms",
+    10_000,
+    (100, 600_000),
+    Unit::Millis,
+    "Time a request gets to send its whole body once its head has arrived; past it the request gets `408` with `TG_REQUEST_TIMEOUT` and the connection is closed. No request slot is taken until the body is in.",
 );
 pub const SERVER_MAX_SESSIONS: KeySpec = int(
     Section::Server,
@@ -363,6 +371,7 @@ pub static KEYS: &[KeySpec] = &[
     SERVER_RESERVED_CONTROL_REQUESTS,
     SERVER_MAX_REQUEST_BYTES,
     SERVER_HEADER_READ_TIMEOUT_MS,
+    SERVER_BODY_READ_TIMEOUT_MS,
     SERVER_MAX_SESSIONS,
     SERVER_SESSION_IDLE_SECS,
     STORE_DIRECTORY,

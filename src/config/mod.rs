@@ -163,6 +163,8 @@ pub struct ServerSettings {
     pub reserved_control_requests: usize,
     pub max_request_bytes: usize,
     pub header_read_timeout: Duration,
+    /// Time a request body may take to arrive once its head is in.
+    pub body_read_timeout: Duration,
     pub max_sessions: usize,
     pub session_idle: Duration,
 }
@@ -404,6 +406,7 @@ impl Config {
             reserved_control_requests: layers.size(&keys::SERVER_RESERVED_CONTROL_REQUESTS)?,
             max_request_bytes: layers.size(&keys::SERVER_MAX_REQUEST_BYTES)?,
             header_read_timeout: layers.duration_ms(&keys::SERVER_HEADER_READ_TIMEOUT_MS)?,
+            body_read_timeout: layers.duration_ms(&keys::SERVER_BODY_READ_TIMEOUT_MS)?,
             max_sessions: layers.size(&keys::SERVER_MAX_SESSIONS)?,
             session_idle: layers.duration_secs(&keys::SERVER_SESSION_IDLE_SECS)?,
         };
