@@ -139,6 +139,7 @@ pub struct App {
     pub router: Router,
     limits: Limits,
     streams: CancellationToken,
+    sessions: Arc<BoundedSessions>,
 }
 
 impl App {
@@ -160,7 +161,9 @@ impl App {
             sessions.clone(),
             config,
         );
-        let session_door = SessionDoor { sessions };
+        let session_door = SessionDoor {
+            sessions: sessions.clone(),
+        };
         let intake = Intake {
             max_request_bytes: settings.max_request_bytes,
             body_read_timeout: settings.body_read_timeout,
@@ -200,7 +203,13 @@ impl App {
             router,
             limits,
             streams,
+            sessions,
         }
+    }
+
+    /// The legacy sessions, for the chores that watch them.
+    pub fn sessions(&self) -> Arc<BoundedSessions> {
+        self.sessions.clone()
     }
 
     pub fn drain(&self) -> Drain {
@@ -566,6 +575,8 @@ pub struct BoundedSessions {
     max: usize,
     /// Makes "count, then create" one step, so the bound is never passed.
     creating: tokio::sync::Mutex<()>,
+    /// The most sessions open at once since [`BoundedSessions::take_peak`].
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -586,7 +597,20 @@ impl BoundedSessions {
             inner,
             max,
             creating: tokio::sync::Mutex::new(()),
+            peak: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// The most sessions that were open at once since the last call, and
+    /// how many are open now (which becomes the new peak).
+    pub async fn take_peak(&self) -> (usize, usize) {
+        let _one_at_a_time = self.creating.lock().await;
+        let open = self.open().await;
+        let peak = self
+            .peak
+            .swap(open, std::sync::atomic::Ordering::Relaxed)
+            .max(open);
+        (peak, open)
     }
 
     /// Open legacy sessions.
@@ -601,10 +625,14 @@ impl SessionManager for BoundedSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let _one_at_a_time = self.creating.lock().await;
-        if self.open().await >= self.max {
+        let open = self.open().await;
+        if open >= self.max {
             return Err(SessionsError::Full { max: self.max });
         }
-        Ok(self.inner.create_session().await?)
+        let created = self.inner.create_session().await?;
+        self.peak
+            .fetch_max(open + 1, std::sync::atomic::Ordering::Relaxed);
+        Ok(created)
     }
 
     async fn initialize_session(

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Overrides};
 use crate::exit::{ExitClass, Refusal};
-use crate::http::{self, LimitedListener};
+use crate::http::{self, BoundedSessions, LimitedListener};
 use crate::mcp::{self, Handler};
 use crate::startup;
 use crate::store::{Store, StoreError};
@@ -37,6 +37,9 @@ const STATUS_REFRESH: Duration = Duration::from_secs(10);
 const ARTIFACT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Artifacts examined per sweep.
 const ARTIFACT_SWEEP_BATCH: usize = 256;
+/// How often (at most) the count of legacy sessions is looked at, to give
+/// memory back after sessions closed; more often when they expire sooner.
+const MEMORY_CHORE_INTERVAL: Duration = Duration::from_secs(10);
 /// How long in-flight HTTP requests get to finish once the listener closed.
 const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// How long the server gets to close its connections after that.
@@ -246,6 +249,11 @@ impl Process {
             .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
         let app = http::App::new(self.svc.clone(), &config.server);
         let drain = app.drain();
+        self.chores.spawn(return_memory_after_sessions(
+            app.sessions(),
+            MEMORY_CHORE_INTERVAL.min(config.server.session_idle),
+            self.chores_stop.clone(),
+        ));
         let listener_stop = CancellationToken::new();
         let server = {
             let stop = listener_stop.clone();
@@ -431,6 +439,44 @@ async fn sweep_artifacts(svc: Arc<TaskService>, stop: CancellationToken) {
         svc.sweep_artifacts(ARTIFACT_SWEEP_BATCH).await;
     }
 }
+
+/// Gives memory back to the system once legacy sessions have closed.
+///
+/// glibc keeps what its per-thread arenas freed for reuse, so a burst of
+/// sessions (up to `server.max_sessions`, tens of KiB each) would otherwise
+/// keep the process at its peak size long after they expired. When fewer
+/// sessions are open than at their peak since the last look, the free
+/// memory is returned with `malloc_trim`.
+async fn return_memory_after_sessions(
+    sessions: Arc<BoundedSessions>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut ticks = ticker(every).await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let (peak, open) = sessions.take_peak().await;
+        if open < peak {
+            return_freed_memory();
+            tracing::debug!(peak, open, "legacy sessions closed; free memory returned");
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn return_freed_memory() {
+    // SAFETY: malloc_trim takes no pointers; it only walks glibc's own free
+    // lists, under the allocator's locks, and is safe from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn return_freed_memory() {}
 
 /// Pings the watchdog at half its period, but only while the store thread
 /// answers: a hung store thread lets systemd restart the daemon.

@@ -600,6 +600,119 @@ fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
     (status, session, body.to_string())
 }
 
+/// The daemon's resident memory in KiB.
+fn rss_kib(daemon: &Daemon) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in {status}"))
+}
+
+/// One request on a keep-alive connection; the status line and body.
+fn keep_alive_post(s: &mut std::io::BufReader<TcpStream>, body: &str) -> (String, String) {
+    use std::io::BufRead;
+    // One write: several small ones would wait on delayed ACKs.
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.get_mut().write_all(request.as_bytes()).unwrap();
+    let mut status = String::new();
+    s.read_line(&mut status).unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        s.read_line(&mut line).unwrap();
+        if line.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; length];
+    s.read_exact(&mut body).unwrap();
+    if length == 0 {
+        // A chunked body (an SSE stream that ends with the answer).
+        loop {
+            let mut size = String::new();
+            s.read_line(&mut size).unwrap();
+            let size = usize::from_str_radix(size.trim(), 16).unwrap();
+            let mut chunk = vec![0; size + 2];
+            s.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// 2,000 legacy sessions opened at once (on one keep-alive connection)
+/// grow the daemon by tens of MiB; once they expire, that memory goes back
+/// to the system rather than staying with the process.
+#[test]
+fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
+    const SESSIONS: u64 = 2000;
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(
+        root.path(),
+        &format!("[server]\nmax_sessions = {SESSIONS}\nsession_idle_secs = 1\n"),
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let before = rss_kib(&daemon);
+    let mut s = std::io::BufReader::new(TcpStream::connect(("127.0.0.1", daemon.port)).unwrap());
+    s.get_ref()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for id in 0..SESSIONS {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "legacy-client", "version": "1"},
+            },
+        })
+        .to_string();
+        let (status, reply) = keep_alive_post(&mut s, &body);
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "initialize {id}: {status} {reply}"
+        );
+    }
+    drop(s);
+    let peak = rss_kib(&daemon);
+    let grown = peak.saturating_sub(before);
+    assert!(
+        grown > 16 * 1024,
+        "{SESSIONS} sessions grew the daemon by only {grown} KiB ({before} -> {peak}); the test proves nothing"
+    );
+    // Sessions expire after 1 s idle; then the memory chore runs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut now = peak;
+    while now > before + grown / 4 {
+        assert!(
+            Instant::now() < deadline,
+            "20 s after {SESSIONS} sessions went idle the daemon still holds {now} KiB (before {before}, peak {peak})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        now = rss_kib(&daemon);
+    }
+    eprintln!(
+        "RSS before {before} KiB, with {SESSIONS} sessions {peak} KiB, after expiry {now} KiB"
+    );
+    assert!(daemon.stop().success());
+}
+
 #[test]
 fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
     let root = private_dir();
