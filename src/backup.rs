@@ -172,43 +172,79 @@ fn describe(report: &CheckReport) -> String {
     }
 }
 
-/// `taskgate backup --to DEST`: returns the lines to print.
-pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
-    let (config, dir) = operator_dir(overrides)?;
-    let mut lock = dir.lock()?;
-    lock.record_holder();
-    if !dir.db_path().is_file() {
-        return Err(BackupError::Empty {
-            path: dir.path().into(),
-        }
-        .into());
-    }
+/// Checks a backup destination: new, under parents only root or this user
+/// can change, and apart from the state directory. Returns the resolved
+/// destination and its parent. Runs before the lock is taken, so that
+/// `taskgate-backup` learns of a bad destination before it stops anything.
+fn check_destination(dir: &StateDir, dest: &Path) -> Result<(PathBuf, PathBuf), Refusal> {
     let dest = absolute(dest)?;
     if fs::symlink_metadata(&dest).is_ok() {
         return Err(BackupError::Destination {
             path: dest,
-            problem: "already exists; choose a new destination (a backup never overwrites)".into(),
+            problem: "the backup destination already exists; choose a new destination (a backup never overwrites)".into(),
         }
         .into());
     }
     let parent = dest.parent().unwrap_or(Path::new("/"));
     let parent = fs::canonicalize(parent).map_err(|e| BackupError::Destination {
-        path: parent.into(),
-        problem: format!("the destination's parent is not usable: {e}"),
+        path: dest.clone(),
+        problem: format!(
+            "the backup destination's parent {} is not usable: {e}",
+            parent.display()
+        ),
     })?;
     let me = nix::unistd::geteuid().as_raw();
-    state_dir::check_trusted_chain(&parent, me).map_err(|e| BackupError::Destination {
-        path: dest.clone(),
-        problem: format!("not private: {e}"),
-    })?;
+    if let Err(e) = state_dir::check_trusted_chain(&parent, me) {
+        let why = match e {
+            state_dir::PathError::UntrustedAncestor { path, why } => {
+                format!("{} ({why})", path.display())
+            }
+            other => other.to_string(),
+        };
+        return Err(BackupError::Destination {
+            path: dest,
+            problem: format!(
+                "the backup destination is not private: its parent {why}; choose a destination whose every parent is owned by root or this user and not writable by others"
+            ),
+        }
+        .into());
+    }
     let real_dest = parent.join(dest.file_name().unwrap_or_default());
     if real_dest.starts_with(dir.path()) || dir.path().starts_with(&real_dest) {
         return Err(BackupError::Destination {
             path: dest,
             problem: format!(
-                "is inside or contains the state directory {}; back up elsewhere",
+                "the backup destination is inside or contains the state directory {}; back up elsewhere",
                 dir.path().display()
             ),
+        }
+        .into());
+    }
+    Ok((real_dest, parent))
+}
+
+/// `taskgate backup --to DEST --dry-run`: every check a backup makes before
+/// it copies (the state directory, its files, the destination), without
+/// the lock, so it works while the daemon serves.
+pub fn check_backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
+    let (_config, dir) = operator_dir(overrides)?;
+    let (real_dest, _) = check_destination(&dir, dest)?;
+    Ok(vec![format!(
+        "ok: {} can be backed up to {} (nothing copied)",
+        dir.path().display(),
+        real_dest.display()
+    )])
+}
+
+/// `taskgate backup --to DEST`: returns the lines to print.
+pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
+    let (config, dir) = operator_dir(overrides)?;
+    let (real_dest, parent) = check_destination(&dir, dest)?;
+    let mut lock = dir.lock()?;
+    lock.record_holder();
+    if !dir.db_path().is_file() {
+        return Err(BackupError::Empty {
+            path: dir.path().into(),
         }
         .into());
     }
@@ -279,6 +315,42 @@ fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
     }
 }
 
+/// The first entry of a snapshot directory that its manifest does not
+/// list: any file, directory, link or other object besides the manifest
+/// and the `artifacts/` folder. Every entry is looked at, not only the
+/// names a backup would write, so nothing rides along unchecked.
+fn unlisted_entry(snapshot: &Path, listed: &[PathBuf]) -> Result<Option<PathBuf>, BackupError> {
+    let names = |dir: &Path| -> Result<Vec<(std::ffi::OsString, fs::FileType)>, BackupError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let kind = entry.file_type().map_err(io_err(&entry.path()))?;
+            out.push((entry.file_name(), kind));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    };
+    for (name, kind) in names(snapshot)? {
+        let rel = PathBuf::from(&name);
+        if name == MANIFEST && kind.is_file() {
+            continue;
+        }
+        if name == state_dir::ARTIFACTS_DIR && kind.is_dir() {
+            for (inner, _) in names(&snapshot.join(&name))? {
+                let rel = rel.join(inner);
+                if !listed.contains(&rel) {
+                    return Ok(Some(rel));
+                }
+            }
+            continue;
+        }
+        if !listed.contains(&rel) {
+            return Ok(Some(rel));
+        }
+    }
+    Ok(None)
+}
+
 /// Reads and checks a snapshot's manifest against its files.
 fn verify_snapshot(
     snapshot: &Path,
@@ -324,9 +396,11 @@ fn verify_snapshot(
         }
         listed.push(rel);
     }
-    let present = snapshot_files(snapshot)?;
-    if let Some(extra) = present.iter().find(|p| !listed.contains(p)) {
-        return Err(bad(format!("{} is not in the manifest", extra.display())));
+    if let Some(extra) = unlisted_entry(snapshot, &listed)? {
+        return Err(bad(format!(
+            "{} is not in the manifest; a snapshot holds only the files backup listed",
+            extra.display()
+        )));
     }
     if !listed.iter().any(|p| p == Path::new(state_dir::DB_FILE)) {
         return Err(bad("the manifest lists no tasks.db".into()));

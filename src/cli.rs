@@ -78,6 +78,10 @@ pub struct BackupArgs {
     /// The new directory to create for the copy; must not exist.
     #[arg(long, value_name = "DEST")]
     pub to: PathBuf,
+    /// Only check the state directory and the destination; take no lock
+    /// and copy nothing (works while the daemon serves).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -104,7 +104,11 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Check(args) => check(&args.overrides()),
         Command::Init(args) => init(&args),
         Command::Backup(args) => {
-            let lines = taskgate::backup::backup(&args.common.overrides(), &args.to)?;
+            let lines = if args.dry_run {
+                taskgate::backup::check_backup(&args.common.overrides(), &args.to)?
+            } else {
+                taskgate::backup::backup(&args.common.overrides(), &args.to)?
+            };
             lines.iter().try_for_each(out)
         }
         Command::Restore(args) => {

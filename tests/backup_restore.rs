@@ -156,7 +156,15 @@ fn backup_refuses_unsafe_or_existing_destinations() {
         open.join("b").to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(77));
-    assert!(one_line_stderr(&out).contains("not private"));
+    let line = one_line_stderr(&out);
+    assert!(
+        line.contains("backup destination is not private") && line.contains("mode 0777"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("state directory"),
+        "names the destination: {line}"
+    );
     assert!(!open.join("b").exists());
 }
 
@@ -327,4 +335,121 @@ fn a_restore_records_the_snapshots_store_beside_it() {
     let out = run(&["check", "--state-dir", s]);
     assert!(out.status.success(), "{out:?}");
     assert!(Daemon::builder().state_dir(&state).start().stop().success());
+}
+
+/// The documentation promises that a restore refuses a snapshot holding
+/// files its manifest does not list: anything there was not made by
+/// `backup` (or was added afterwards), and installing around it would
+/// hide it. Each stray kind is refused before anything is touched.
+#[test]
+fn restore_refuses_a_snapshot_holding_files_the_manifest_does_not_list() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 2);
+    let s = state.to_str().unwrap();
+    let snap = root.path().join("snap");
+    assert!(
+        run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let live = sha256_file(&state.join("tasks.db"));
+    let artifacts = snap.join("artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    // (name, whether it is a directory)
+    let strays = [
+        ("notes.txt", false),
+        ("tasks.db-shm", false),
+        ("artifacts/readme.txt", false),
+        ("artifacts/tg-stray.json", false),
+        ("extra-dir", true),
+    ];
+    for (name, is_dir) in strays {
+        let path = snap.join(name);
+        if is_dir {
+            std::fs::create_dir(&path).unwrap();
+        } else {
+            std::fs::write(&path, "{}").unwrap();
+        }
+        for verify_only in [true, false] {
+            let mut args = vec![
+                "restore",
+                "--state-dir",
+                s,
+                "--from",
+                snap.to_str().unwrap(),
+            ];
+            if verify_only {
+                args.push("--verify-only");
+            }
+            let out = run(&args);
+            let line = one_line_stderr(&out);
+            assert_eq!(out.status.code(), Some(65), "{name}: {line}");
+            assert!(
+                line.contains(name) && line.contains("not in the manifest"),
+                "{name}: {line}"
+            );
+        }
+        assert_eq!(sha256_file(&state.join("tasks.db")), live, "{name}");
+        if is_dir {
+            std::fs::remove_dir(&path).unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    // Without the strays the same snapshot is accepted.
+    let out = run(&[
+        "restore",
+        "--state-dir",
+        s,
+        "--from",
+        snap.to_str().unwrap(),
+        "--verify-only",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `taskgate-backup` checks the destination with `--dry-run` before it
+/// stops the service: the check works while a daemon holds the lock, and
+/// refuses a bad destination the way the real backup does, naming it.
+#[test]
+fn a_dry_run_checks_the_destination_while_the_daemon_serves() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 1);
+    let daemon = Daemon::builder().state_dir(&state).start();
+    let s = state.to_str().unwrap();
+    let good = root.path().join("snap");
+    let out = run(&[
+        "backup",
+        "--state-dir",
+        s,
+        "--to",
+        good.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!good.exists(), "a dry run copies nothing");
+
+    let open = root.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for dest in [open.join("b"), state.join("copy"), state.clone()] {
+        let out = run(&[
+            "backup",
+            "--state-dir",
+            s,
+            "--to",
+            dest.to_str().unwrap(),
+            "--dry-run",
+        ]);
+        let line = one_line_stderr(&out);
+        assert_eq!(out.status.code(), Some(77), "{line}");
+        assert!(line.contains("backup destination"), "{line}");
+    }
+    // Without --dry-run a good destination meets the held lock.
+    let out = run(&["backup", "--state-dir", s, "--to", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(!good.exists());
+    assert!(daemon.stop().success());
 }
