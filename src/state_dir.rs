@@ -49,6 +49,14 @@ pub enum PathError {
         found: u32,
         expected: u32,
     },
+    #[error(
+        "{path}: belongs to {owner} (uid {uid}) and this process runs as root; a store is served by its owner, never by root: start the service with `systemctl start taskgate`, or run it by hand as its owner with `runuser -u {owner} -- taskgate serve …` (do not chown the directory to root)"
+    )]
+    RootIsNotOwner {
+        path: PathBuf,
+        owner: String,
+        uid: u32,
+    },
     #[error("{path}: mode {mode:04o} gives group/other access; run `chmod {fix:o} {path}`")]
     GroupOtherAccess { path: PathBuf, mode: u32, fix: u32 },
     #[error(
@@ -170,6 +178,21 @@ impl StateDir {
             Actor::Operator if euid() == 0 => meta.uid(),
             _ => euid(),
         };
+        if actor == Actor::Owner && me == 0 && meta.uid() != 0 {
+            // Root serving someone else's store would create root-owned
+            // files in it that the owner then cannot open; the owner's
+            // name makes the advice a command to copy.
+            let owner = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid()))
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .unwrap_or_else(|| meta.uid().to_string());
+            return Err(PathError::RootIsNotOwner {
+                path,
+                owner,
+                uid: meta.uid(),
+            });
+        }
         check_private_dir(&path, &meta, me)?;
         for ancestor in path.ancestors().skip(1) {
             check_ancestor(ancestor, me)?;
@@ -282,18 +305,87 @@ impl StateDir {
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                let pid = text.lines().next().unwrap_or("").trim();
-                let holder = match pid.parse::<u32>() {
-                    Ok(pid) => format!(" (pid {pid})"),
-                    Err(_) => String::new(),
+                let holder = match read_holder(&meta) {
+                    Some(h) => format!(" ({h})"),
+                    None => {
+                        // /proc/locks unreadable or silent (another pid
+                        // namespace): the pid the last holder wrote is
+                        // only a hint, and is said to be one.
+                        let mut text = String::new();
+                        let _ = file.read_to_string(&mut text);
+                        match text.lines().next().unwrap_or("").trim().parse::<u32>() {
+                            Ok(pid) => format!(
+                                " (pid {pid} according to the file; the kernel did not say)"
+                            ),
+                            Err(_) => String::new(),
+                        }
+                    }
                 };
                 return Err(LockError::Held { path, holder });
             }
             Err(fs::TryLockError::Error(source)) => return Err(LockError::Io { path, source }),
         }
         Ok(LifetimeLock { file, path })
+    }
+}
+
+/// The process that really holds the flock on the lock file, from the
+/// kernel's table (`/proc/locks`), matched by device and inode: "pid N,
+/// COMM". The pid written into the file names the last process that
+/// recorded itself, which may be long gone while another (a copy of the
+/// directory's old server, a `flock` by hand) holds the lock.
+fn read_holder(meta: &fs::Metadata) -> Option<String> {
+    let table = fs::read_to_string("/proc/locks").ok()?;
+    let pid = holder_in(&table, meta.dev(), meta.ino())?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty());
+    Some(match comm {
+        Some(comm) => format!("pid {pid}, {comm}"),
+        None => format!("pid {pid}"),
+    })
+}
+
+/// The pid holding a FLOCK on (`dev`, `ino`) in a `/proc/locks` table.
+/// Lines look like `3: FLOCK  ADVISORY  WRITE 1234 08:02:131081 0 EOF`
+/// (device major:minor in hex); waiters (`3: -> FLOCK …`) are skipped, and
+/// a pid of 0 (a holder in a pid namespace we cannot see) says nothing. A
+/// filesystem whose stat device differs from the lock table's (btrfs
+/// subvolumes) is matched by inode when exactly one FLOCK has it.
+fn holder_in(table: &str, dev: u64, ino: u64) -> Option<u32> {
+    let (major, minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
+    let mut by_inode = Vec::new();
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 6 || fields[1] != "FLOCK" {
+            continue;
+        }
+        let Ok(pid) = fields[4].parse::<u32>() else {
+            continue;
+        };
+        let mut id = fields[5].split(':');
+        let (Some(ma), Some(mi), Some(i)) = (id.next(), id.next(), id.next()) else {
+            continue;
+        };
+        let (Ok(ma), Ok(mi), Ok(i)) = (
+            u64::from_str_radix(ma, 16),
+            u64::from_str_radix(mi, 16),
+            i.parse::<u64>(),
+        ) else {
+            continue;
+        };
+        if i != ino || pid == 0 {
+            continue;
+        }
+        if (ma, mi) == (major, minor) {
+            return Some(pid);
+        }
+        by_inode.push(pid);
+    }
+    match by_inode.as_slice() {
+        [only] => Some(*only),
+        _ => None,
     }
 }
 

@@ -253,6 +253,73 @@ fn second_process_is_refused_by_the_lock() {
     );
 }
 
+/// The pid written in tasks.lock is the last process that recorded
+/// itself; the refusal must name the process that really holds the flock
+/// (from the kernel's lock table), here this test, not the stale 4242.
+#[test]
+fn a_held_lock_names_its_real_holder_not_the_pid_in_the_file() {
+    let (_root, dir) = valid_store();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tasks.lock")).unwrap(),
+        "4242\n"
+    );
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(dir.join("tasks.lock"))
+        .unwrap();
+    held.try_lock().unwrap();
+    let me = std::process::id();
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    let pid_and_comm = format!("pid {me}, {}", comm.trim());
+    assert_refused(
+        &dir,
+        &[],
+        75,
+        &["lifetime lock is held", pid_and_comm.as_str()],
+    );
+    for sub in ["check", "serve"] {
+        let out = taskgate(&[sub, "--state-dir", dir.to_str().unwrap()], &[]);
+        assert!(!one_line_stderr(&out).contains("4242"), "{sub}");
+    }
+    drop(held);
+}
+
+/// Root running `serve` against the service user's directory is told how
+/// to run the service (systemctl, or runuser as the owner), not to chown
+/// the store to root; `check` as root still acts on the owner's behalf.
+#[test]
+fn root_serving_the_service_users_directory_is_told_to_run_it_as_the_owner() {
+    prereq::require_root("chowns the state directory to another user");
+    let (_root, dir) = valid_store();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        chown(&entry.unwrap().path(), nobody.uid.as_raw());
+    }
+    chown(&dir, nobody.uid.as_raw());
+    let before = tree(&dir);
+    let out = taskgate(
+        &[
+            "serve",
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let line = one_line_stderr(&out);
+    assert_eq!(out.status.code(), Some(77), "{line}");
+    assert!(line.contains("systemctl start taskgate"), "{line}");
+    assert!(
+        line.contains("runuser -u nobody -- taskgate serve"),
+        "{line}"
+    );
+    assert!(!line.contains("chown it"), "{line}");
+    assert_eq!(tree(&dir), before);
+    let out = taskgate(&["check", "--state-dir", dir.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{out:?}");
+}
+
 fn with_db(dir: &Path, sql: &str) {
     let c = rusqlite::Connection::open(dir.join("tasks.db")).unwrap();
     c.execute_batch(sql).unwrap();
