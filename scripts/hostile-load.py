@@ -74,6 +74,7 @@ PROTOCOL = "2026-07-28"
 LEGACY_PROTOCOL = "2025-11-25"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 SESSIONS_FULL = -32058
+SERVER_BUSY = -32052
 HOST = "127.0.0.1"
 
 # ---------------------------------------------------------------- figures
@@ -986,7 +987,8 @@ def scenario_sessions(opts, keys, report):
                         idle, opts.session_conns))
         time.sleep(1.0)
         rss_before = d.rss.now()
-        tally = {"accepted": 0, "refused_sessions_full": 0, "other": {}, "reconnects": 0,
+        tally = {"accepted": 0, "refused_sessions_full": 0, "refused_server_busy": 0,
+                 "other": {}, "reconnects": 0,
                  "samples": {}}
         lock = threading.Lock()
         per = [opts.sessions // opts.session_conns] * opts.session_conns
@@ -1018,6 +1020,9 @@ def scenario_sessions(opts, keys, report):
                     elif r.status == 503 and (r.json() or {}).get("error", {}).get(
                             "code") == SESSIONS_FULL:
                         tally["refused_sessions_full"] += 1
+                    elif r.status == 503 and (r.json() or {}).get("error", {}).get(
+                            "code") == SERVER_BUSY:
+                        tally["refused_server_busy"] += 1
                     else:
                         k = "http {}".format(r.status)
                         tally["other"][k] = tally["other"].get(k, 0) + 1
@@ -1041,9 +1046,10 @@ def scenario_sessions(opts, keys, report):
         peak = d.rss.peak_between(t0, t1)
         report.put("requests", dict(tally, seconds=round(t1 - t0, 1)),
                    "{} requests in {:.1f} s ({:.0f}/s): {} accepted, {} refused with "
-                   "TG_SESSIONS_FULL, other {}, reconnects {}".format(
+                   "TG_SESSIONS_FULL, {} with TG_SERVER_BUSY, other {}, reconnects {}".format(
                        opts.sessions, t1 - t0, opts.sessions / (t1 - t0), tally["accepted"],
-                       tally["refused_sessions_full"], tally["other"], tally["reconnects"]))
+                       tally["refused_sessions_full"], tally["refused_server_busy"],
+                       tally["other"], tally["reconnects"]))
         for k, body in tally["samples"].items():
             report.note("first {} body: {!r}".format(k, body))
         # Past the idle expiry every session has gone: sample RSS meanwhile.
@@ -1054,6 +1060,10 @@ def scenario_sessions(opts, keys, report):
             time.sleep(1.0)
             rows.append((round(time.monotonic() - t1, 1), d.rss.now()))
         after_expiry = [v for (t, v) in rows if t >= idle + 1]
+        # When RSS first came within 1 MiB of its lowest after the expiry.
+        low_at = None
+        if after_expiry:
+            low_at = next(t for (t, v) in rows if t >= idle + 1 and v <= min(after_expiry) + 1024)
         # A fresh initialize is taken again once the sessions expired.
         r, err, _ = once(d.port, "POST", "/mcp", LEGACY_HEADERS, legacy_initialize_body(0))
         fresh = err or r.status
@@ -1062,12 +1072,13 @@ def scenario_sessions(opts, keys, report):
             "after_expiry_first_kib": after_expiry[0] if after_expiry else None,
             "after_expiry_min_kib": min(after_expiry) if after_expiry else None,
             "after_expiry_last_kib": after_expiry[-1] if after_expiry else None,
+            "lowest_reached_s": low_at,
             "timeline": rows,
         }, "RSS: before {} MiB, peak {} MiB, at the end of the requests {} MiB; after expiry "
-           "(+{} s .. +{} s): first {} MiB, min {} MiB, last {} MiB".format(
+           "(+{} s .. +{} s): first {} MiB, min {} MiB (reached at +{} s), last {} MiB".format(
                mib(rss_before), mib(peak), mib(rss_end), idle + 1, round(sample_until - t1),
                mib(after_expiry[0]) if after_expiry else None,
-               mib(min(after_expiry)) if after_expiry else None,
+               mib(min(after_expiry)) if after_expiry else None, low_at,
                mib(after_expiry[-1]) if after_expiry else None))
         report.put("initialize_after_expiry", fresh,
                    "a fresh initialize after expiry: {}".format(fresh))
