@@ -355,11 +355,36 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
     };
     match screen::screen(&bytes) {
         Ok(kind) => {
+            name_the_task(&mut parts.headers, &kind);
             parts.extensions.insert(kind);
             next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
                 .await
         }
         Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
+    }
+}
+
+/// A `tasks/*` request without `Mcp-Name` gets one, mirrored from the
+/// body's `taskId`, before the protocol library (which requires it) sees
+/// it. The core specification requires the header only for requests that
+/// name a tool, resource or prompt, and a widely used client leaves it out
+/// on `tasks/*`; the body has already passed the screen and is the
+/// authority. A header that is present is left alone, so a mismatch is
+/// still refused.
+fn name_the_task(headers: &mut axum::http::HeaderMap, kind: &Kind) {
+    let Kind::Request {
+        method,
+        target: Some(task),
+        ..
+    } = kind
+    else {
+        return;
+    };
+    if !method.starts_with("tasks/") || headers.contains_key("mcp-name") {
+        return;
+    }
+    if let Ok(value) = axum::http::HeaderValue::from_str(task) {
+        headers.insert("mcp-name", value);
     }
 }
 
@@ -698,7 +723,7 @@ async fn refuse_sessions_past_the_bound(
     next: Next,
 ) -> Response {
     let id = match request.extensions().get::<Kind>() {
-        Some(Kind::Request { method, id }) if method == "initialize" => id.clone(),
+        Some(Kind::Request { method, id, .. }) if method == "initialize" => id.clone(),
         _ => return next.run(request).await,
     };
     if request.headers().contains_key("mcp-session-id")

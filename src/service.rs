@@ -159,6 +159,9 @@ pub fn serve(
         Limits {
             max_polls_tracked: config.store.max_live_tasks as usize,
             max_sync_calls: config.server.max_concurrent_requests,
+            // At most half the control budget waits in early polls, so
+            // cancels and on-time polls always find a slot.
+            max_held_polls: (config.server.reserved_control_requests / 2).max(1),
         },
     );
     let state_dir = serving.claimed.dir.path().display().to_string();

@@ -44,9 +44,10 @@ registry! {
     /// A creation reference was reused with different tool arguments.
     IDEMPOTENCY_CONFLICT = (-32044, "TG_TASK_IDEMPOTENCY_CONFLICT",
         "this operation reference was already used for a different call; use a new reference for a new call");
-    /// A poll came sooner than the advertised poll interval.
+    /// No longer sent: an early poll is held until due, never refused. The
+    /// entry keeps the number from being reused with another meaning.
     POLL_TOO_SOON = (-32045, "TG_TASK_POLL_TOO_SOON",
-        "poll no faster than the task's pollIntervalMs; retry after the time given in data.retryAfterMs");
+        "not sent by this version (early polls are paced, not refused); older versions asked to retry after data.retryAfterMs");
     /// A terminal payload exceeded the record limit and could not be spilled.
     RESULT_TOO_LARGE = (-32046, "TG_TASK_RESULT_TOO_LARGE",
         "the tool's result could not be stored in full; the task failed rather than keep a truncated result");

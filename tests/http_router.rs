@@ -65,8 +65,11 @@ fn fixture() -> Fixture {
     let root = common::private_dir();
     let state = common::state_dir(root.path());
     let config_path = root.path().join("taskgate.toml");
-    std::fs::write(&config_path, "[server]\nmax_concurrent_requests = 1\n")
-        .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
+    std::fs::write(
+        &config_path,
+        "[server]\nmax_concurrent_requests = 1\n[tasks]\npoll_interval_ms = 200\n",
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
     let overrides = Overrides {
         config_path: Some(config_path),
         state_dir: Some(state),
@@ -88,7 +91,19 @@ fn fixture() -> Fixture {
         },
         started: started.clone(),
     });
-    let tools = Registry::build(&config.tools, vec![hold]).unwrap_or_else(|e| panic!("{e}"));
+    // The same, as a task.
+    let linger: Arc<dyn Runner> = Arc::new(Hold {
+        spec: ToolSpec {
+            name: "linger".into(),
+            description: "runs until cancelled, as a task".into(),
+            input_schema: json!({"type": "object"}),
+            effect: Effect::ReadOnly,
+            task: TaskMode::Optional,
+        },
+        started: Arc::new(Notify::new()),
+    });
+    let tools =
+        Registry::build(&config.tools, vec![hold, linger]).unwrap_or_else(|e| panic!("{e}"));
     let svc = TaskService::new(
         serving.store.clone(),
         tools,
@@ -97,6 +112,7 @@ fn fixture() -> Fixture {
         Limits {
             max_polls_tracked: 1000,
             max_sync_calls: 8,
+            max_held_polls: 4,
         },
     );
     // The lifetime lock stays held for the rest of the test process.
@@ -160,6 +176,31 @@ async fn get(app: &App, path: &str) -> (StatusCode, String) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     (response.status(), text(response).await)
+}
+
+/// A 2026-07-28 request with the Tasks extension declared, as a client
+/// that sends `Mcp-Method` but no `Mcp-Name` would.
+fn tasks_request(method: &str, mut params: Value) -> Request<Body> {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "router-test", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {
+            "extensions": {"io.modelcontextprotocol/tasks": {}}
+        }
+    });
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    let mut request = Request::post("/mcp")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header(header::HOST, "127.0.0.1")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(name) = params["name"].as_str() {
+        request = request.header("mcp-name", name);
+    }
+    request
+        .body(Body::from(body.to_string()))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn mcp_call(tool: &str) -> Request<Body> {
@@ -279,5 +320,75 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
         "{body}"
     );
     assert_eq!(body["error"]["data"]["name"], taskgate::wire::STOPPING.name);
+    fx.close().await;
+}
+
+/// Ten clients poll one task every 20 ms for a second, without `Mcp-Name`
+/// and without knowing any of taskgate's codes: every poll is answered with
+/// the task, never an error, and the store is read about once per
+/// `pollIntervalMs` (200 ms), however fast they poll.
+#[tokio::test]
+async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_interval() {
+    let fx = fixture();
+    let created = json_body(
+        fx.send(tasks_request(
+            "tools/call",
+            json!({"name": "linger", "arguments": {}}),
+        ))
+        .await,
+    )
+    .await;
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    assert_eq!(created["result"]["pollIntervalMs"], 200, "{created}");
+    let id = created["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no taskId: {created}"))
+        .to_string();
+
+    let reads_before = fx.svc.store().task_reads();
+    let started = tokio::time::Instant::now();
+    let window = Duration::from_secs(1);
+    let pollers: Vec<_> = (0..10)
+        .map(|_| {
+            let router = fx.app.router.clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                let mut answered = 0u32;
+                while started.elapsed() < window {
+                    let request = tasks_request("tasks/get", json!({"taskId": id}));
+                    let response = router
+                        .clone()
+                        .oneshot(request)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let status = response.status();
+                    let body = json_body(response).await;
+                    assert_eq!(status, StatusCode::OK, "{body}");
+                    assert_eq!(body["result"]["taskId"], id.as_str(), "{body}");
+                    assert_eq!(body["result"]["status"], "working", "{body}");
+                    answered += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answered
+            })
+        })
+        .collect();
+    let mut polls = 0;
+    for poller in pollers {
+        polls += poller.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let elapsed = started.elapsed();
+    let reads = fx.svc.store().task_reads() - reads_before;
+    let intervals = elapsed.as_millis() as u64 / 200;
+    eprintln!("{polls} polls in {elapsed:?}: {reads} store reads ({intervals} intervals)");
+    assert!(
+        reads <= intervals + 2,
+        "{reads} store reads for {polls} polls in {elapsed:?}: more than one per 200 ms interval"
+    );
+    assert!(
+        polls as u64 > 2 * reads,
+        "only {polls} polls: the pollers did not poll faster than the store was read"
+    );
+    fx.svc.stop_running(Duration::from_secs(10)).await;
     fx.close().await;
 }

@@ -166,7 +166,16 @@ fn a_large_result_is_spilled_and_read_back_after_a_restart() {
         assert_eq!(t["status"], "completed", "{t}");
         let pointer = &t["result"]["structuredContent"]["artifact"];
         assert_eq!(pointer["taskId"], id.as_str());
-        assert!(pointer["bytes"].as_u64().unwrap() > 100 * 1024);
+        // What the tool wrote, not the stored JSON around it.
+        assert_eq!(pointer["bytes"], 102_400, "{pointer}");
+        assert!(
+            pointer["storedBytes"].as_u64().unwrap() > 102_400,
+            "{pointer}"
+        );
+        let note = t["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(note.contains("(102400 bytes)"), "{note}");
         let whole = c
             .call_tool("artifact_read", json!({"taskId": id}), None)
             .await

@@ -238,6 +238,7 @@ fn spilled_results_go_when_their_task_expires() {
             taskgate::tasks::Limits {
                 max_polls_tracked: 1000,
                 max_sync_calls: 8,
+                max_held_polls: 4,
             },
         );
         svc.sweep_artifacts(64).await;

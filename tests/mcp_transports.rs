@@ -680,52 +680,32 @@ impl Wire for HttpWire {
 // ---------------------------------------------------------------------------
 // Helpers shared by the scenarios.
 
-/// Polls `tasks/get` at the advertised interval (and after `retryAfterMs`
-/// when told too soon) until the task is terminal.
+/// Polls `tasks/get` at the advertised interval until the task is terminal.
 fn poll_until_terminal(w: &mut dyn Wire, id: &str, limit: Duration) -> Value {
     let deadline = Instant::now() + limit;
     let mut wait = Duration::from_millis(POLL_MS);
     loop {
         std::thread::sleep(wait);
         let r = w.call("tasks/get", json!({"taskId": id}), true);
-        if r.code() == Some(wire::POLL_TOO_SOON.code) {
-            wait = retry_after(&r);
-        } else {
-            let task = r.result().clone();
-            assert_eq!(
-                task["taskId"], id,
-                "tasks/get answered another task: {task}"
-            );
-            if matches!(
-                task["status"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            ) {
-                return task;
-            }
-            assert_eq!(task["status"], "working", "unexpected status: {task}");
-            wait = Duration::from_millis(task["pollIntervalMs"].as_u64().unwrap_or(POLL_MS));
+        let task = r.result().clone();
+        assert_eq!(
+            task["taskId"], id,
+            "tasks/get answered another task: {task}"
+        );
+        if matches!(
+            task["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        ) {
+            return task;
         }
+        assert_eq!(task["status"], "working", "unexpected status: {task}");
+        wait = Duration::from_millis(task["pollIntervalMs"].as_u64().unwrap_or(POLL_MS));
         assert!(
             Instant::now() < deadline,
             "task {id} did not end within {limit:?}; log:\n{}",
             w.log()
         );
     }
-}
-
-/// `data.retryAfterMs` of a -32045 error, checked to be sensible.
-fn retry_after(r: &Reply) -> Duration {
-    let ms = r
-        .error()
-        .pointer("/data/retryAfterMs")
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("-32045 without data.retryAfterMs: {}", r.raw));
-    assert!(
-        (1..=POLL_MS).contains(&ms),
-        "retryAfterMs {ms} outside 1..={POLL_MS}: {}",
-        r.raw
-    );
-    Duration::from_millis(ms)
 }
 
 /// Expects exactly the registered "no such task" error.
@@ -764,20 +744,19 @@ fn create_poll_complete(w: &mut dyn Wire, text: &str) {
     );
     let id = created_task(&r);
 
-    // Polling faster than pollIntervalMs is refused with a retry hint once
-    // the short burst allowance is spent.
-    let mut refused = None;
-    for _ in 0..10 {
+    // Polling faster than pollIntervalMs is never refused: each early poll
+    // is held until its read is due, so five back-to-back polls are all
+    // answered and take at least four intervals.
+    let started = Instant::now();
+    for _ in 0..5 {
         let r = w.call("tasks/get", json!({"taskId": id}), true);
-        if r.code() == Some(wire::POLL_TOO_SOON.code) {
-            refused = Some(r);
-            break;
-        }
         assert_eq!(r.result()["taskId"], id.as_str(), "{}", r.raw);
     }
-    let refused = refused.expect("ten back-to-back polls were never told -32045 (poll too soon)");
-    let wait = retry_after(&refused);
-    std::thread::sleep(wait);
+    assert!(
+        started.elapsed() >= Duration::from_millis(4 * POLL_MS),
+        "five back-to-back polls answered in {:?}: early polls were not held until due",
+        started.elapsed()
+    );
 
     let task = poll_until_terminal(w, &id, Duration::from_secs(10));
     assert_eq!(task["status"], "completed", "{task}");
@@ -980,6 +959,11 @@ fn legacy_sees_no_tasks(w: &mut dyn Wire) {
             .is_none(),
         "a legacy InitializeResult must not offer Tasks: {}",
         init.raw
+    );
+    let instructions = res["instructions"].as_str().unwrap_or_default();
+    assert!(
+        !instructions.contains("tasks/get"),
+        "a legacy session cannot poll, yet its instructions say to: {instructions}"
     );
     w.notify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
 

@@ -194,7 +194,7 @@ pub const SERVER_RESERVED_CONTROL_REQUESTS: KeySpec = int(
     16,
     (1, 1024),
     Unit::Count,
-    "`/mcp` requests other than `tools/call` (polls, cancels, listings) in flight, counted apart from `max_concurrent_requests` so long calls cannot starve them.",
+    "`/mcp` requests other than `tools/call` (polls, cancels, listings) in flight, counted apart from `max_concurrent_requests` so long calls cannot starve them; at most half of them wait in early polls held until due.",
 );
 pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
     Section::Server,
@@ -294,7 +294,7 @@ pub const TASKS_POLL_INTERVAL_MS: KeySpec = int(
     1000,
     (50, 60_000),
     Unit::Millis,
-    "Advertised `pollIntervalMs`; a client may poll three times in a row, after that faster polls get `TG_TASK_POLL_TOO_SOON` with `retryAfterMs`.",
+    "Advertised `pollIntervalMs`. A task is read from the store at most once per interval for each client: an earlier poll is never refused, it is held until its read is due (or, when half of `server.reserved_control_requests` already wait, answered with what that client was last told).",
 );
 pub const TASKS_MAX_RUNNING: KeySpec = int(
     Section::Tasks,

@@ -111,13 +111,11 @@ mod tests {
 
     #[test]
     fn every_domain_error_carries_its_registered_name() {
-        let e = error(TaskError::PollTooSoon {
-            retry_after_ms: 250,
-        });
-        assert_eq!(e.code.0 as i64, wire::POLL_TOO_SOON.code);
+        let e = error(TaskError::RunSlotsBusy { max_running: 4 });
+        assert_eq!(e.code.0 as i64, wire::RUN_SLOTS_BUSY.code);
         let data = e.data.unwrap_or_default();
-        assert_eq!(data["name"], wire::POLL_TOO_SOON.name);
-        assert_eq!(data["retryAfterMs"], 250);
+        assert_eq!(data["name"], wire::RUN_SLOTS_BUSY.name);
+        assert_eq!(data["maxRunning"], 4);
         let e = error(TaskError::Stopping);
         assert_eq!(e.code.0 as i64, wire::STOPPING.code);
     }

@@ -125,9 +125,13 @@ impl ServerHandler for Handler {
         };
         let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("taskgate", env!("CARGO_PKG_VERSION"));
-        info.instructions = Some(
-            "Long-running tools return a durable task when the request declares the io.modelcontextprotocol/tasks extension; poll tasks/get at pollIntervalMs. Put an operation ID in _meta[\"dev.taskgate/operationId\"] to make a retried call return the same task.".into(),
-        );
+        // A legacy session cannot use tasks/*: its instructions do not
+        // mention them.
+        info.instructions = Some(if self.is_legacy() {
+            "Tools run synchronously on this connection. Long-running tools can return a durable task that survives a lost connection only to clients of protocol 2026-07-28 that declare the io.modelcontextprotocol/tasks extension.".into()
+        } else {
+            "Long-running tools return a durable task when the request declares the io.modelcontextprotocol/tasks extension; poll tasks/get at pollIntervalMs (an earlier poll is held until due, never refused). Put an operation ID in _meta[\"dev.taskgate/operationId\"] to make a retried call return the same task.".into()
+        });
         info
     }
 

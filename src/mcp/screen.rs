@@ -28,8 +28,14 @@ use crate::wire::{self, WireCode};
 /// What kind of message passed the screen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
-    /// A request (it has an id): the client awaits an answer.
-    Request { method: String, id: Value },
+    /// A request (it has an id): the client awaits an answer. `target` is
+    /// what the `Mcp-Name` header mirrors: the tool of a `tools/call`, the
+    /// task of a `tasks/*` request.
+    Request {
+        method: String,
+        id: Value,
+        target: Option<String>,
+    },
     /// A notification (no id): nothing is answered.
     Notification { method: String },
     /// A client's answer to a request the server sent.
@@ -167,9 +173,17 @@ pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
             echo,
         ));
     }
+    let target = match method {
+        "tools/call" => params.and_then(|p| p.get("name")),
+        m if m.starts_with("tasks/") => params.and_then(|p| p.get("taskId")),
+        _ => None,
+    }
+    .and_then(Value::as_str)
+    .map(str::to_string);
     Ok(Kind::Request {
         method: method.to_string(),
         id: echo,
+        target,
     })
 }
 

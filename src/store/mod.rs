@@ -536,6 +536,8 @@ struct Shared {
     /// Incremented every time the store thread finishes a loop: the
     /// watchdog's evidence of progress when the queue is too full to ping.
     progress: AtomicU64,
+    /// Task reads asked of the store thread (`get`), for pacing evidence.
+    task_reads: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -580,6 +582,7 @@ impl Store {
             depth: options.queue_depth,
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),
+            task_reads: AtomicU64::new(0),
             thread: Mutex::new(None),
         });
         let (ready_tx, ready) = mpsc::channel();
@@ -650,7 +653,13 @@ impl Store {
     /// another owner's IDs alike.
     pub async fn get(&self, id: &TaskId, owner: &Digest) -> Result<Option<TaskRecord>, StoreError> {
         let (id, owner) = (id.clone(), *owner);
+        self.shared.task_reads.fetch_add(1, Ordering::Relaxed);
         self.call(|reply| Command::Get { id, owner, reply }).await
+    }
+
+    /// How many task reads ([`Store::get`]) were asked of the store so far.
+    pub fn task_reads(&self) -> u64 {
+        self.shared.task_reads.load(Ordering::Relaxed)
     }
 
     /// Moves a nonterminal task to a terminal status, once: if it is already

@@ -29,15 +29,32 @@ pub fn spec() -> ToolSpec {
     }
 }
 
-/// The result a spilled task keeps: where the whole result is.
-pub fn pointer(id: &TaskId, bytes: u64, is_error: bool) -> Value {
+/// The result a spilled task keeps: where the whole result is. `output`
+/// is what the tool wrote (the text of the result's content), the size a
+/// client can relate to its call; `stored` is the size of the stored JSON,
+/// which also carries the structured copy of a JSON output.
+pub fn pointer(id: &TaskId, output: u64, stored: u64, is_error: bool) -> Value {
     result_json(
         format!(
-            "The result ({bytes} bytes) is larger than a task record holds and was stored whole; call the {ARTIFACT_READ_TOOL} tool with {{\"taskId\": \"{id}\"}} to read it."
+            "The tool's output ({output} bytes) is larger than a task record holds and was stored whole; call the {ARTIFACT_READ_TOOL} tool with {{\"taskId\": \"{id}\"}} to read it."
         ),
-        Some(json!({"artifact": {"taskId": id.as_str(), "bytes": bytes}})),
+        Some(json!({"artifact": {"taskId": id.as_str(), "bytes": output, "storedBytes": stored}})),
         is_error,
     )
+}
+
+/// Bytes of text in a result's content: what the tool wrote.
+pub fn output_bytes(result: &Value) -> u64 {
+    result["content"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|c| c["text"].as_str())
+                .map(|t| t.len() as u64)
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// The stored result, while the task is visible to `owner`: an expired

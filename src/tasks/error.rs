@@ -30,8 +30,6 @@ pub enum TaskError {
     /// Unknown, expired and another owner's IDs: one answer for all three.
     #[error("task not found")]
     UnknownTask,
-    #[error("polled faster than pollIntervalMs; poll again in {retry_after_ms} ms")]
-    PollTooSoon { retry_after_ms: u64 },
     #[error("too many calls in flight; retry shortly")]
     ServerBusy,
     /// Every running slot is taken and the tool runs only as a task.
@@ -74,7 +72,6 @@ impl TaskError {
             TaskError::InvalidOperationId => wire::INVALID_PARAMS,
             TaskError::IdempotencyConflict => wire::IDEMPOTENCY_CONFLICT,
             TaskError::UnknownTask => wire::UNKNOWN_TASK,
-            TaskError::PollTooSoon { .. } => wire::POLL_TOO_SOON,
             TaskError::ServerBusy => wire::SERVER_BUSY,
             TaskError::SlotsBusy { .. } => wire::TASK_SLOTS_BUSY,
             TaskError::RunSlotsBusy { .. } => wire::RUN_SLOTS_BUSY,
@@ -109,9 +106,6 @@ impl TaskError {
         match self {
             TaskError::InvalidArguments(e) => Some(json!({"location": e.location})),
             TaskError::ArtifactArguments => Some(json!({"location": "arguments/taskId"})),
-            TaskError::PollTooSoon { retry_after_ms } => {
-                Some(json!({"retryAfterMs": retry_after_ms}))
-            }
             TaskError::SlotsBusy { max_running } | TaskError::RunSlotsBusy { max_running } => {
                 Some(json!({"maxRunning": max_running}))
             }

@@ -46,7 +46,7 @@ use crate::tools::{Registry, RunError, Runner, ToolSpec};
 
 pub use artifact_read::ARTIFACT_READ_TOOL;
 pub use error::TaskError;
-pub use polls::POLL_BURST;
+pub use polls::MAX_REMEMBERED_OUTCOME_BYTES;
 
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
@@ -98,6 +98,9 @@ pub struct Limits {
     pub max_polls_tracked: usize,
     /// Synchronous calls in flight (stdio has no HTTP-level limit).
     pub max_sync_calls: usize,
+    /// Early polls held until their read is due; past it an early poll is
+    /// answered from memory.
+    pub max_held_polls: usize,
 }
 
 /// Why a call that asked for a task could not become one.
@@ -247,7 +250,7 @@ impl TaskService {
         Arc::new(TaskService {
             slots: Arc::new(Semaphore::new(settings.max_running)),
             sync_slots: Arc::new(Semaphore::new(limits.max_sync_calls)),
-            polls: polls::Polls::new(settings.poll_interval, limits.max_polls_tracked),
+            polls: polls::Polls::new(limits.max_polls_tracked, limits.max_held_polls),
             store,
             tools,
             artifacts,
@@ -539,9 +542,14 @@ impl TaskService {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         match self.artifacts.write(id, owner, result) {
-            Ok(bytes) => (
+            Ok(stored) => (
                 status,
-                Some(Outcome::Result(artifact_read::pointer(id, bytes, is_error))),
+                Some(Outcome::Result(artifact_read::pointer(
+                    id,
+                    artifact_read::output_bytes(result),
+                    stored,
+                    is_error,
+                ))),
             ),
             Err(e) => {
                 tracing::error!(error = %e, "spilling a large result failed; the task fails");
@@ -571,15 +579,44 @@ impl TaskService {
         self.poll(id, owner).instrument(span).await
     }
 
+    /// An early poll is never refused: it waits until its task's next read
+    /// is due (or the daemon stops), or, when too many already wait, gets
+    /// what this owner was last told. See [`polls`].
     async fn poll(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
-        if let Some(parsed) = TaskId::parse(id) {
-            self.polls
-                .admit(&owner, &parsed)
-                .map_err(|retry_after_ms| TaskError::PollTooSoon { retry_after_ms })?;
+        let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let interval = self.settings.poll_interval;
+        if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
+            match self.polls.hold() {
+                Some(_held) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.stop.cancelled() => {}
+                    }
+                    if let polls::Pace::Early { last, .. } =
+                        self.polls.pace(&owner, &parsed, interval)
+                        && let Some(record) = self.unexpired(last)
+                    {
+                        // Another poll of the same task is reading it now.
+                        return Ok(record);
+                    }
+                }
+                None => {
+                    if let Some(record) = self.unexpired(last) {
+                        return Ok(record);
+                    }
+                }
+            }
         }
         let record = self.owned(id, &owner).await?;
-        self.polls.spend(owner, record.id.clone());
+        self.polls.answered(owner, &record);
         Ok(record)
+    }
+
+    /// A remembered record, unless it has expired since (then only the
+    /// store may answer, and it says "not found").
+    fn unexpired(&self, last: Option<Arc<TaskRecord>>) -> Option<TaskRecord> {
+        let now = self.store.clock().now_ms();
+        last.filter(|r| r.expires_ms > now).map(|r| (*r).clone())
     }
 
     /// `tasks/cancel`: commit the intent, then stop the run. A finished task

@@ -1,138 +1,251 @@
-//! The advertised poll interval, enforced per (owner, task) with a token
-//! bucket: a short burst is allowed (clients poll right after creating and
-//! right after a task ends), a sustained faster rate is refused before it
-//! reaches the store.
+//! The advertised poll interval, enforced per (owner, task) without ever
+//! failing a poll.
+//!
+//! The interval is a SHOULD for clients, and independent clients poll
+//! sooner (one backs off from 20 ms). A poll that comes before its task's
+//! next read is due is not refused: it is held until the read is due, and
+//! then reads the store. Held polls are bounded; past that bound an early
+//! poll is answered from memory with the record this owner was last given,
+//! which is the last committed state read for it. Either way the store is
+//! read at most about once per interval per task, however fast a client
+//! polls, and no well-formed poll ever gets an error for its timing.
 //!
 //! This is the one piece of task state held only in memory: losing it on a
-//! restart costs a client at most one burst. It is bounded by the live-task
-//! limit, and buckets that have refilled completely are the first to go.
+//! restart costs at most one early read per task. The table holds only
+//! tasks a poll was answered for (authorised and retained when read), at
+//! most `max_tracked` of them (the live-task limit); entries whose next read
+//! is already due restrain nothing and are the first to go. A remembered
+//! record is kept only when it is small (no result, or a result of at most
+//! [`MAX_REMEMBERED_OUTCOME_BYTES`]), so the table's memory stays bounded.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::store::{Digest, TaskId};
+use crate::store::{Digest, TaskId, TaskRecord};
 
-/// Polls a client may make in quick succession before the advertised
-/// interval is enforced.
-pub const POLL_BURST: f64 = 3.0;
+/// Largest encoded outcome a remembered record may carry; a record with a
+/// larger result is not remembered (a poll past the held bound then reads
+/// the store).
+pub const MAX_REMEMBERED_OUTCOME_BYTES: usize = 2 * 1024;
 
-#[derive(Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
+struct Entry {
+    /// When this task may next be read for this owner.
+    due: Instant,
+    /// What this owner was last told, if small enough to keep.
+    last: Option<Arc<TaskRecord>>,
 }
 
-impl Bucket {
-    fn refilled(self, interval: Duration, now: Instant) -> Bucket {
-        let earned =
-            now.saturating_duration_since(self.at).as_secs_f64() / interval.as_secs_f64().max(1e-3);
-        Bucket {
-            tokens: (self.tokens + earned).min(POLL_BURST),
-            at: now,
-        }
-    }
+/// What to do with a poll.
+pub enum Pace {
+    /// Read the store now.
+    Read,
+    /// Too early: the next read is due after `wait`. `last` is what the
+    /// owner was last told, for when the poll cannot be held.
+    Early {
+        wait: Duration,
+        last: Option<Arc<TaskRecord>>,
+    },
 }
 
 pub struct Polls {
-    interval: Duration,
     max_tracked: usize,
-    buckets: Mutex<HashMap<(Digest, TaskId), Bucket>>,
+    max_held: usize,
+    held: Arc<AtomicUsize>,
+    entries: Mutex<HashMap<(Digest, TaskId), Entry>>,
+}
+
+/// One held poll; the count goes down when it is dropped.
+pub struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Polls {
-    pub fn new(interval: Duration, max_tracked: usize) -> Polls {
+    pub fn new(max_tracked: usize, max_held: usize) -> Polls {
         Polls {
-            interval,
             max_tracked,
-            buckets: Mutex::new(HashMap::new()),
+            max_held,
+            held: Arc::new(AtomicUsize::new(0)),
+            entries: Mutex::new(HashMap::new()),
         }
     }
 
-    fn buckets(&self) -> std::sync::MutexGuard<'_, HashMap<(Digest, TaskId), Bucket>> {
-        self.buckets.lock().unwrap_or_else(|p| p.into_inner())
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(Digest, TaskId), Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `Err(ms)`: this poll comes too soon; the client may poll again after
-    /// `ms` milliseconds.
-    pub fn admit(&self, owner: &Digest, id: &TaskId) -> Result<(), u64> {
-        let key = (*owner, id.clone());
-        if let Some(bucket) = self.buckets().get(&key) {
-            let bucket = bucket.refilled(self.interval, Instant::now());
-            if bucket.tokens < 1.0 {
-                let wait = (1.0 - bucket.tokens) * self.interval.as_secs_f64() * 1000.0;
-                return Err(wait.ceil() as u64);
+    /// Whether a poll may read the store now. A poll that may reads claims
+    /// the slot: a second poll of the same task at the same moment is early.
+    pub fn pace(&self, owner: &Digest, id: &TaskId, interval: Duration) -> Pace {
+        let now = Instant::now();
+        let mut entries = self.entries();
+        let Some(entry) = entries.get_mut(&(*owner, id.clone())) else {
+            // Never answered (or forgotten): nothing to pace against.
+            return Pace::Read;
+        };
+        if entry.due <= now {
+            entry.due = now + interval;
+            return Pace::Read;
+        }
+        Pace::Early {
+            wait: entry.due - now,
+            last: entry.last.clone(),
+        }
+    }
+
+    /// A place to hold an early poll, if fewer than the bound are held.
+    pub fn hold(&self) -> Option<Held> {
+        let mut now = self.held.load(Ordering::SeqCst);
+        loop {
+            if now >= self.max_held {
+                return None;
+            }
+            match self
+                .held
+                .compare_exchange(now, now + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(Held(self.held.clone())),
+                Err(seen) => now = seen,
             }
         }
-        Ok(())
     }
 
-    /// Records an answered poll of a task the owner may see.
-    pub fn spend(&self, owner: Digest, id: TaskId) {
+    /// Records what a poll that read the store told the owner: the next read
+    /// of this task is due one interval (the task's own) from now.
+    pub fn answered(&self, owner: Digest, record: &TaskRecord) {
         let now = Instant::now();
-        let mut buckets = self.buckets();
-        if let Some(b) = buckets.get_mut(&(owner, id.clone())) {
-            let mut next = b.refilled(self.interval, now);
-            next.tokens -= 1.0;
-            *b = next;
+        let interval = Duration::from_millis(record.poll_interval_ms.max(1) as u64);
+        let last = remembered(record);
+        let mut entries = self.entries();
+        if let Some(entry) = entries.get_mut(&(owner, record.id.clone())) {
+            entry.due = entry.due.max(now + interval);
+            entry.last = last;
             return;
         }
-        if buckets.len() >= self.max_tracked {
-            // A full bucket restrains nothing: forget those.
-            let full_after = self.interval.mul_f64(POLL_BURST);
-            buckets.retain(|_, b| now.saturating_duration_since(b.at) < full_after);
+        if entries.len() >= self.max_tracked {
+            // An entry already due restrains nothing: forget those.
+            entries.retain(|_, e| e.due > now);
         }
-        if buckets.len() < self.max_tracked {
-            buckets.insert(
-                (owner, id),
-                Bucket {
-                    tokens: POLL_BURST - 1.0,
-                    at: now,
+        if entries.len() < self.max_tracked {
+            entries.insert(
+                (owner, record.id.clone()),
+                Entry {
+                    due: now + interval,
+                    last,
                 },
             );
         }
     }
+
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.entries().len()
+    }
+}
+
+/// The record to keep for answering from memory, if it is small.
+fn remembered(record: &TaskRecord) -> Option<Arc<TaskRecord>> {
+    let small = match &record.outcome {
+        None => true,
+        Some(outcome) => serde_json::to_vec(outcome)
+            .map(|b| b.len() <= MAX_REMEMBERED_OUTCOME_BYTES)
+            .unwrap_or(false),
+    };
+    small.then(|| Arc::new(record.clone()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Outcome, TaskStatus};
 
-    fn id() -> TaskId {
-        TaskId::generate().unwrap_or_else(|e| panic!("no task id: {e}"))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_then_one_poll_per_interval() {
-        let polls = Polls::new(Duration::from_millis(1000), 16);
-        let (owner, id) = (Digest::of(b"owner"), id());
-        for _ in 0..POLL_BURST as usize {
-            assert_eq!(polls.admit(&owner, &id), Ok(()));
-            polls.spend(owner, id.clone());
+    fn record(interval_ms: i64) -> TaskRecord {
+        TaskRecord {
+            id: TaskId::generate().unwrap_or_else(|e| panic!("no task id: {e}")),
+            status: TaskStatus::Working,
+            status_message: None,
+            created_ms: 0,
+            updated_ms: 0,
+            expires_ms: 60_000,
+            poll_interval_ms: interval_ms,
+            outcome: None,
+            cancel_requested: false,
         }
-        assert_eq!(polls.admit(&owner, &id), Err(1000));
-        tokio::time::advance(Duration::from_millis(400)).await;
-        assert_eq!(polls.admit(&owner, &id), Err(600));
-        tokio::time::advance(Duration::from_millis(600)).await;
-        assert_eq!(polls.admit(&owner, &id), Ok(()));
-        // Another owner's budget is its own.
-        assert_eq!(polls.admit(&Digest::of(b"other"), &id), Ok(()));
+    }
+
+    fn is_read(p: Pace) -> bool {
+        matches!(p, Pace::Read)
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_table_is_bounded_and_drops_full_buckets_first() {
-        let polls = Polls::new(Duration::from_millis(100), 2);
+    async fn one_read_per_interval_and_early_polls_learn_when_and_what() {
+        let polls = Polls::new(16, 4);
         let owner = Digest::of(b"owner");
-        let ids: Vec<TaskId> = (0..3).map(|_| id()).collect();
-        polls.spend(owner, ids[0].clone());
-        polls.spend(owner, ids[1].clone());
-        // Both buckets are still refilling: the third task is not tracked.
-        polls.spend(owner, ids[2].clone());
-        assert_eq!(polls.buckets().len(), 2);
+        let r = record(1000);
+        let interval = Duration::from_millis(1000);
+        assert!(is_read(polls.pace(&owner, &r.id, interval)));
+        polls.answered(owner, &r);
+        let Pace::Early { wait, last } = polls.pace(&owner, &r.id, interval) else {
+            panic!("a second poll at once must be early");
+        };
+        assert_eq!(wait, interval);
+        assert_eq!(last.as_deref(), Some(&r));
+        tokio::time::advance(Duration::from_millis(400)).await;
+        let Pace::Early { wait, .. } = polls.pace(&owner, &r.id, interval) else {
+            panic!("still early");
+        };
+        assert_eq!(wait, Duration::from_millis(600));
+        tokio::time::advance(Duration::from_millis(600)).await;
+        assert!(is_read(polls.pace(&owner, &r.id, interval)));
+        // That read claimed the slot: a simultaneous poll is early.
+        assert!(!is_read(polls.pace(&owner, &r.id, interval)));
+        // Another owner's pace is its own.
+        assert!(is_read(polls.pace(&Digest::of(b"other"), &r.id, interval)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_polls_are_bounded() {
+        let polls = Polls::new(16, 2);
+        let a = polls.hold();
+        let b = polls.hold();
+        assert!(a.is_some() && b.is_some());
+        assert!(polls.hold().is_none());
+        drop(a);
+        assert!(polls.hold().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_table_is_bounded_and_drops_due_entries_first() {
+        let polls = Polls::new(2, 1);
+        let owner = Digest::of(b"owner");
+        let records: Vec<TaskRecord> = (0..3).map(|_| record(100)).collect();
+        polls.answered(owner, &records[0]);
+        polls.answered(owner, &records[1]);
+        // Both are still pacing: the third task is not tracked.
+        polls.answered(owner, &records[2]);
+        assert_eq!(polls.tracked(), 2);
         tokio::time::advance(Duration::from_millis(300)).await;
-        polls.spend(owner, ids[2].clone());
-        assert_eq!(polls.buckets().len(), 1);
+        polls.answered(owner, &records[2]);
+        assert_eq!(polls.tracked(), 1);
+    }
+
+    #[test]
+    fn only_small_records_are_remembered() {
+        let mut r = record(100);
+        r.status = TaskStatus::Completed;
+        r.outcome = Some(Outcome::Result(serde_json::json!({"text": "short"})));
+        assert!(remembered(&r).is_some());
+        r.outcome = Some(Outcome::Result(serde_json::json!({
+            "text": "x".repeat(MAX_REMEMBERED_OUTCOME_BYTES)
+        })));
+        assert!(remembered(&r).is_none());
     }
 }
