@@ -163,6 +163,7 @@ impl App {
         );
         let session_door = SessionDoor {
             sessions: sessions.clone(),
+            turn: Arc::new(tokio::sync::Mutex::new(())),
         };
         let intake = Intake {
             max_request_bytes: settings.max_request_bytes,
@@ -356,12 +357,63 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
     match screen::screen(&bytes) {
         Ok(kind) => {
             name_the_task(&mut parts.headers, &kind);
+            let id = match &kind {
+                Kind::Request { id, .. } => id.clone(),
+                _ => serde_json::Value::Null,
+            };
             parts.extensions.insert(kind);
-            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
-                .await
+            let response = next
+                .run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await;
+            as_json_rpc(response, id).await
         }
         Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
     }
+}
+
+/// Longest plain-text refusal body from the protocol library that is
+/// carried over into a JSON-RPC error message.
+const MAX_REFUSAL_TEXT: usize = 4 * 1024;
+
+/// The protocol library refuses some requests from their headers or the
+/// session table (wrong Accept or Content-Type, no Host, an unknown
+/// session) with a plain-text body a JSON-RPC client cannot read. Such an
+/// answer keeps its status and gets a JSON-RPC error body carrying the
+/// library's words and the request's id.
+async fn as_json_rpc(response: Response, id: serde_json::Value) -> Response {
+    let json_already = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/json") || c.starts_with("text/event-stream"));
+    if response.status().is_success() || json_already {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, MAX_REFUSAL_TEXT).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = match text.is_empty() {
+        true => parts
+            .status
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_string(),
+        false => text,
+    };
+    let refusal = Refusal {
+        code: wire::HTTP_REFUSED,
+        message,
+        id,
+    };
+    let mut wrapped = json_rpc_error(parts.status, &refusal, false);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            wrapped.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    wrapped
 }
 
 /// A `tasks/*` request without `Mcp-Name` gets one, mirrored from the
@@ -708,10 +760,15 @@ impl SessionManager for BoundedSessions {
     }
 }
 
-/// What the session door needs: the sessions.
+/// What the session door needs: the sessions, and a turn for each
+/// session-less `initialize`.
 #[derive(Clone)]
 struct SessionDoor {
     sessions: Arc<BoundedSessions>,
+    /// Held from the count to the session's creation, so that two
+    /// `initialize` requests racing for the last slot cannot both pass the
+    /// door (the loser would get the library's plain-text 500).
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Past `server.max_sessions`, a legacy `initialize` gets a JSON-RPC 503
@@ -726,9 +783,17 @@ async fn refuse_sessions_past_the_bound(
         Some(Kind::Request { method, id, .. }) if method == "initialize" => id.clone(),
         _ => return next.run(request).await,
     };
-    if request.headers().contains_key("mcp-session-id")
-        || door.sessions.open().await < door.sessions.max
-    {
+    // The library reads a session id that is not text as no session id.
+    let in_session = request
+        .headers()
+        .get("mcp-session-id")
+        .is_some_and(|v| v.to_str().is_ok());
+    if in_session {
+        return next.run(request).await;
+    }
+    let _turn = door.turn.lock().await;
+    if door.sessions.open().await < door.sessions.max {
+        // The answer's head comes once the session exists.
         return next.run(request).await;
     }
     json_rpc_unavailable(

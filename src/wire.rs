@@ -105,6 +105,10 @@ registry! {
     /// JSON that is not one JSON-RPC 2.0 message (a batch, a bad id or version, no method).
     INVALID_REQUEST = (-32600, "TG_INVALID_REQUEST",
         "the message is not a single JSON-RPC 2.0 request, notification or response; the message says which part is wrong");
+    /// An HTTP request refused by the transport before it reached MCP (a
+    /// header, the session table).
+    HTTP_REFUSED = (-32600, "TG_HTTP_REFUSED",
+        "the HTTP request was refused before it reached MCP (its headers or its session); the message and the HTTP status say what to change");
     /// A request body past `server.max_request_bytes`.
     REQUEST_TOO_LARGE = (-32600, "TG_REQUEST_TOO_LARGE",
         "the request body is larger than the server accepts (server.max_request_bytes); send less, e.g. store large inputs elsewhere and pass a reference");

@@ -73,53 +73,10 @@ struct KnownDefect {
 }
 
 /// 5xx answers that are open defects.
-const KNOWN_5XX: &[KnownDefect] = &[KnownDefect {
-    status: 500,
-    body_starts: "Encounter an error when create session: too many legacy sessions",
-    why: "an initialize whose Mcp-Session-Id is not text (e.g. the byte 0xff) passes the session-bound check, which only asks whether the header is there, while rmcp reads it as absent and creates a session: with the table full the refusal is rmcp's plain-text 500 instead of 503 TG_SESSIONS_FULL",
-}];
+const KNOWN_5XX: &[KnownDefect] = &[];
 
-/// Non-2xx answers to `POST /mcp` in plain text that are open defects:
-/// rmcp refuses these from the headers or the session table before the
-/// request screen sees the body, except the last, which the screen lets
-/// through.
-const KNOWN_PLAIN_TEXT: &[KnownDefect] = &[
-    KnownDefect {
-        status: 400,
-        body_starts: "Bad Request: Session ID is required",
-        why: "a legacy-protocol request other than initialize without Mcp-Session-Id",
-    },
-    KnownDefect {
-        status: 400,
-        body_starts: "Bad Request: Unsupported MCP-Protocol-Version",
-        why: "an unknown MCP-Protocol-Version on a legacy-session request",
-    },
-    KnownDefect {
-        status: 400,
-        body_starts: "Bad Request: missing Host header",
-        why: "a request without Host",
-    },
-    KnownDefect {
-        status: 404,
-        body_starts: "Not Found: Session not found",
-        why: "an unknown or closed Mcp-Session-Id",
-    },
-    KnownDefect {
-        status: 406,
-        body_starts: "Not Acceptable: Client must accept both",
-        why: "an Accept without both application/json and text/event-stream",
-    },
-    KnownDefect {
-        status: 415,
-        body_starts: "Unsupported Media Type: Content-Type must be application/json",
-        why: "a Content-Type other than application/json",
-    },
-    KnownDefect {
-        status: 415,
-        body_starts: "fail to deserialize request body unrecognized JSON-RPC message",
-        why: "a request object that also has a \"result\" or \"error\" member: the screen passes it as a request and rmcp cannot read it",
-    },
-];
+/// Non-2xx answers to `POST /mcp` in plain text that are open defects.
+const KNOWN_PLAIN_TEXT: &[KnownDefect] = &[];
 
 /// The entry of `list` this answer is, if any.
 fn known(list: &[KnownDefect], a: &Answer) -> Option<usize> {

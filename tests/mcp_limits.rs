@@ -714,6 +714,54 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
     assert!(daemon.stop().success());
 }
 
+/// Sixteen `initialize` requests race for one session slot, twenty times
+/// over: each time exactly one gets the session and every other one the
+/// JSON-RPC 503, never the protocol library's plain-text 500.
+#[test]
+fn initializes_racing_for_the_last_session_slot_get_one_session_and_clean_refusals() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(root.path(), "[server]\nmax_sessions = 1\n");
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let port = daemon.port;
+    for round in 0..20u64 {
+        let racers: Vec<_> = (0..16u64)
+            .map(|n| std::thread::spawn(move || legacy_initialize(port, round * 100 + n)))
+            .collect();
+        let answers: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        let mut sessions = Vec::new();
+        for (status, session, body) in &answers {
+            if status.starts_with("HTTP/1.1 200") {
+                sessions.push(session.clone().expect("a 200 initialize opens a session"));
+                continue;
+            }
+            assert!(
+                status.starts_with("HTTP/1.1 503"),
+                "round {round}: {status} {body}"
+            );
+            let v: serde_json::Value = serde_json::from_str(body)
+                .unwrap_or_else(|e| panic!("round {round}: not JSON-RPC ({e}): {body}"));
+            assert_eq!(v["error"]["code"], wire::SESSIONS_FULL.code, "{body}");
+        }
+        assert_eq!(sessions.len(), 1, "round {round}: {answers:?}");
+        // Free the slot for the next round.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let request = format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: {}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n",
+            sessions[0]
+        );
+        s.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(
+            reply.starts_with("HTTP/1.1 2"),
+            "DELETE of the session: {reply}"
+        );
+    }
+    assert!(daemon.stop().success());
+}
+
 #[test]
 fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
     let root = private_dir();

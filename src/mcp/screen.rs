@@ -144,6 +144,13 @@ pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
             )),
         };
     };
+    if object.contains_key("result") || object.contains_key("error") {
+        return Err(Refusal::new(
+            wire::INVALID_REQUEST,
+            "a message with a \"method\" is a request or notification and carries no \"result\" or \"error\"",
+            echo,
+        ));
+    }
     let Some(method) = method.as_str() else {
         return Err(Refusal::new(
             wire::INVALID_REQUEST,
@@ -263,6 +270,8 @@ mod tests {
         assert_eq!((r.code.code, r.id), (-32600, Value::from("a")));
         let r = refused(r#"{"jsonrpc":"2.0","id":1}"#);
         assert_eq!(r.code.code, -32600);
+        let r = refused(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","result":{}}"#);
+        assert_eq!((r.code.code, r.id), (-32600, Value::from(2)));
     }
 
     #[test]
