@@ -655,48 +655,63 @@ class Attack:
     """Many non-blocking client sockets driven from one selector. Each
     socket is connected, sends `first` once connected, then `every` seconds
     one byte of `drip` (if any). What the server sends back and when it
-    closes the socket are recorded per socket."""
+    closes the socket are recorded per socket. With `reopen` (seconds), a
+    socket the server closed or refused is replaced by a new one of the same
+    kind that long after, as a persistent attacker would."""
 
-    def __init__(self, port, kinds, t0):
+    def __init__(self, port, kinds, t0, reopen=None):
         self.port = port
         self.t0 = t0
         self.sel = selectors.DefaultSelector()
         self.conns = []
         self.kinds = kinds  # list of (kind, first, drip, every)
+        self.reopen = reopen
+        self.pending = []  # (when, spec) of sockets to open again
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def _connect(self, spec):
+        kind, first, drip, every = spec
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        rc = s.connect_ex((HOST, self.port))
+        c = {
+            "kind": kind, "spec": spec, "sock": s, "first": first, "drip": drip,
+            "every": every, "connected": None, "sent": 0, "next_drip": None, "reply": b"",
+            "first_reply": None, "closed": None, "error": None,
+        }
+        self.conns.append(c)
+        if rc not in (0, errno.EINPROGRESS):
+            self._end(c, time.monotonic(), errno.errorcode.get(rc, str(rc)), registered=False)
+        else:
+            self.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
+
     def open(self):
-        for kind, first, drip, every in self.kinds:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            rc = s.connect_ex((HOST, self.port))
-            c = {
-                "kind": kind, "sock": s, "first": first, "drip": drip, "every": every,
-                "connected": None, "sent": 0, "next_drip": None, "reply": b"",
-                "first_reply": None, "closed": None, "error": None,
-            }
-            if rc not in (0, errno.EINPROGRESS):
-                c["error"] = errno.errorcode.get(rc, str(rc))
-                c["closed"] = time.monotonic() - self.t0
-                s.close()
-            else:
-                self.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
-            self.conns.append(c)
+        for spec in self.kinds:
+            self._connect(spec)
         self.opened = time.monotonic() - self.t0
         self.thread.start()
 
-    def _end(self, c, now, error=None):
+    def _end(self, c, now, error=None, registered=True):
         c["closed"] = now - self.t0
         c["error"] = error
-        try:
-            self.sel.unregister(c["sock"])
-        except (KeyError, ValueError):
-            pass
+        if registered:
+            try:
+                self.sel.unregister(c["sock"])
+            except (KeyError, ValueError):
+                pass
         c["sock"].close()
+        if self.reopen is not None and not self.halt.is_set():
+            self.pending.append((now + self.reopen, c["spec"]))
 
     def _run(self):
         while not self.halt.is_set():
+            now = time.monotonic()
+            if self.pending and self.pending[0][0] <= now:
+                due = [spec for (when, spec) in self.pending if when <= now]
+                self.pending = [(w, spec) for (w, spec) in self.pending if w > now]
+                for spec in due:
+                    self._connect(spec)
             if not self.sel.get_map():
                 # Every socket has ended: nothing to wait for but the stop.
                 self.halt.wait(0.05)
@@ -735,7 +750,8 @@ class Attack:
                         c["first_reply"] = now - self.t0
                     if len(c["reply"]) < 4096:
                         c["reply"] += data
-            for c in self.conns:
+            for key in list(self.sel.get_map().values()):
+                c = key.data
                 if c["closed"] is None and c["next_drip"] is not None and now >= c["next_drip"]:
                     byte = c["drip"][c["sent"] % len(c["drip"]):][:1]
                     try:
@@ -854,9 +870,12 @@ def scenario_idle(opts, keys, report):
         for p in probes:
             p.start()
         time.sleep(max(0.0, t0 - time.monotonic()))
-        attack = Attack(d.port, kinds, t0)
+        attack = Attack(d.port, kinds, t0, reopen=opts.reopen)
         attack.open()
-        report.note("{} sockets opened in {:.2f} s".format(total, attack.opened))
+        report.note("{} sockets opened in {:.2f} s{}".format(
+            total, attack.opened, "" if opts.reopen is None else
+            "; each one the server closes or refuses is opened again {} s later".format(
+                opts.reopen)))
         time.sleep(window)
         for p in probes:
             p.stop()
@@ -1236,6 +1255,10 @@ def main():
                          "timeout + 10 s)")
     ap.add_argument("--idle", type=int, default=2000, help="idle connections (2000)")
     ap.add_argument("--slowloris", type=int, default=256, help="slowloris connections (256)")
+    ap.add_argument("--reopen", type=float, default=None, metavar="SECS",
+                    help="idle: open a new connection of the same kind SECS after the server "
+                         "closed or refused one (a persistent attacker); by default none is "
+                         "reopened")
     ap.add_argument("--dribblers", type=int, default=64, help="dribbled bodies (64)")
     ap.add_argument("--sessions", type=int, default=50000,
                     help="legacy initialize requests (50000)")
