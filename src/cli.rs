@@ -32,7 +32,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run every startup validation read-only, print what was found, and
     /// exit with the code serve would refuse with. Serves nothing.
-    Check(CommonArgs),
+    ///
+    /// With --config-only, only the configuration and its tools are
+    /// validated (as serve and a reload validate them), without the state
+    /// directory or its lock: safe while the daemon serves, like `nginx -t`.
+    Check(CheckArgs),
     /// Write a commented starter configuration (to stdout without --config).
     Init(InitArgs),
     /// Call a tool on a running daemon and print the result as JSON.
@@ -159,9 +163,22 @@ pub struct CallArgs {
     /// task instead of running the tool twice.
     #[arg(long, value_name = "ID")]
     pub operation_id: Option<String>,
-    /// The daemon's MCP endpoint.
-    #[arg(long, value_name = "URL", default_value = crate::client::DEFAULT_URL)]
-    pub url: String,
+    #[command(flatten)]
+    pub endpoint: Endpoint,
+}
+
+/// Where the operator client finds the daemon.
+#[derive(Debug, Args)]
+pub struct Endpoint {
+    /// The daemon's MCP endpoint. Default: http://<server.listen>/mcp of
+    /// the configuration (--config, $TASKGATE_CONFIG, else the package's
+    /// /etc/taskgate/taskgate.toml when it exists), else
+    /// http://127.0.0.1:8765/mcp.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The configuration whose server.listen names the daemon (as for serve).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -185,9 +202,18 @@ pub struct TaskRef {
     /// Poll until the task has ended (get only).
     #[arg(long)]
     pub wait: bool,
-    /// The daemon's MCP endpoint.
-    #[arg(long, value_name = "URL", default_value = crate::client::DEFAULT_URL)]
-    pub url: String,
+    #[command(flatten)]
+    pub endpoint: Endpoint,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Validate the configuration and its tools only; never open the state
+    /// directory or its lock (usable while the daemon serves).
+    #[arg(long)]
+    pub config_only: bool,
 }
 
 #[derive(Debug, Args)]

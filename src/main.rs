@@ -9,7 +9,7 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use sd_notify::NotifyState;
 
-use taskgate::cli::{CallArgs, Cli, Command, InitArgs, TaskAction, TaskArgs};
+use taskgate::cli::{CallArgs, Cli, Command, Endpoint, InitArgs, TaskAction, TaskArgs};
 use taskgate::client::{Client, ClientError};
 use taskgate::exit::{Classify, ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
@@ -39,16 +39,30 @@ fn main() -> ExitCode {
     logging::init();
     match cli.command {
         Command::Call(args) => {
-            let arguments = match call_arguments(&args) {
+            let prepared = call_arguments(&args)
+                .and_then(|arguments| Ok((arguments, endpoint_url(&args.endpoint)?)));
+            let (arguments, url) = match prepared {
                 Ok(v) => v,
                 Err(refusal) => {
                     say(&format!("taskgate: {}", refusal.message));
                     return ExitCode::from(refusal.class.code());
                 }
             };
-            return operator(|rt| rt.block_on(call(&args, arguments)));
+            return operator(|rt| rt.block_on(call(&args, &url, arguments)));
         }
-        Command::Task(args) => return operator(|rt| rt.block_on(task(&args))),
+        Command::Task(args) => {
+            let endpoint = match &args.action {
+                TaskAction::Get(r) | TaskAction::Cancel(r) => &r.endpoint,
+            };
+            let url = match endpoint_url(endpoint) {
+                Ok(url) => url,
+                Err(refusal) => {
+                    say(&format!("taskgate: {}", refusal.message));
+                    return ExitCode::from(refusal.class.code());
+                }
+            };
+            return operator(|rt| rt.block_on(task(&args, &url)));
+        }
         _ => {}
     }
     match run(cli) {
@@ -101,7 +115,8 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             }
             service::serve(&args.overrides(), transport, builtins)
         }
-        Command::Check(args) => check(&args.overrides()),
+        Command::Check(args) if args.config_only => check_config(&args.common.overrides()),
+        Command::Check(args) => check(&args.common.overrides()),
         Command::Init(args) => init(&args),
         Command::Backup(args) => {
             let lines = if args.dry_run {
@@ -195,6 +210,36 @@ fn judge(v: serde_json::Value) -> Answer {
     }
 }
 
+/// The operator client's endpoint: `--url`, else the `server.listen` of the
+/// configuration a daemon would read: `--config`, `$TASKGATE_CONFIG`, else
+/// the packaged service's file when it exists (an operator on that host
+/// means that daemon), else the embedded default.
+fn endpoint_url(endpoint: &Endpoint) -> Result<String, Refusal> {
+    if let Some(url) = &endpoint.url {
+        return Ok(url.clone());
+    }
+    let mut config_path = endpoint.config.clone();
+    if config_path.is_none() && std::env::var_os(config::ENV_CONFIG_PATH).is_none() {
+        let packaged = std::path::Path::new(config::PACKAGE_CONFIG_PATH);
+        if packaged.exists() {
+            config_path = Some(packaged.to_path_buf());
+        }
+    }
+    let listen = config::configured_listen(&config::Overrides {
+        config_path,
+        ..Default::default()
+    })?;
+    if listen.port() == 0 {
+        return Err(Refusal::new(
+            ExitClass::Usage,
+            format!(
+                "server.listen = {listen} names no fixed port (the daemon picks one); name it with --url"
+            ),
+        ));
+    }
+    Ok(format!("http://{listen}/mcp"))
+}
+
 /// `--args`, which must be a JSON object.
 fn call_arguments(args: &CallArgs) -> Result<serde_json::Value, Refusal> {
     match serde_json::from_str(&args.args) {
@@ -206,8 +251,12 @@ fn call_arguments(args: &CallArgs) -> Result<serde_json::Value, Refusal> {
     }
 }
 
-async fn call(args: &CallArgs, arguments: serde_json::Value) -> Result<Answer, ClientError> {
-    let client = Client::new(&args.url, args.task)?;
+async fn call(
+    args: &CallArgs,
+    url: &str,
+    arguments: serde_json::Value,
+) -> Result<Answer, ClientError> {
+    let client = Client::new(url, args.task)?;
     let result = client
         .call_tool(&args.tool, arguments, args.operation_id.as_deref())
         .await?;
@@ -226,10 +275,10 @@ async fn call(args: &CallArgs, arguments: serde_json::Value) -> Result<Answer, C
     Ok(judge(result))
 }
 
-async fn task(args: &TaskArgs) -> Result<Answer, ClientError> {
+async fn task(args: &TaskArgs, url: &str) -> Result<Answer, ClientError> {
     match &args.action {
         TaskAction::Get(r) => {
-            let client = Client::new(&r.url, true)?;
+            let client = Client::new(url, true)?;
             let t = client.get_task(&r.id).await?;
             if r.wait {
                 return client.wait_task(&r.id, &t).await.map(judge);
@@ -237,7 +286,7 @@ async fn task(args: &TaskArgs) -> Result<Answer, ClientError> {
             Ok(judge(t))
         }
         TaskAction::Cancel(r) => {
-            let client = Client::new(&r.url, true)?;
+            let client = Client::new(url, true)?;
             client.cancel_task(&r.id).await?;
             // The acknowledgement is empty; show where the task now stands.
             client.get_task(&r.id).await.map(Answer::Ok)
@@ -245,14 +294,36 @@ async fn task(args: &TaskArgs) -> Result<Answer, ClientError> {
     }
 }
 
+/// `check --config-only`: what serve and a reload would accept, without
+/// the state directory.
+fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
+    let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
+    let file = match &config.file {
+        Some(path) => path.display().to_string(),
+        None => "no file (the embedded defaults)".to_string(),
+    };
+    out(format!(
+        "ok: configuration {file}: {} tools, listen {}",
+        tools.specs().count(),
+        config.server.listen
+    ))?;
+    out(format!(
+        "state directory {} ({}); not opened",
+        config.state_dir.display(),
+        config.state_dir_source
+    ))
+}
+
 fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
-    match startup::check(overrides)? {
+    let (source, outcome) = startup::check(overrides)?;
+    match outcome {
         CheckOutcome::NotCreatedYet(dir) => out(format!(
             "state directory {} does not exist yet; `taskgate serve` creates it",
             dir.display()
         )),
         CheckOutcome::Checked(dir, report) => {
             let d = dir.path().display();
+            out(format!("state directory {d} ({source})"))?;
             match report {
                 CheckReport::Missing => out(format!(
                     "ok: {d} is private; no database yet (serve creates it)"

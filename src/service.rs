@@ -1,8 +1,18 @@
 //! The serving process: startup in order, systemd notification (READY,
-//! STATUS, WATCHDOG, STOPPING), signals and the shutdown order.
+//! STATUS, WATCHDOG, RELOADING, STOPPING), signals, configuration reloads
+//! and the shutdown order.
 //!
 //! Signal handlers are installed before any startup work, so a SIGTERM at
-//! any moment, even the instant READY=1 went out, is a clean stop.
+//! any moment, even the instant READY=1 went out, is a clean stop, and a
+//! SIGHUP during startup (whose default would end the process) is a reload
+//! once serving begins.
+//!
+//! Reload (SIGHUP): RELOADING=1; the file is read and validated by the
+//! same function as at startup ([`startup::effective`]); an invalid one
+//! changes nothing (logged at error); a changed startup-only key is kept at
+//! its started value (one warning naming it); tools and the reloadable keys
+//! are swapped in for calls admitted afterwards (`TaskService::reload`);
+//! READY=1. Nothing that runs is stopped or altered.
 //!
 //! Shutdown: stop admitting (a call is refused with `TG_SERVER_STOPPING`,
 //! polls and cancels are still answered), then STOPPING=1; every
@@ -20,7 +30,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, BoundedSessions, LimitedListener};
 use crate::mcp::{self, Handler};
@@ -59,14 +69,22 @@ pub enum Transport {
     Stdio,
 }
 
-/// SIGTERM and SIGINT, caught from before startup until the process ends.
+/// SIGTERM and SIGINT (stop) and SIGHUP (reload), caught from before
+/// startup until the process ends.
 struct StopSignals {
     term: Signal,
     int: Signal,
+    hup: Signal,
+}
+
+/// What the main loop heard.
+enum Heard {
+    Stop,
+    Reload,
 }
 
 impl StopSignals {
-    /// Must run inside the runtime. From here on neither signal kills the
+    /// Must run inside the runtime. From here on no signal kills the
     /// process: one that arrives during startup is seen once serving begins.
     fn install() -> Result<StopSignals, Refusal> {
         let install = |kind: SignalKind, name: &str| {
@@ -80,15 +98,32 @@ impl StopSignals {
         Ok(StopSignals {
             term: install(SignalKind::terminate(), "SIGTERM")?,
             int: install(SignalKind::interrupt(), "SIGINT")?,
+            hup: install(SignalKind::hangup(), "SIGHUP")?,
         })
     }
 
-    async fn recv(&mut self) {
+    async fn recv(&mut self) -> Heard {
         tokio::select! {
             _ = self.term.recv() => tracing::info!("SIGTERM received"),
             _ = self.int.recv() => tracing::info!("SIGINT received"),
+            _ = self.hup.recv() => {
+                tracing::info!("SIGHUP received: reloading the configuration");
+                return Heard::Reload;
+            }
         }
+        Heard::Stop
     }
+}
+
+/// What a reload needs: how the daemon was started, and the configuration
+/// it started with (startup-only keys are compared with that one, so a
+/// refused change is named again at every reload until a restart).
+struct Reload {
+    overrides: Overrides,
+    builtins: Vec<Arc<dyn Runner>>,
+    started: Config,
+    /// The outcome of the last reload, for the STATUS line.
+    last: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Runs `taskgate serve` to completion. `builtins` are tools served beside
@@ -110,14 +145,16 @@ pub fn serve(
         })?;
     let signals = runtime.block_on(async { StopSignals::install() })?;
 
-    let config = Config::load(overrides)?;
-    if transport == Transport::Http {
-        refuse_unauthenticated_exposure(&config)?;
-    }
     for b in &builtins {
         tracing::warn!(tool = %b.spec().name, "serving a built-in test tool");
     }
-    let tools = Registry::build(&config.tools, builtins)?;
+    let startup::Effective { config, tools } = startup::effective(overrides, builtins.clone())?;
+    let reload = Reload {
+        overrides: overrides.clone(),
+        builtins,
+        started: config.clone(),
+        last: Arc::default(),
+    };
     // Bound before the store opens: an address in use is refused before
     // anything in the state directory is touched.
     let listener = match transport {
@@ -128,6 +165,7 @@ pub fn serve(
     let report = &serving.report;
     tracing::info!(
         state_dir = %serving.claimed.dir.path().display(),
+        state_dir_source = %config.state_dir_source,
         initialized = report.initialized,
         migrated_from = ?report.migrated_from,
         recovered = report.recovered,
@@ -169,6 +207,8 @@ pub fn serve(
         let mut process = Process {
             svc,
             signals,
+            reload,
+            describe: None,
             chores: TaskTracker::new(),
             chores_stop: CancellationToken::new(),
         };
@@ -184,21 +224,6 @@ pub fn serve(
     // The lock is released only when the process is done with the files.
     drop(serving.claimed);
     result
-}
-
-/// Authentication arrives later; until then only loopback is served.
-fn refuse_unauthenticated_exposure(config: &Config) -> Result<(), Refusal> {
-    let addr = config.server.listen;
-    if addr.ip().is_loopback() {
-        Ok(())
-    } else {
-        Err(Refusal::new(
-            ExitClass::Config,
-            format!(
-                "server.listen = {addr} is not a loopback address and no authentication is configured; listen on 127.0.0.1 or ::1"
-            ),
-        ))
-    }
 }
 
 async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
@@ -217,6 +242,9 @@ async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
 struct Process {
     svc: Arc<TaskService>,
     signals: StopSignals,
+    reload: Reload,
+    /// Where the daemon serves, for STATUS= (set once ready).
+    describe: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     /// Status refresh, watchdog, artifact sweep.
     chores: TaskTracker,
     chores_stop: CancellationToken,
@@ -235,10 +263,96 @@ impl Process {
             .spawn(sweep_artifacts(self.svc.clone(), stop.clone()));
     }
 
-    async fn ready(&self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+    async fn ready(&mut self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+        // The last reload's outcome stays on the STATUS line.
+        let last = self.reload.last.clone();
+        let describe: Arc<dyn Fn() -> String + Send + Sync> =
+            Arc::new(move || match lock(&last).as_deref() {
+                Some(reload) => format!("{}; {reload}", describe()),
+                None => describe(),
+            });
         let status = status_line(&self.svc, &describe()).await;
         notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.describe = Some(describe.clone());
         self.spawn_chores(describe);
+    }
+
+    /// Serves reloads until a stop signal comes.
+    async fn until_stop(&mut self) {
+        while let Heard::Reload = self.signals.recv().await {
+            self.reload_configuration().await;
+        }
+    }
+
+    /// One reload, between RELOADING=1 and READY=1 (systemd's reload
+    /// protocol: MONOTONIC_USEC ties the two to this SIGHUP).
+    async fn reload_configuration(&mut self) {
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => notify(&[NotifyState::Reloading, now]),
+            Err(_) => notify(&[NotifyState::Reloading]),
+        }
+        let outcome = match startup::effective(&self.reload.overrides, self.reload.builtins.clone())
+        {
+            Err(refusal) => {
+                tracing::error!(
+                    "configuration reload refused: {}; still running on the previous configuration",
+                    refusal.message
+                );
+                "last reload refused (invalid configuration; see the log)".to_string()
+            }
+            Ok(new) => self.apply(new),
+        };
+        *lock(&self.reload.last) = Some(outcome);
+        let describe = self.describe.clone();
+        let status = match describe {
+            Some(describe) => status_line(&self.svc, &describe()).await,
+            None => String::new(),
+        };
+        notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    }
+
+    /// Applies a validated configuration: the reloadable parts go to new
+    /// calls, a changed startup-only key is named and left as it started.
+    fn apply(&self, new: startup::Effective) -> String {
+        let mut kept = Vec::new();
+        for change in self.reload.started.changes(&new.config) {
+            if change.key.is_startup_only() {
+                tracing::warn!(
+                    key = %change.key.dotted(),
+                    "configuration reload: {} = {} in the new configuration, but it applies at start only; keeping {} until a restart",
+                    change.key.dotted(),
+                    change.new,
+                    change.old
+                );
+                kept.push(change.key.dotted());
+            }
+        }
+        let names = |r: &Registry| -> std::collections::BTreeSet<String> {
+            r.specs().map(|s| s.name.clone()).collect()
+        };
+        let before = names(&self.svc.tools());
+        let after = names(&new.tools);
+        let added: Vec<&String> = after.difference(&before).collect();
+        let removed: Vec<&String> = before.difference(&after).collect();
+        let poll_interval = new.config.tasks.poll_interval;
+        self.svc.reload(new.tools, poll_interval);
+        tracing::info!(
+            tools = after.len(),
+            "configuration reloaded: {} tools (added: {}; removed: {}), {} = {} ms; running tasks keep the tools they started with",
+            after.len(),
+            list(&added),
+            list(&removed),
+            keys::TASKS_POLL_INTERVAL_MS.dotted(),
+            poll_interval.as_millis()
+        );
+        if kept.is_empty() {
+            "last reload applied".to_string()
+        } else {
+            format!(
+                "last reload applied, except startup-only {} (restart to apply)",
+                kept.join(", ")
+            )
+        }
     }
 
     async fn run_http(
@@ -273,7 +387,7 @@ impl Process {
         }))
         .await;
 
-        self.signals.recv().await;
+        self.until_stop().await;
         self.begin_stopping();
         // Tools first, while clients can still poll their tasks' ends.
         self.svc.stop_running(self.svc.stop_limit()).await;
@@ -315,7 +429,7 @@ impl Process {
         let pump = tokio::spawn(pump);
         let serving = Handler::new(self.svc.clone()).serve(transport);
         let running = tokio::select! {
-            _ = self.signals.recv() => None,
+            _ = self.until_stop() => None,
             r = serving => match r {
                 Ok(running) => Some(running),
                 // The client left before its first lifecycle request: a normal end.
@@ -335,7 +449,7 @@ impl Process {
             let cancel = running.cancellation_token();
             let mut waiting = Box::pin(running.waiting());
             tokio::select! {
-                _ = self.signals.recv() => session = Some((cancel, waiting)),
+                _ = self.until_stop() => session = Some((cancel, waiting)),
                 r = &mut waiting => match r {
                     Ok(reason) => tracing::info!(?reason, "stdio client went away"),
                     Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
@@ -375,6 +489,23 @@ impl Process {
             Ok(()) => tracing::info!("stopped cleanly"),
             Err(e) => tracing::warn!(error = %e, "store shutdown incomplete"),
         }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `a, b` or `none`.
+fn list(names: &[&String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

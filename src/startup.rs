@@ -5,12 +5,41 @@
 //!
 //! A refused start leaves every file as it was: everything that can refuse
 //! runs read-only before the first file is created or written.
+//!
+//! Step 1, the effective settings, is one function ([`effective`]) for
+//! `serve`, `check`, `check --config-only` and a reload: what one accepts
+//! the others accept.
+
+use std::sync::Arc;
 
 use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
 use crate::state_dir::{Actor, LifetimeLock, StateDir};
 use crate::store::{self, CheckReport, OpenReport, Store, StoreId, StoreOptions};
+use crate::tools::{Registry, Runner};
+
+/// The settings a start would run with, every one validated.
+pub struct Effective {
+    pub config: Config,
+    /// The configured tools compiled (schemas, argv templates), with the
+    /// built-ins beside them.
+    pub tools: Registry,
+}
+
+/// Step 1: the configuration layered and checked key by key (a listen
+/// address that is not loopback included, from any layer), the rules
+/// between keys, and the tools compiled. Touches nothing but the
+/// configuration file. `builtins` are the tools served beside the
+/// configured ones (the benchmark's no-op).
+pub fn effective(
+    overrides: &Overrides,
+    builtins: Vec<Arc<dyn Runner>>,
+) -> Result<Effective, Refusal> {
+    let config = Config::load(overrides)?;
+    let tools = Registry::build(&config.tools, builtins)?;
+    Ok(Effective { config, tools })
+}
 
 /// A state directory found safe, with its lock held.
 pub struct Claimed {
@@ -92,12 +121,13 @@ pub enum CheckOutcome {
     Checked(StateDir, CheckReport),
 }
 
-/// Steps 1 and 3–5 without writing to the database.
-pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
-    let config = Config::load(overrides)?;
-    crate::tools::Registry::build(&config.tools, Vec::new())?;
+/// Steps 1 and 3–5 without writing to the database; also says where the
+/// state directory choice came from.
+pub fn check(overrides: &Overrides) -> Result<(StateDirSource, CheckOutcome), Refusal> {
+    let config = effective(overrides, Vec::new())?.config;
+    let source = config.state_dir_source.clone();
     if config.state_dir_source == StateDirSource::Default && !StateDir::exists(&config.state_dir) {
-        return Ok(CheckOutcome::NotCreatedYet(config.state_dir));
+        return Ok((source, CheckOutcome::NotCreatedYet(config.state_dir)));
     }
     let claimed = claim_as(&config, Actor::Operator)?;
     let (report, _) = store::check_identified(
@@ -105,5 +135,5 @@ pub fn check(overrides: &Overrides) -> Result<CheckOutcome, Refusal> {
         config.store.max_db_pages,
         claimed.recorded_store().as_ref(),
     )?;
-    Ok(CheckOutcome::Checked(claimed.dir, report))
+    Ok((source, CheckOutcome::Checked(claimed.dir, report)))
 }

@@ -457,6 +457,12 @@ fn bad_configuration() {
             &["store.directory", "relative"],
         ),
         ("[server]\nlisten = 5\n", &["listen", "line 2"]),
+        // `check` runs exactly the validations `serve` runs: a non-loopback
+        // address is refused by both, not only when serving.
+        (
+            "[server]\nlisten = \"0.0.0.0:8765\"\n",
+            &["server.listen = 0.0.0.0:8765", "not a loopback address"],
+        ),
         ("this is not toml", &["c.toml"]),
     ];
     let cfg = root.path().join("c.toml");

@@ -74,17 +74,25 @@ pub enum Kind {
     Int(IntSpec),
 }
 
-/// When a changed value takes effect. Every key is read once at startup
-/// today; a reload command will mark the keys it can apply live.
+/// When a changed value takes effect.
+///
+/// A reload (SIGHUP, `systemctl reload taskgate`) applies the `Reload` keys
+/// to new calls; a changed `AtStart` key is refused by the reload, which
+/// names it in the log and keeps the old value until a restart. A key is
+/// `Reload` only when changing it cannot touch what already runs: the
+/// listener, the store and the bounds the running daemon was sized by stay
+/// as they were started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applies {
     AtStart,
+    Reload,
 }
 
 impl Applies {
     pub const fn label(self) -> &'static str {
         match self {
             Applies::AtStart => "at start",
+            Applies::Reload => "on reload",
         }
     }
 }
@@ -130,6 +138,14 @@ impl KeySpec {
 
     pub fn is_startup_only(&self) -> bool {
         self.applies == Applies::AtStart
+    }
+
+    /// The sentence the starter file and the man page add to the key's doc.
+    fn applies_text(&self) -> &'static str {
+        match self.applies {
+            Applies::AtStart => "Applied at start; a reload keeps the old value.",
+            Applies::Reload => "Applied on reload.",
+        }
     }
 }
 
@@ -288,14 +304,17 @@ pub const TASKS_DEFAULT_TTL_SECS: KeySpec = int(
     Unit::Seconds,
     "How long a task stays readable after creation (`ttlMs`); a finished task stays at least one hour after it finished.",
 );
-pub const TASKS_POLL_INTERVAL_MS: KeySpec = int(
-    Section::Tasks,
-    "poll_interval_ms",
-    1000,
-    (50, 60_000),
-    Unit::Millis,
-    "Advertised `pollIntervalMs`. A task is read from the store at most once per interval for each client: an earlier poll is never refused, it is held until its read is due (or, when half of `server.reserved_control_requests` already wait, answered with what that client was last told).",
-);
+pub const TASKS_POLL_INTERVAL_MS: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tasks,
+        "poll_interval_ms",
+        1000,
+        (50, 60_000),
+        Unit::Millis,
+        "Advertised `pollIntervalMs`. A task is read from the store at most once per interval for each client: an earlier poll is never refused, it is held until its read is due (or, when half of `server.reserved_control_requests` already wait, answered with what that client was last told). A reload applies it to tasks created afterwards and to the pacing of later polls.",
+    )
+};
 pub const TASKS_MAX_RUNNING: KeySpec = int(
     Section::Tasks,
     "max_running",
@@ -338,30 +357,39 @@ pub const TASKS_ARTIFACT_MAX_BYTES: KeySpec = KeySpec {
     )
 };
 
-pub const TOOL_TIMEOUT_SECS: KeySpec = int(
-    Section::Tool,
-    "timeout_secs",
-    300,
-    (1, 7 * DAY),
-    Unit::Seconds,
-    "Seconds a call may run; then the tool's process group is killed and the call fails.",
-);
-pub const TOOL_MAX_STDOUT_BYTES: KeySpec = int(
-    Section::Tool,
-    "max_stdout_bytes",
-    MIB,
-    (1, GIB),
-    Unit::Bytes,
-    "Largest output the tool may write; more is an error, never a truncated result.",
-);
-pub const TOOL_MAX_STDERR_BYTES: KeySpec = int(
-    Section::Tool,
-    "max_stderr_bytes",
-    64 * KIB,
-    (0, 64 * MIB),
-    Unit::Bytes,
-    "Largest error output the tool may write; more is an error.",
-);
+pub const TOOL_TIMEOUT_SECS: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "timeout_secs",
+        300,
+        (1, 7 * DAY),
+        Unit::Seconds,
+        "Seconds a call may run; then the tool's process group is killed and the call fails.",
+    )
+};
+pub const TOOL_MAX_STDOUT_BYTES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_stdout_bytes",
+        MIB,
+        (1, GIB),
+        Unit::Bytes,
+        "Largest output the tool may write; more is an error, never a truncated result.",
+    )
+};
+pub const TOOL_MAX_STDERR_BYTES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_stderr_bytes",
+        64 * KIB,
+        (0, 64 * MIB),
+        Unit::Bytes,
+        "Largest error output the tool may write; more is an error.",
+    )
+};
 
 /// The settings of `[server]`, `[store]` and `[tasks]`, in documented order.
 pub static KEYS: &[KeySpec] = &[
@@ -520,9 +548,13 @@ pub const PACKAGE_STATE_DIR: &str = "/var/lib/taskgate";
 pub fn starter_config(directory: Option<&str>) -> String {
     let mut s = String::from(
         "# taskgate configuration. Every key is optional; the values shown are the
-# defaults. Settings are read once at startup. Any key can also be set in the
-# environment as TASKGATE_<SECTION>_<KEY>, e.g. TASKGATE_STORE_QUEUE_DEPTH=256;
-# command-line flags override both. See taskgate.toml(5).
+# defaults. Settings are read at startup; `systemctl reload taskgate` (SIGHUP)
+# re-reads this file and applies the tools and the keys marked \"Applied on
+# reload\" to new calls, and refuses, naming it in the log, a change to any
+# other key until a restart. Test the file with `taskgate check --config-only`.
+# Any key can also be set in the environment as TASKGATE_<SECTION>_<KEY>, e.g.
+# TASKGATE_STORE_QUEUE_DEPTH=256; command-line flags override both. See
+# taskgate.toml(5).
 ",
     );
     for section in Section::SETTINGS {
@@ -535,6 +567,7 @@ pub fn starter_config(directory: Option<&str>) -> String {
             if let Kind::Int(_) = key.kind {
                 let _ = write!(doc, " Range {}.", range_text(key, Medium::Toml));
             }
+            let _ = write!(doc, " {}", key.applies_text());
             wrap_comment(&doc, &mut s);
             let _ = match key.kind {
                 Kind::Address { default } => writeln!(s, "{} = {default:?}", key.name),
@@ -550,6 +583,8 @@ pub fn starter_config(directory: Option<&str>) -> String {
         r#"
 # Tools are commands. This one would run `/usr/bin/date -u +FORMAT` as a
 # background task for clients that negotiate Tasks; see taskgate.toml(5).
+# Tools are applied on reload: new calls get the new definitions, running
+# calls keep the one they started with.
 #
 # [[tool]]
 # name = "utc_date"
@@ -623,6 +658,7 @@ fn roff_key(key: &KeySpec, out: &mut String) {
         );
     }
     text.push('.');
+    let _ = write!(text, " {}", key.applies_text());
     if let Some(flag) = key.flag {
         let _ = write!(text, " Overridden by \\fB{}\\fR.", roff_escape(flag));
     }
@@ -644,9 +680,17 @@ taskgate.toml \- configuration of the taskgate MCP Tasks daemon
 .SH SYNOPSIS
 .B /etc/taskgate/taskgate.toml
 .SH DESCRIPTION
-A TOML file read once by
+A TOML file read by
 .BR taskgate (1)
 at startup. Every key is optional; the embedded defaults apply to keys left out.
+On SIGHUP
+.RB ( "systemctl reload taskgate" )
+the daemon reads the file again: it applies the tools and the keys marked
+\(lqApplied on reload\(rq to new calls (a running call keeps the tool it started with),
+refuses a change to any other key with one log line naming it (that key keeps its
+old value until a restart), and keeps every old setting when the new file is invalid.
+.B taskgate check \-\-config\-only
+tests a file without touching the state directory, also while the daemon serves.
 Any key can also be given in the environment as
 .BI TASKGATE_ SECTION _ KEY\fR,
 for example

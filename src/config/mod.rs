@@ -3,9 +3,11 @@
 //!
 //! Every key is defined once, in [`keys`]: the loader validates against
 //! that table, and the starter file, the docs' reference table and the man
-//! page are rendered from it. Every setting is read once at startup;
-//! nothing reloads. Unknown keys, relative paths and out-of-range bounds
-//! refuse the start (exit 78) naming the key and where it came from. The
+//! page are rendered from it. A reload loads the whole configuration again
+//! the same way; [`Config::changes`] says which keys differ, and the table
+//! says which of them may apply without a restart. Unknown keys, relative
+//! paths and out-of-range bounds refuse the start (exit 78) naming the key
+//! and where it came from. The
 //! state directory has its own precedence (flag, then systemd's
 //! `$STATE_DIRECTORY`, then the layered `[store] directory`, then the XDG
 //! default) because systemd owns the directory when it runs the unit.
@@ -30,6 +32,9 @@ pub const ENV_CONFIG_PATH: &str = "TASKGATE_CONFIG";
 pub const ENV_LOG: &str = "TASKGATE_LOG";
 const ENV_PREFIX: &str = "TASKGATE_";
 const ENV_RESERVED_PREFIX: &str = "TASKGATE_TEST_";
+
+/// The configuration file of the packaged service (its unit's `--config`).
+pub const PACKAGE_CONFIG_PATH: &str = "/etc/taskgate/taskgate.toml";
 
 pub const DEFAULT_LISTEN: &str = match keys::SERVER_LISTEN.kind {
     Kind::Address { default } => default,
@@ -116,10 +121,29 @@ pub enum ConfigError {
         value: String,
         origin: String,
     },
+    /// Authentication arrives later; until then only loopback is served.
+    #[error(
+        "{key} = {value} (from {origin}) is not a loopback address and no authentication is configured; listen on 127.0.0.1 or ::1"
+    )]
+    NotLoopback {
+        key: String,
+        value: SocketAddr,
+        origin: String,
+    },
     #[error(
         "no state directory: neither --state-dir, $STATE_DIRECTORY, [store] directory, $XDG_STATE_HOME nor $HOME is set; pass --state-dir"
     )]
     NoStateDir,
+    /// The unit's `StateDirectory=` and the configured directory disagree:
+    /// one of them would be ignored without a word.
+    #[error(
+        "store.directory = {configured:?} (from {origin}) contradicts systemd's StateDirectory= ($STATE_DIRECTORY={systemd:?}), which the service would use instead; set store.directory to {systemd:?} or remove it, or move the service with a StateDirectory= drop-in (systemctl edit taskgate)"
+    )]
+    StateDirContradiction {
+        configured: PathBuf,
+        origin: String,
+        systemd: PathBuf,
+    },
 }
 
 impl Classify for ConfigError {
@@ -144,6 +168,21 @@ pub enum StateDirSource {
     Configured(String),
     /// The XDG default; the only directory taskgate creates itself.
     Default,
+}
+
+/// `from …`, as `check` prints it and `serve` logs it, so that the
+/// precedence is never a surprise.
+impl std::fmt::Display for StateDirSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateDirSource::Flag => write!(f, "from --state-dir"),
+            StateDirSource::SystemdStateDirectory => {
+                write!(f, "from systemd's StateDirectory= ($STATE_DIRECTORY)")
+            }
+            StateDirSource::Configured(origin) => write!(f, "from store.directory in {origin}"),
+            StateDirSource::Default => write!(f, "the default, $XDG_STATE_HOME/taskgate"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -215,12 +254,17 @@ pub struct ToolConfig {
 
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file read (from `--config` or `$TASKGATE_CONFIG`), if any.
+    pub file: Option<PathBuf>,
     pub state_dir: PathBuf,
     pub state_dir_source: StateDirSource,
     pub server: ServerSettings,
     pub store: StoreSettings,
     pub tasks: TaskSettings,
     pub tools: Vec<ToolConfig>,
+    /// Every setting's effective value as text, by dotted key: what a
+    /// reload compares to find the keys that changed.
+    values: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -350,38 +394,13 @@ impl Config {
         overrides: &Overrides,
         env: &HashMap<String, String>,
     ) -> Result<Config, ConfigError> {
-        let mut layers = Layers::default();
-        let config_file = overrides
-            .config_path
-            .clone()
-            .or_else(|| env.get(ENV_CONFIG_PATH).map(PathBuf::from));
-
-        let mut raw_tools = Vec::new();
-        let mut tools_origin = EMBEDDED.to_string();
-        if let Some(path) = &config_file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            let origin = path.display().to_string();
-            raw_tools = file_layer(&mut layers, &origin, &text)?;
-            tools_origin = origin;
-        }
-        env_layer(&mut layers, env)?;
-
-        // Checked even when the flag overrides it: a wrong file is wrong.
-        let layered_listen = layers.text(&keys::SERVER_LISTEN)?;
-        let (listen_text, listen_origin) = match &overrides.listen {
-            Some(l) => (l.clone(), "flag --listen".to_string()),
-            None => {
-                layered_listen.unwrap_or_else(|| (DEFAULT_LISTEN.to_string(), EMBEDDED.to_string()))
-            }
-        };
-        let listen: SocketAddr = listen_text.parse().map_err(|_| ConfigError::BadAddress {
-            key: keys::SERVER_LISTEN.dotted(),
-            value: listen_text.clone(),
-            origin: listen_origin,
-        })?;
+        let Layered {
+            layers,
+            file: config_file,
+            raw_tools,
+            tools_origin,
+        } = Layered::read(overrides, env)?;
+        let listen = layers.listen(overrides)?;
 
         let store = StoreSettings {
             queue_depth: layers.size(&keys::STORE_QUEUE_DEPTH)?,
@@ -420,7 +439,21 @@ impl Config {
         };
         let tools = tool_settings(raw_tools, tools_origin)?;
 
+        let mut values = BTreeMap::new();
+        for key in keys::KEYS {
+            let value = match key.kind {
+                Kind::Int(_) => layers.int(key)?.to_string(),
+                // One key of each of these kinds; their effective values
+                // are the ones resolved above (flags and precedence included).
+                Kind::Address { .. } => listen.to_string(),
+                Kind::Path => state_dir.display().to_string(),
+            };
+            values.insert(key.dotted(), value);
+        }
+
         Ok(Config {
+            file: config_file,
+            values,
             state_dir,
             state_dir_source,
             server,
@@ -428,6 +461,111 @@ impl Config {
             tasks,
             tools,
         })
+    }
+}
+
+/// The file and environment layers of a load, before any value is used.
+struct Layered {
+    layers: Layers,
+    file: Option<PathBuf>,
+    raw_tools: Vec<RawTool>,
+    tools_origin: String,
+}
+
+impl Layered {
+    fn read(overrides: &Overrides, env: &HashMap<String, String>) -> Result<Layered, ConfigError> {
+        let mut layers = Layers::default();
+        let file = overrides
+            .config_path
+            .clone()
+            .or_else(|| env.get(ENV_CONFIG_PATH).map(PathBuf::from));
+        let mut raw_tools = Vec::new();
+        let mut tools_origin = EMBEDDED.to_string();
+        if let Some(path) = &file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let origin = path.display().to_string();
+            raw_tools = file_layer(&mut layers, &origin, &text)?;
+            tools_origin = origin;
+        }
+        env_layer(&mut layers, env)?;
+        Ok(Layered {
+            layers,
+            file,
+            raw_tools,
+            tools_origin,
+        })
+    }
+}
+
+impl Layers {
+    /// `server.listen`, the flag first. The layered value is checked even
+    /// when the flag overrides it: a wrong file is wrong, whatever this one
+    /// process was started with.
+    fn listen(&self, overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
+        let address = |text: &str, origin: String| {
+            let key = keys::SERVER_LISTEN.dotted();
+            match text.parse::<SocketAddr>() {
+                Err(_) => Err(ConfigError::BadAddress {
+                    key,
+                    value: text.to_string(),
+                    origin,
+                }),
+                Ok(addr) if !addr.ip().is_loopback() => Err(ConfigError::NotLoopback {
+                    key,
+                    value: addr,
+                    origin,
+                }),
+                Ok(addr) => Ok(addr),
+            }
+        };
+        let layered = match self.text(&keys::SERVER_LISTEN)? {
+            Some((text, origin)) => Some(address(&text, origin)?),
+            None => None,
+        };
+        match &overrides.listen {
+            Some(flag) => address(flag, "flag --listen".to_string()),
+            None => match layered {
+                Some(addr) => Ok(addr),
+                None => address(DEFAULT_LISTEN, EMBEDDED.to_string()),
+            },
+        }
+    }
+}
+
+/// The address a daemon started with this configuration listens on: for
+/// the operator client, which needs no state directory. The file and the
+/// environment are checked key by key as for `serve`.
+pub fn configured_listen(overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    Layered::read(overrides, &env)?.layers.listen(overrides)
+}
+
+/// One setting that differs between two configurations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub key: &'static KeySpec,
+    pub old: String,
+    pub new: String,
+}
+
+impl Config {
+    /// The settings whose effective value differs in `new`, in table order.
+    pub fn changes(&self, new: &Config) -> Vec<Change> {
+        keys::KEYS
+            .iter()
+            .filter_map(|key| {
+                let dotted = key.dotted();
+                let (old, new) = (self.values.get(&dotted)?, new.values.get(&dotted)?);
+                (old != new).then(|| Change {
+                    key,
+                    old: old.clone(),
+                    new: new.clone(),
+                })
+            })
+            .collect()
     }
 }
 
@@ -567,6 +705,18 @@ fn resolve_state_dir(
         // systemd joins several StateDirectory= entries with ':'; ours is the first.
         let first = PathBuf::from(list.split(':').next().unwrap_or(list));
         require_absolute("$STATE_DIRECTORY".into(), &first, "the environment".into())?;
+        // Under the unit the directory is systemd's: a configured one that
+        // differs would be ignored in silence, while `check` run by hand
+        // (without $STATE_DIRECTORY) would look at it. Refused instead.
+        if let Some((dir, origin)) = configured
+            && !same_directory(&dir, &first)
+        {
+            return Err(ConfigError::StateDirContradiction {
+                configured: dir,
+                origin,
+                systemd: first,
+            });
+        }
         return Ok((first, StateDirSource::SystemdStateDirectory));
     }
     if let Some((dir, origin)) = configured {
@@ -581,6 +731,18 @@ fn resolve_state_dir(
         },
     };
     Ok((base.join("taskgate"), StateDirSource::Default))
+}
+
+/// The same directory: equal paths (`/var/lib/taskgate/` is
+/// `/var/lib/taskgate`), or two names that resolve to one directory.
+fn same_directory(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// Tool names the daemon itself serves.
@@ -843,11 +1005,29 @@ mod tests {
             &over,
             &env(&[
                 ("STATE_DIRECTORY", "/var/lib/taskgate"),
-                ("TASKGATE_STORE_DIRECTORY", "/srv/tg"),
+                ("TASKGATE_STORE_DIRECTORY", "/var/lib/taskgate/"),
             ]),
         )
         .unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/taskgate"));
+        assert_eq!(c.state_dir_source, StateDirSource::SystemdStateDirectory);
+        // systemd's directory and another configured one: refused, naming both.
+        let e = Config::load_from(
+            &over,
+            &env(&[
+                ("STATE_DIRECTORY", "/var/lib/taskgate"),
+                ("TASKGATE_STORE_DIRECTORY", "/srv/tg"),
+            ]),
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("/srv/tg")
+                && s.contains("TASKGATE_STORE_DIRECTORY")
+                && s.contains("StateDirectory=")
+                && s.contains("/var/lib/taskgate"),
+            "{s}"
+        );
         let over = Overrides {
             state_dir: Some("/flag".into()),
             ..Default::default()

@@ -27,7 +27,7 @@ mod request;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -216,7 +216,9 @@ struct Running {
 
 pub struct TaskService {
     store: Store,
-    tools: Registry,
+    /// Tools and poll interval for calls admitted from now on; a reload
+    /// replaces them whole (see [`TaskService::reload`]).
+    live: RwLock<Arc<Live>>,
     artifacts: Artifacts,
     settings: TaskSettings,
     /// `tasks.max_running`: held by every run that starts a process.
@@ -239,6 +241,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What a configuration reload may change, swapped as one value: a call
+/// reads it at admission and keeps the `Arc<dyn Runner>` it found, so a
+/// running task goes on with the tool definition it started with.
+struct Live {
+    tools: Registry,
+    poll_interval: Duration,
+}
+
 impl TaskService {
     pub fn new(
         store: Store,
@@ -251,8 +261,11 @@ impl TaskService {
             slots: Arc::new(Semaphore::new(settings.max_running)),
             sync_slots: Arc::new(Semaphore::new(limits.max_sync_calls)),
             polls: polls::Polls::new(limits.max_polls_tracked, limits.max_held_polls),
+            live: RwLock::new(Arc::new(Live {
+                tools,
+                poll_interval: settings.poll_interval,
+            })),
             store,
-            tools,
             artifacts,
             settings,
             running: Mutex::new(HashMap::new()),
@@ -268,9 +281,30 @@ impl TaskService {
         &self.store
     }
 
+    fn live(&self) -> Arc<Live> {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A configuration reload: calls admitted from now on find `tools`,
+    /// tasks created from now on advertise `poll_interval`, and polls from
+    /// now on are paced by it. Nothing that runs is touched: an admitted call already
+    /// holds its tool.
+    pub fn reload(&self, tools: Registry, poll_interval: Duration) {
+        let live = Arc::new(Live {
+            tools,
+            poll_interval,
+        });
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
+    }
+
+    /// The tools calls are admitted to now (without `artifact_read`).
+    pub fn tools(&self) -> Registry {
+        self.live().tools.clone()
+    }
+
     /// Every tool a client may call: the registry's and `artifact_read`.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        let mut specs: Vec<ToolSpec> = self.tools.specs().cloned().collect();
+        let mut specs: Vec<ToolSpec> = self.live().tools.specs().cloned().collect();
         specs.push(artifact_read::spec());
         specs
     }
@@ -330,7 +364,7 @@ impl TaskService {
                 .await
                 .map(Delivery::Now);
         }
-        let Some(tool) = self.tools.get(&call.tool) else {
+        let Some(tool) = self.live().tools.get(&call.tool) else {
             return Err(TaskError::UnknownTool(call.tool));
         };
         let args = call.arguments.unwrap_or_default();
@@ -409,7 +443,7 @@ impl TaskService {
             reference: operation_id.as_deref().map(request::reference),
             request: Some(request::identity(name, args)),
             ttl_ms: self.settings.default_ttl.as_millis() as i64,
-            poll_interval_ms: self.settings.poll_interval.as_millis() as i64,
+            poll_interval_ms: self.live().poll_interval.as_millis() as i64,
         };
         match self.store.create(new).await {
             Ok(Created::New(record)) => {
@@ -584,7 +618,7 @@ impl TaskService {
     /// what this owner was last told. See [`polls`].
     async fn poll(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
         let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
-        let interval = self.settings.poll_interval;
+        let interval = self.live().poll_interval;
         if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
             match self.polls.hold() {
                 Some(_held) => {

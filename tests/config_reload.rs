@@ -1,0 +1,263 @@
+//! `systemctl reload taskgate`: SIGHUP to a real daemon. The reload
+//! protocol (RELOADING=1, then READY=1) comes through the harness's notify
+//! socket; what the reload did is seen through MCP (tools/list, calls, a
+//! running task) and, for the refusals that are the behaviour under test,
+//! in the log line that names them.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use common::*;
+
+const STEP: Duration = Duration::from_secs(15);
+
+/// `hold` writes to the `started` FIFO once it runs, then waits until the
+/// test writes a line into the `release` FIFO, and prints it: a task that
+/// runs exactly as long as the test wants, with no sleep anywhere.
+const HOLD_TOOL: &str = r#"
+[[tool]]
+name = "hold"
+description = "Runs until released."
+argv = ["/bin/sh", "-c", 'echo started > "$0"; read line < "$1"; printf "released %s" "$line"', "{started}", "{release}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+[tool.input_schema]
+type = "object"
+required = ["started", "release"]
+[tool.input_schema.properties.started]
+type = "string"
+[tool.input_schema.properties.release]
+type = "string"
+"#;
+
+const ECHO_TOOL: &str = r#"
+[[tool]]
+name = "echo"
+description = "Prints its text."
+argv = ["/bin/echo", "{text}"]
+effect = "read_only"
+task = "optional"
+[tool.input_schema]
+type = "object"
+required = ["text"]
+[tool.input_schema.properties.text]
+type = "string"
+"#;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    state: PathBuf,
+}
+
+impl Fixture {
+    fn new(config: &str) -> Fixture {
+        let dir = private_dir();
+        let state = state_dir(dir.path());
+        let f = Fixture {
+            config: dir.path().join("taskgate.toml"),
+            dir,
+            state,
+        };
+        f.rewrite(config);
+        f
+    }
+
+    /// Replaces the file in one rename, as an editor or a package does.
+    fn rewrite(&self, text: &str) {
+        let tmp = self.path("taskgate.toml.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.config).unwrap();
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn start(&self) -> Daemon {
+        Daemon::builder()
+            .config(&self.config)
+            .state_dir(&self.state)
+            .start()
+    }
+}
+
+/// SIGHUP, then the reload protocol: RELOADING=1 (with MONOTONIC_USEC),
+/// then READY=1 with the STATUS= line, which is returned.
+fn reload(d: &mut Daemon) -> String {
+    d.signal(Signal::SIGHUP);
+    let reloading = d.wait_for("RELOADING=1", STEP);
+    assert!(
+        reloading.contains("MONOTONIC_USEC="),
+        "RELOADING=1 without MONOTONIC_USEC: {reloading:?}"
+    );
+    let ready = d.wait_for("READY=1", STEP);
+    ready
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUS="))
+        .unwrap_or_else(|| panic!("READY=1 after a reload came without STATUS=: {ready:?}"))
+        .to_string()
+}
+
+fn tool_names(rt: &tokio::runtime::Runtime, d: &Daemon) -> Vec<String> {
+    let list = rt
+        .block_on(d.client(true).request("tools/list", json!({}), None, None))
+        .unwrap();
+    let mut names: Vec<String> = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn status(task: &Value) -> &str {
+    task["status"].as_str().unwrap_or("")
+}
+
+/// The reload adds a tool visible in tools/list and callable at once,
+/// removes one, and applies the new poll interval to new tasks, while a
+/// long task started before it keeps running on the definition it started
+/// with (its tool is gone from the new file) and then completes.
+#[test]
+fn a_reload_changes_the_tools_while_a_running_task_goes_on_and_completes() {
+    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{HOLD_TOOL}"));
+    let mut d = f.start();
+    let rt = runtime();
+    let client = d.client(true);
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "hold"]);
+
+    let started = Fifo::new(&f.path("started"));
+    let release = f.path("release");
+    nix::unistd::mkfifo(&release, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let task = rt
+        .block_on(client.call_tool(
+            "hold",
+            json!({"started": started.path, "release": release}),
+            None,
+        ))
+        .unwrap();
+    let id = task["taskId"].as_str().unwrap().to_string();
+    assert_eq!(task["pollIntervalMs"], 200, "{task}");
+    assert_eq!(started.read(STEP).trim(), "started");
+
+    // New file: `hold` gone, `echo` added, a slower poll interval.
+    f.rewrite(&format!("[tasks]\npoll_interval_ms = 300\n{ECHO_TOOL}"));
+    let line = reload(&mut d);
+    assert!(line.contains("last reload applied"), "{line}");
+    assert!(!line.contains("startup-only"), "{line}");
+
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    let echoed = rt
+        .block_on(client.call_tool("echo", json!({"text": "new tool"}), None))
+        .unwrap();
+    assert_eq!(echoed["pollIntervalMs"], 300, "{echoed}");
+    let echoed = rt
+        .block_on(client.wait_task(echoed["taskId"].as_str().unwrap(), &echoed))
+        .unwrap();
+    assert_eq!(status(&echoed), "completed", "{echoed}");
+    assert!(echoed.to_string().contains("new tool"), "{echoed}");
+    let gone = rt.block_on(client.call_tool(
+        "hold",
+        json!({"started": "/nonexistent", "release": "/nonexistent"}),
+        None,
+    ));
+    assert!(
+        gone.is_err(),
+        "a removed tool is refused for new calls: {gone:?}"
+    );
+
+    // The task started before the reload is still running, and ends with
+    // the result of the tool it started with.
+    let now = rt.block_on(client.get_task(&id)).unwrap();
+    assert_eq!(status(&now), "working", "{now}");
+    std::fs::write(&release, "after the reload\n").unwrap();
+    let done = rt.block_on(client.wait_task(&id, &now)).unwrap();
+    assert_eq!(status(&done), "completed", "{done}");
+    assert!(
+        done.to_string().contains("released after the reload"),
+        "{done}"
+    );
+    assert!(d.stop().success());
+}
+
+/// An invalid file (a bad key, or a tool that does not compile) changes
+/// nothing: the old tools are served, the error is logged with its reason.
+#[test]
+fn an_invalid_file_on_reload_keeps_the_old_configuration() {
+    let f = Fixture::new(ECHO_TOOL);
+    let mut d = f.start();
+    let rt = runtime();
+
+    f.rewrite(&format!("[tasks]\npoll_interval_ms = 7\n{ECHO_TOOL}"));
+    let line = reload(&mut d);
+    assert!(line.contains("last reload refused"), "{line}");
+    let log = d.log_text();
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("configuration reload refused"))
+        .unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    assert!(
+        refusal.contains("ERROR")
+            && refusal.contains("tasks.poll_interval_ms = 7")
+            && refusal.contains("still running on the previous configuration"),
+        "{refusal}"
+    );
+
+    // A tool whose template names no property, with another tool added:
+    // nothing of it is applied.
+    f.rewrite(&format!(
+        "{ECHO_TOOL}{}",
+        HOLD_TOOL.replace("{release}\"]", "{nosuch}\"]")
+    ));
+    reload(&mut d);
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    let echoed = rt
+        .block_on(
+            d.client(false)
+                .call_tool("echo", json!({"text": "still"}), None),
+        )
+        .unwrap();
+    assert!(echoed.to_string().contains("still"), "{echoed}");
+    assert!(d.log_text().contains("nosuch"));
+    assert!(d.stop().success());
+}
+
+/// A changed startup-only key is not applied; one log line names it, with
+/// both values, at every reload until a restart; the rest of the file is
+/// applied.
+#[test]
+fn a_changed_startup_only_key_is_refused_by_name_and_the_rest_applied() {
+    let f = Fixture::new("[server]\nmax_connections = 64\n");
+    let mut d = f.start();
+    let rt = runtime();
+
+    f.rewrite(&format!("[server]\nmax_connections = 100\n{ECHO_TOOL}"));
+    let line = reload(&mut d);
+    assert!(
+        line.contains("last reload applied, except startup-only server.max_connections"),
+        "{line}"
+    );
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    let refused = |log: &str| {
+        log.lines()
+            .filter(|l| {
+                l.contains("server.max_connections = 100")
+                    && l.contains("applies at start only; keeping 64 until a restart")
+            })
+            .count()
+    };
+    assert_eq!(refused(&d.log_text()), 1, "{}", d.log_text());
+    // Said again at the next reload: the running value is still the old one.
+    reload(&mut d);
+    assert_eq!(refused(&d.log_text()), 2, "{}", d.log_text());
+    assert!(d.stop().success());
+}
