@@ -6,7 +6,8 @@
 # First it checks everything the suite needs from the machine: root (tests
 # chown files to another user, mount a tmpfs in a private mount namespace,
 # and the package's system test boots a container), a C compiler, strace,
-# unshare, npm (the MCP conformance suite), and for the package's system
+# unshare, npm (the MCP conformance suite), python3-venv (the FastMCP
+# client from PyPI), and for the package's system
 # test lintian, debootstrap, systemd-nspawn and cargo-deb 3.8.0. As root on
 # Debian it installs what is missing (apt-get, cargo install --locked);
 # otherwise it stops before running anything, with one line per missing
@@ -76,6 +77,9 @@ check_prereqs() {
   # npm may come from elsewhere than Debian (with its own node): only ask
   # apt for it when there is none at all.
   command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"
+  # The independent FastMCP client is installed from PyPI into a venv.
+  python3 -c 'import venv, ensurepip' 2>/dev/null \
+    || apt_need python3-venv python3-venv "a venv for the independent FastMCP client (fastmcp-tasks from PyPI)"
   if [ "$system_test" -eq 1 ]; then
     command -v lintian >/dev/null || apt_need lintian lintian "system test: the package must be lintian-clean"
     command -v debootstrap >/dev/null || apt_need debootstrap debootstrap "system test: builds the container's Debian 12 root"

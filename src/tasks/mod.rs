@@ -642,6 +642,7 @@ impl TaskService {
             }
         }
         let record = self.owned(id, &owner).await?;
+        tracing::debug!(task = %record.id.as_str(), "task read from the store");
         self.polls.answered(owner, &record);
         Ok(record)
     }
