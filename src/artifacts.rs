@@ -144,7 +144,7 @@ impl Artifacts {
                 .map_err(io_err(&dir))?;
             tracing::info!(
                 removed,
-                "removed temporary artifact files left by an interrupted write"
+                "removed {removed} temporary artifact files left by an interrupted write"
             );
         }
         Ok(Artifacts {
@@ -175,7 +175,7 @@ impl Artifacts {
                 .map_err(io_err(&self.dir))?;
             tracing::info!(
                 removed,
-                "removed results spilled by tasks that never committed them"
+                "removed {removed} results spilled by tasks that never committed them"
             );
         }
         Ok(())

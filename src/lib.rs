@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod events;
 pub mod exit;
 pub mod http;
 pub mod logging;

@@ -1,7 +1,16 @@
 //! Logging: structured fields to journald when stderr is the journal,
 //! plain lines on stderr otherwise. `TASKGATE_LOG` sets the filter.
+//!
+//! Journal hygiene: every message's text carries its values (an address,
+//! a path, counts), because `journalctl` shows only the text unless asked
+//! for `-o verbose`; the events an operator or a monitor looks for carry a
+//! stable `MESSAGE_ID` ([`crate::events`]) explained in the journal catalog the
+//! package ships (`packaging/taskgate.catalog`); a refused start is an
+//! error (priority 3), so `journalctl -p err` finds it; a request a client
+//! got wrong is the client's error, never a warning in our journal.
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::OnceLock;
 
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::EnvFilter;
@@ -10,6 +19,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::ENV_LOG;
+use crate::events as ids;
 
 /// systemd sets `JOURNAL_STREAM=dev:ino` for a stderr connected to the
 /// journal; a child that inherited the variable but not the stream must
@@ -51,12 +61,72 @@ pub const CAPPED_TARGETS: &[&str] = &[
     "tower_http",
 ];
 
+/// rmcp modules whose warnings are about a peer's request, not about
+/// taskgate: `rmcp::service` logs every request the handler refused
+/// ("response error", with a Debug dump of the error: one line per refused
+/// poll) and every request refused before it (`rejected peer request`);
+/// `rmcp::service::server` a failed version negotiation; the streamable
+/// HTTP transport a bad Host, Origin or protocol header. The client got
+/// the error in its answer; in our journal these are held at error, so a
+/// warning there is always about the daemon itself. taskgate's own targets
+/// are not touched.
+pub const CLIENT_CAUSED_TARGETS: &[&str] =
+    &["rmcp::service", "rmcp::transport::streamable_http_server"];
+
 /// The cap applied after the operator's filter: an event must pass both.
 fn cap() -> Targets {
-    CAPPED_TARGETS.iter().fold(
+    let capped = CAPPED_TARGETS.iter().fold(
         Targets::new().with_default(LevelFilter::TRACE),
         |t, name| t.with_target(*name, LevelFilter::WARN),
-    )
+    );
+    CLIENT_CAUSED_TARGETS
+        .iter()
+        .fold(capped, |t, name| t.with_target(*name, LevelFilter::ERROR))
+}
+
+/// Whether a field is the first one written: each event's (and span's)
+/// field visitor gets a fresh clone of the formatter, so a fresh flag.
+struct First(std::sync::atomic::AtomicBool);
+
+impl Default for First {
+    fn default() -> Self {
+        First(std::sync::atomic::AtomicBool::new(true))
+    }
+}
+
+impl Clone for First {
+    fn clone(&self) -> Self {
+        First::default()
+    }
+}
+
+impl First {
+    fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Whether events go to the journal (set once by [`init`]).
+static TO_JOURNAL: OnceLock<bool> = OnceLock::new();
+
+/// Reports a refusal that ends the process: one line on stderr, as every
+/// command does; under systemd (stderr is the journal) it is an error
+/// event instead, with [`ids::REFUSED`] and the exit status, because a
+/// line on the journal's stderr stream is stored at info priority and
+/// `journalctl -p err` would miss it.
+pub fn refused(line: &str, exit_status: u8) {
+    use std::io::Write as _;
+    if TO_JOURNAL.get().copied().unwrap_or(false) {
+        tracing::error!(message_id = ids::REFUSED, exit_status, "{line}");
+        // journald learns which unit a message came from by reading the
+        // sender's /proc entry when the datagram arrives; a process that
+        // is already gone leaves the line without its unit, and
+        // `journalctl -u taskgate` would not show it. A refusing process
+        // has nothing else to do: give journald a moment.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    } else {
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
 }
 
 pub fn init() {
@@ -65,18 +135,44 @@ pub fn init() {
     if stderr_is_journal()
         && let Ok(layer) = tracing_journald::layer()
     {
-        let _ = tracing_subscriber::registry()
+        // Fields keep their own names (STATE_DIR=, LISTEN=, TASK=), and
+        // `message_id` becomes the journal's MESSAGE_ID=, which the
+        // catalog matches on; the default "F_" prefix would hide it.
+        let layer = layer
+            .with_syslog_identifier("taskgate".into())
+            .with_field_prefix(None);
+        if tracing_subscriber::registry()
             .with(filter())
             .with(cap())
-            .with(layer.with_syslog_identifier("taskgate".into()))
-            .try_init();
+            .with(layer)
+            .try_init()
+            .is_ok()
+        {
+            let _ = TO_JOURNAL.set(true);
+        }
         return;
     }
+    let _ = TO_JOURNAL.set(false);
+    // The message ID is for the journal; on a terminal or in a file it is
+    // noise. Every other field is printed as `name=value`.
+    let first = First::default();
+    let fields = tracing_subscriber::fmt::format::debug_fn(move |w, field, value| {
+        if field.name() == "message_id" {
+            return Ok(());
+        }
+        let sep = if first.take() { "" } else { " " };
+        if field.name() == "message" {
+            write!(w, "{sep}{value:?}")
+        } else {
+            write!(w, "{sep}{}={value:?}", field.name())
+        }
+    });
     let _ = tracing_subscriber::registry()
         .with(filter())
         .with(cap())
         .with(
             tracing_subscriber::fmt::layer()
+                .fmt_fields(fields)
                 .with_writer(std::io::stderr)
                 .with_target(false)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
@@ -93,7 +189,7 @@ mod tests {
     fn the_cap_holds_protocol_libraries_at_warn_and_lets_taskgate_through() {
         let cap = cap();
         for name in CAPPED_TARGETS {
-            let sub = format!("{name}::service");
+            let sub = format!("{name}::handler");
             for target in [*name, sub.as_str()] {
                 assert!(cap.would_enable(target, &Level::WARN), "{target}");
                 assert!(!cap.would_enable(target, &Level::INFO), "{target}");
@@ -102,5 +198,52 @@ mod tests {
             }
         }
         assert!(cap.would_enable("taskgate::tasks", &Level::TRACE));
+    }
+
+    #[test]
+    fn client_caused_rmcp_warnings_are_held_at_error_and_taskgate_warnings_pass() {
+        let cap = cap();
+        for target in [
+            "rmcp::service",
+            "rmcp::service::server",
+            "rmcp::transport::streamable_http_server::tower",
+        ] {
+            assert!(!cap.would_enable(target, &Level::WARN), "{target}");
+            assert!(cap.would_enable(target, &Level::ERROR), "{target}");
+        }
+        // Other rmcp modules keep their warnings.
+        assert!(cap.would_enable("rmcp::transport::io", &Level::WARN));
+        for target in ["taskgate", "taskgate::service", "taskgate::store::worker"] {
+            assert!(cap.would_enable(target, &Level::WARN), "{target}");
+        }
+    }
+
+    #[test]
+    fn message_ids_are_distinct_128_bit_ids_and_each_has_a_catalog_entry() {
+        let catalog = include_str!("../packaging/taskgate.catalog");
+        let mut seen = std::collections::HashSet::new();
+        for (name, id) in ids::ALL {
+            assert_eq!(id.len(), 32, "{name}");
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{name}: {id}"
+            );
+            assert!(seen.insert(id), "{name} repeats {id}");
+            let header = format!("-- {id}\n");
+            assert!(catalog.contains(&header), "{name}: no catalog entry {id}");
+        }
+        // And no entry for an ID the code no longer has.
+        for line in catalog.lines().filter(|l| l.starts_with("-- ")) {
+            let id = line
+                .trim_start_matches("-- ")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            assert!(
+                seen.contains(id),
+                "catalog entry {id} matches no ID in the code"
+            );
+        }
     }
 }

@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) => {
             let line = refusal.line();
-            say(&line);
+            logging::refused(&line, refusal.class.code());
             // systemd keeps the last STATUS= of a failed start.
             service::notify(&[NotifyState::Status(&line)]);
             ExitCode::from(refusal.class.code())

@@ -58,7 +58,7 @@ const HTTP_CLOSE_LIMIT: Duration = Duration::from_secs(5);
 /// Sends states to the service manager; a no-op without `NOTIFY_SOCKET`.
 pub fn notify(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, "cannot notify the service manager");
+        tracing::warn!(error = %e, "cannot notify the service manager: {e}");
     }
 }
 
@@ -146,7 +146,7 @@ pub fn serve(
     let signals = runtime.block_on(async { StopSignals::install() })?;
 
     for b in &builtins {
-        tracing::warn!(tool = %b.spec().name, "serving a built-in test tool");
+        tracing::warn!(tool = %b.spec().name, "serving a built-in test tool: {}", b.spec().name);
     }
     let startup::Effective { config, tools } = startup::effective(overrides, builtins.clone())?;
     let reload = Reload {
@@ -164,6 +164,7 @@ pub fn serve(
     let serving = startup::open_serving(&config)?;
     let report = &serving.report;
     tracing::info!(
+        message_id = crate::events::START,
         state_dir = %serving.claimed.dir.path().display(),
         state_dir_source = %config.state_dir_source,
         initialized = report.initialized,
@@ -172,7 +173,11 @@ pub fn serve(
         retained = report.retained,
         unexpired = report.unexpired,
         tools = config.tools.len(),
-        "task store open"
+        "task store open in {}: {} tasks retained ({} unexpired), {} tools",
+        serving.claimed.dir.path().display(),
+        report.retained,
+        report.unexpired,
+        config.tools.len(),
     );
     if report.recovered > 0 {
         // Enough IDs to find the affected tasks, never an unbounded line.
@@ -183,10 +188,14 @@ pub fn serve(
             .map(|id| id.as_str())
             .collect();
         tracing::warn!(
+            message_id = crate::events::RECOVERY,
             recovered = report.recovered,
             cancelled = report.cancelled,
             first_ids = %shown.join(" "),
-            "tasks that were running when the daemon stopped have ended (cancelled if their cancel was committed, failed otherwise); none was re-run"
+            "{} tasks that were running when the daemon stopped have ended ({} cancelled as their cancel was committed, the rest failed); none was re-run; first: {}",
+            report.recovered,
+            report.cancelled,
+            shown.join(" "),
         );
     }
     let svc = TaskService::new(
@@ -381,7 +390,11 @@ impl Process {
                 async move { stop.cancelled().await },
             ))
         };
-        tracing::info!(listen = %local, "serving MCP over HTTP at /mcp");
+        tracing::info!(
+            message_id = crate::events::READY,
+            listen = %local,
+            "serving MCP over HTTP at http://{local}/mcp"
+        );
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
         }))
@@ -401,8 +414,8 @@ impl Process {
         let abort = server.abort_handle();
         match tokio::time::timeout(HTTP_CLOSE_LIMIT, server).await {
             Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed: {e}"),
             Err(_) => {
                 tracing::warn!("HTTP connections did not close in time; dropping them");
                 abort.abort();
@@ -415,7 +428,11 @@ impl Process {
     async fn run_stdio(&mut self, state_dir: String, max_line_bytes: usize) -> Result<(), Refusal> {
         use rmcp::ServiceExt;
         use rmcp::service::ServerInitializeError;
-        tracing::info!("serving MCP over stdio");
+        tracing::info!(
+            message_id = crate::events::READY,
+            listen = "stdio",
+            "serving MCP over stdio"
+        );
         // Ready as soon as stdin is read: the client speaks first.
         self.ready(Arc::new(move || {
             format!("serving on stdio; state {state_dir}")
@@ -438,7 +455,7 @@ impl Process {
                     None
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot serve on stdio");
+                    tracing::error!(error = %e, "cannot serve on stdio: {e}");
                     None
                 }
             },
@@ -452,7 +469,7 @@ impl Process {
                 _ = self.until_stop() => session = Some((cancel, waiting)),
                 r = &mut waiting => match r {
                     Ok(reason) => tracing::info!(?reason, "stdio client went away"),
-                    Err(e) => tracing::warn!(error = %e, "stdio service ended with an error"),
+                    Err(e) => tracing::warn!(error = %e, "stdio service ended with an error: {e}"),
                 },
             }
         }
@@ -464,7 +481,7 @@ impl Process {
         }
         // The library has closed its side: the pump writes what is left.
         match tokio::time::timeout(HTTP_CLOSE_LIMIT, pump).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "writing to stdout failed"),
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "writing to stdout failed: {e}"),
             Ok(_) => {}
             Err(_) => tracing::warn!("stdout did not take the last answers in time"),
         }
@@ -487,7 +504,7 @@ impl Process {
         self.chores.wait().await;
         match self.svc.store().shutdown().await {
             Ok(()) => tracing::info!("stopped cleanly"),
-            Err(e) => tracing::warn!(error = %e, "store shutdown incomplete"),
+            Err(e) => tracing::warn!(error = %e, "store shutdown incomplete: {e}"),
         }
     }
 }

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["http", "mcp"],
     &["tasks"],
     &["tools", "store", "artifacts", "state_dir", "testhooks"],
-    &["config", "wire", "exit"],
+    &["config", "wire", "exit", "events"],
 ];
 
 /// Arrows inside one layer, each for a reason.
@@ -51,7 +51,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "service",
         &[
-            "config", "exit", "http", "mcp", "startup", "store", "tasks", "tools",
+            "config", "events", "exit", "http", "mcp", "startup", "store", "tasks", "tools",
         ],
     ),
     (
@@ -64,18 +64,19 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["client", "config", "exit", "store", "tools", "wire"],
     ),
     ("client", &["exit", "wire"]),
-    ("logging", &["config"]),
+    ("logging", &["config", "events"]),
     ("http", &["config", "mcp", "tasks", "wire"]),
     ("mcp", &["config", "store", "tasks", "tools", "wire"]),
     ("tasks", &["artifacts", "config", "store", "tools", "wire"]),
     ("tools", &["config", "exit", "wire"]),
-    ("store", &["config", "exit", "testhooks", "wire"]),
+    ("store", &["config", "events", "exit", "testhooks", "wire"]),
     ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
     ("state_dir", &["exit"]),
     ("testhooks", &[]),
     ("config", &["exit"]),
     ("wire", &[]),
     ("exit", &[]),
+    ("events", &[]),
 ];
 
 fn src() -> PathBuf {
@@ -281,7 +282,8 @@ fn every_module_has_a_layer() {
 /// The protocol library's types stop at the protocol layer.
 #[test]
 fn protocol_types_stay_in_the_protocol_layer() {
-    let may = ["mcp", "http", "service"];
+    // `logging` names rmcp's log targets (strings in its filter), no type.
+    let may = ["mcp", "http", "service", "logging"];
     for (file, text) in sources() {
         let module = module_of(&file);
         if may.contains(&module.as_str()) {

@@ -550,7 +550,11 @@ impl Shared {
         if let Ok(mut g) = self.disabled.lock()
             && g.is_none()
         {
-            tracing::error!(reason = %reason, "task store disabled until restart");
+            tracing::error!(
+                message_id = crate::events::STORE_DISABLED,
+                reason = %reason,
+                "task store disabled until restart: {reason}"
+            );
             *g = Some(reason);
         }
     }

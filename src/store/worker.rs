@@ -592,7 +592,7 @@ impl Worker {
             Ok(n) => {
                 self.rows = self.rows.saturating_sub(n);
                 if n > 0 {
-                    tracing::debug!(deleted = n, "expired tasks swept");
+                    tracing::debug!(deleted = n, "{n} expired tasks swept");
                 }
                 Ok(n)
             }
@@ -622,7 +622,7 @@ impl Worker {
             if self.disabled().is_none()
                 && let Err(e) = self.sweep()
             {
-                tracing::warn!(error = %e, "expiry sweep failed");
+                tracing::warn!(error = %e, "expiry sweep failed: {e}");
             }
         }
         if now >= self.next_checkpoint {
@@ -630,7 +630,7 @@ impl Worker {
             if self.disabled().is_none()
                 && let Err(e) = self.checkpoint()
             {
-                tracing::warn!(error = %e, "periodic checkpoint failed");
+                tracing::warn!(error = %e, "periodic checkpoint failed: {e}");
             }
         }
     }
@@ -645,10 +645,12 @@ impl Worker {
                 Ok(r) => tracing::info!(
                     wal_frames = r.wal_frames,
                     checkpointed = r.checkpointed_frames,
-                    "final checkpoint done"
+                    "final checkpoint done: {} of {} WAL frames written back",
+                    r.checkpointed_frames,
+                    r.wal_frames
                 ),
                 Err(e) => {
-                    tracing::warn!(error = %e, "final checkpoint failed");
+                    tracing::warn!(error = %e, "final checkpoint failed: {e}");
                     result = Err(e);
                 }
             }
@@ -661,7 +663,7 @@ impl Worker {
         if let Some(conn) = self.conn.take()
             && let Err((_, e)) = conn.close()
         {
-            tracing::warn!(error = %e, "closing the database failed");
+            tracing::warn!(error = %e, "closing the database failed: {e}");
         }
         if let Some(reply) = reply {
             let _ = reply.send(result);

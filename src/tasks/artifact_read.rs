@@ -79,7 +79,7 @@ pub async fn run(
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err(TaskError::ArtifactUnavailable),
         Err(e) => {
-            tracing::error!(task = %id, error = %e, "reading an artifact failed");
+            tracing::error!(task = %id, error = %e, "reading the artifact of {id} failed: {e}");
             Err(TaskError::ArtifactUnavailable)
         }
     }

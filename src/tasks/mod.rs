@@ -341,7 +341,8 @@ impl TaskService {
             tool,
             reason = fallback.reason.as_str(),
             cause = %fallback.error,
-            "the call could not become a task; running it synchronously"
+            "a call to {tool} could not become a task ({}); running it synchronously",
+            fallback.reason.as_str()
         );
     }
 
@@ -468,7 +469,7 @@ impl TaskService {
             }
             Ok(Created::Existing(record)) => {
                 tracing::info!(task = %record.id,
-                    "operation reference already used: returning the existing task, running nothing");
+                    "operation reference already used: returning the existing task {}, running nothing", record.id);
                 Ok(Ok(record))
             }
             Err(StoreError::Conflict) => Err(TaskError::IdempotencyConflict),
@@ -545,10 +546,14 @@ impl TaskService {
         };
         let (status, outcome) = self.fit_in_record(&id, &owner, status, outcome);
         match self.store.finish(&id, status, outcome).await {
-            Ok(Some(r)) => tracing::debug!(status = r.status.as_str(), "task finished"),
-            Ok(None) => tracing::info!("task expired before it finished"),
+            Ok(Some(r)) => tracing::debug!(
+                status = r.status.as_str(),
+                "task {id} finished {}",
+                r.status.as_str()
+            ),
+            Ok(None) => tracing::info!("task {id} expired before it finished"),
             Err(e) => tracing::error!(error = %e,
-                "could not record the task's outcome; a restart will mark it failed"),
+                "could not record the outcome of task {id}; a restart will mark it failed: {e}"),
         }
         lock(&self.running).remove(&id);
     }
@@ -586,7 +591,7 @@ impl TaskService {
                 ))),
             ),
             Err(e) => {
-                tracing::error!(error = %e, "spilling a large result failed; the task fails");
+                tracing::error!(error = %e, "spilling a large result failed; the task fails: {e}");
                 let body = TaskError::Run {
                     code: crate::wire::RESULT_TOO_LARGE,
                     message: format!("the result could not be stored: {e}"),
@@ -676,7 +681,7 @@ impl TaskService {
             Some(r) => {
                 r.cancel_requested.store(true, Ordering::SeqCst);
                 r.token.cancel();
-                tracing::info!(task = %parsed, "cancellation requested; stopping the run");
+                tracing::info!(task = %parsed, "cancellation of {parsed} requested; stopping the run");
             }
             None => {
                 // Not running here (it finished meanwhile): nothing to stop.
@@ -685,7 +690,7 @@ impl TaskService {
                     .finish(&parsed, TaskStatus::Cancelled, None)
                     .await
                 {
-                    tracing::warn!(task = %parsed, error = %e, "could not record the cancellation");
+                    tracing::warn!(task = %parsed, error = %e, "could not record the cancellation of {parsed}: {e}");
                 }
             }
         }
@@ -716,16 +721,17 @@ impl TaskService {
         if count > 0 {
             tracing::info!(
                 count,
-                "stopping background tasks; they end failed (interrupted)"
+                "stopping {count} background tasks; they end failed (interrupted)"
             );
         }
         if tokio::time::timeout(limit, self.tracker.wait())
             .await
             .is_err()
         {
+            let remaining = self.tracker.len();
             tracing::warn!(
-                remaining = self.tracker.len(),
-                "background tasks did not record their end in time; a restart marks them failed"
+                remaining,
+                "{remaining} background tasks did not record their end in time; a restart marks them failed"
             );
         }
     }
@@ -752,7 +758,7 @@ impl TaskService {
                 && !lock(&self.running).contains_key(id)
                 && let Err(e) = self.artifacts.remove(id)
             {
-                tracing::warn!(task = %id, error = %e, "could not delete an expired artifact");
+                tracing::warn!(task = %id, error = %e, "could not delete the expired artifact of {id}: {e}");
             }
         }
     }

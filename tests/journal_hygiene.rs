@@ -1,0 +1,62 @@
+//! What the daemon writes to its log, through the real binary: requests a
+//! client got wrong are the client's errors, not warnings in our log, and
+//! the messages an operator reads carry their values in the text (the
+//! journal shows only the text unless asked for every field).
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+/// One refused request used to leave one rmcp WARN line with a Debug dump
+/// of the error ("response error"), so a client polling an unknown task
+/// wrote a warning into the journal at every poll.
+#[test]
+fn refused_requests_leave_no_warning_in_the_log() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = Daemon::builder().state_dir(&state).start();
+    let rt = runtime();
+    rt.block_on(async {
+        let c = d.client(true);
+        for i in 0..5 {
+            let e = c.get_task(&format!("tg-unknown-{i}")).await;
+            assert!(e.is_err(), "an unknown task is refused");
+        }
+        let e = c.call_tool("no-such-tool", json!({}), None).await;
+        assert!(e.is_err(), "an unknown tool is refused");
+    });
+    let log = d.log_text();
+    assert!(d.stop().success());
+    for line in log.lines() {
+        assert!(
+            !line.contains(" WARN ") && !line.contains(" ERROR "),
+            "a client's mistake logged as a warning: {line}"
+        );
+    }
+    assert!(!log.contains("response error"), "{log}");
+}
+
+/// The start and ready lines name the state directory, the counts and the
+/// address in their text, not only in fields.
+#[test]
+fn start_and_ready_messages_carry_their_values_in_the_text() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 3);
+    let d = Daemon::builder().state_dir(&state).start();
+    let url = d.url();
+    let log = d.log_text();
+    assert!(d.stop().success());
+    let canonical = std::fs::canonicalize(&state).unwrap();
+    let open = format!(
+        "task store open in {}: 3 tasks retained (3 unexpired)",
+        canonical.display()
+    );
+    assert!(log.contains(&open), "{open:?} not in {log}");
+    let ready = format!("serving MCP over HTTP at {url}");
+    assert!(log.contains(&ready), "{ready:?} not in {log}");
+    // The journal's message ID is for the journal; it stays out of a
+    // plain-text log.
+    assert!(!log.contains("message_id"), "{log}");
+}
