@@ -41,7 +41,7 @@ else
   trap cleanup EXIT
   port=""
   for _ in $(seq 1 200); do
-    port="$(sed -n 's/.*serving MCP over HTTP at \/mcp listen=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" | head -n1)"
+    port="$(sed -n 's/.*serving MCP over HTTP at http:\/\/127\.0\.0\.1:\([0-9]*\)\/mcp.*/\1/p' "$log" | head -n1)"
     [ -n "$port" ] && break
     sleep 0.05
   done
