@@ -32,9 +32,10 @@ Scenarios:
               dribblers are cut off. Run twice: once with bodies that name no
               method, once with bodies whose headers claim to be a tasks/get.
   sessions    50,000 legacy `initialize` requests on keep-alive connections:
-              accepted versus refused (TG_SESSIONS_FULL), RSS before, at its
-              peak and after; then RSS for 30 s past server.session_idle_secs
-              (set to 5), once the sessions have expired.
+              accepted versus refused (TG_SESSIONS_FULL), a fresh client's
+              tasks/get every 100 ms meanwhile, RSS before, at its peak and
+              after; then RSS for 30 s past server.session_idle_secs (set to
+              5), once the sessions have expired.
   long-calls  24 concurrent task-augmented calls (protocol 2026-07-28 with the
               Tasks extension) of a tool that sleeps 20 s, against
               tasks.max_running = 4 and server.max_concurrent_requests = 16:
@@ -995,7 +996,8 @@ LEGACY_HEADERS = {"Content-Type": "application/json",
 
 def scenario_sessions(opts, keys, report):
     report.start("sessions", "{} legacy initialize requests".format(opts.sessions))
-    settings = dict({"server.session_idle_secs": 5}, **opts.settings)
+    settings = dict({"server.session_idle_secs": 5, "tasks.poll_interval_ms": 50},
+                    **opts.settings)
     idle = int(settings["server.session_idle_secs"])
     d = Daemon(opts, settings, report)
     try:
@@ -1050,7 +1052,12 @@ def scenario_sessions(opts, keys, report):
             if conn is not None:
                 conn.close()
 
+        # Polls of a task made beforehand, every 100 ms during the flood:
+        # initialize and tasks/get may share a request budget.
+        task_id = create_task(d.port)
         t0 = time.monotonic()
+        poller = Prober(poll_probe(d.port, task_id), t0)
+        poller.start()
         threads = []
         base = 1
         for n in per:
@@ -1061,8 +1068,9 @@ def scenario_sessions(opts, keys, report):
         for t in threads:
             t.join()
         t1 = time.monotonic()
+        poller.stop()
         rss_end = d.rss.now()
-        peak = d.rss.peak_between(t0, t1)
+        peak = max(v for v in (d.rss.peak_between(t0, t1), rss_end) if v is not None)
         report.put("requests", dict(tally, seconds=round(t1 - t0, 1)),
                    "{} requests in {:.1f} s ({:.0f}/s): {} accepted, {} refused with "
                    "TG_SESSIONS_FULL, {} with TG_SERVER_BUSY, other {}, reconnects {}".format(
@@ -1071,6 +1079,8 @@ def scenario_sessions(opts, keys, report):
                        tally["other"], tally["reconnects"]))
         for k, body in tally["samples"].items():
             report.note("first {} body: {!r}".format(k, body))
+        summarise_probes(report, "tasks/get during the flood", poller.results,
+                         lambda o: o == "ok")
         # Past the idle expiry every session has gone: sample RSS meanwhile.
         expiry_at = t1 + idle
         sample_until = expiry_at + opts.expiry_watch
