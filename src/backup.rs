@@ -178,12 +178,28 @@ fn describe(report: &CheckReport) -> String {
 /// `taskgate-backup` learns of a bad destination before it stops anything.
 fn check_destination(dir: &StateDir, dest: &Path) -> Result<(PathBuf, PathBuf), Refusal> {
     let dest = absolute(dest)?;
+    Ok(destination_checked(dir.path(), &dest)?)
+}
+
+/// Checks a new snapshot destination (an absolute path) against the state
+/// directory, before anything is written: it must be new, its parent must
+/// be trusted (owned by root or this user, not writable by others), and it
+/// must be neither inside nor around the state directory. Returns the real
+/// destination and its parent.
+fn destination_checked(state_dir: &Path, dest: &Path) -> Result<(PathBuf, PathBuf), BackupError> {
+    let dest = dest.to_path_buf();
+    if !dest.is_absolute() || dest.file_name().is_none() {
+        return Err(BackupError::Destination {
+            path: dest,
+            problem: "the backup destination must be an absolute path naming a new directory"
+                .into(),
+        });
+    }
     if fs::symlink_metadata(&dest).is_ok() {
         return Err(BackupError::Destination {
             path: dest,
             problem: "the backup destination already exists; choose a new destination (a backup never overwrites)".into(),
-        }
-        .into());
+        });
     }
     let parent = dest.parent().unwrap_or(Path::new("/"));
     let parent = fs::canonicalize(parent).map_err(|e| BackupError::Destination {
@@ -206,19 +222,17 @@ fn check_destination(dir: &StateDir, dest: &Path) -> Result<(PathBuf, PathBuf), 
             problem: format!(
                 "the backup destination is not private: its parent {why}; choose a destination whose every parent is owned by root or this user and not writable by others"
             ),
-        }
-        .into());
+        });
     }
     let real_dest = parent.join(dest.file_name().unwrap_or_default());
-    if real_dest.starts_with(dir.path()) || dir.path().starts_with(&real_dest) {
+    if real_dest.starts_with(state_dir) || state_dir.starts_with(&real_dest) {
         return Err(BackupError::Destination {
             path: dest,
             problem: format!(
                 "the backup destination is inside or contains the state directory {}; back up elsewhere",
-                dir.path().display()
+                state_dir.display()
             ),
-        }
-        .into());
+        });
     }
     Ok((real_dest, parent))
 }
@@ -236,10 +250,18 @@ pub fn check_backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, R
     )])
 }
 
+/// Checks a new snapshot destination and creates it, empty and private;
+/// returns its real path. Every check runs before anything is written.
+pub fn create_destination(dest: &Path, state_dir: &Path) -> Result<PathBuf, BackupError> {
+    let (real_dest, _) = destination_checked(state_dir, dest)?;
+    make_private_dir(&real_dest, None)?;
+    Ok(real_dest)
+}
+
 /// `taskgate backup --to DEST`: returns the lines to print.
 pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal> {
     let (config, dir) = operator_dir(overrides)?;
-    let (real_dest, parent) = check_destination(&dir, dest)?;
+    let (real_dest, _) = check_destination(&dir, dest)?;
     let mut lock = dir.lock()?;
     lock.record_holder();
     if !dir.db_path().is_file() {
@@ -251,20 +273,89 @@ pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal
 
     make_private_dir(&real_dest, None)?;
     let files = snapshot_files(dir.path())?;
+    let sealed = seal(
+        dir.path(),
+        &real_dest,
+        &files,
+        &[],
+        config.store.max_db_pages,
+    )?;
+    Ok(sealed.lines(dir.path(), &real_dest))
+}
+
+/// A snapshot written and checked.
+pub struct Sealed {
+    pub files: usize,
+    pub bytes: u64,
+    pub manifest: PathBuf,
+    pub report: CheckReport,
+}
+
+impl Sealed {
+    /// What `backup` prints.
+    pub fn lines(&self, state_dir: &Path, dest: &Path) -> Vec<String> {
+        vec![
+            format!("backed up {} to {}", state_dir.display(), dest.display()),
+            format!(
+                "{} files, {} bytes; manifest {}",
+                self.files,
+                self.bytes,
+                self.manifest.display()
+            ),
+            format!("copy verified: {}", describe(&self.report)),
+        ]
+    }
+}
+
+/// Completes a snapshot in `dest`: copies `copy` (paths relative to the
+/// state directory) into it, takes `present` as already written there,
+/// writes the manifest of both, syncs everything, and checks the copied
+/// database. The same format whether the daemon was stopped (every file
+/// copied) or serving (the database written by the store, the artifacts
+/// copied here), so `restore` takes either.
+pub fn seal(
+    state_dir: &Path,
+    dest: &Path,
+    copy: &[PathBuf],
+    present: &[PathBuf],
+    max_db_pages: u64,
+) -> Result<Sealed, BackupError> {
     let mut manifest = String::new();
     let mut bytes = 0u64;
-    for rel in &files {
-        let to = real_dest.join(rel);
+    for rel in present {
+        let path = dest.join(rel);
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io_err(&path))?;
+        manifest.push_str(&format!("{}  {}\n", sha256_of(&path)?, rel.display()));
+        bytes += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    }
+    for rel in copy {
+        let to = dest.join(rel);
         if let Some(p) = to.parent()
             && !p.exists()
         {
             make_private_dir(p, None)?;
         }
-        let sum = copy_private(&dir.path().join(rel), &to, None)?;
+        let from = state_dir.join(rel);
+        let sum = match copy_private(&from, &to, None) {
+            Ok(sum) => sum,
+            // While a daemon serves, the artifact of a task that expired
+            // since the listing may go; the copied database (taken
+            // first) holds no live task for it.
+            Err(BackupError::Io { path, source })
+                if path == from
+                    && source.kind() == io::ErrorKind::NotFound
+                    && rel.starts_with(state_dir::ARTIFACTS_DIR) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         bytes += fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
         manifest.push_str(&format!("{sum}  {}\n", rel.display()));
     }
-    let manifest_path = real_dest.join(MANIFEST);
+    let manifest_path = dest.join(MANIFEST);
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -274,32 +365,36 @@ pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal
     f.write_all(manifest.as_bytes())
         .and_then(|_| f.sync_all())
         .map_err(io_err(&manifest_path))?;
-    if real_dest.join(state_dir::ARTIFACTS_DIR).is_dir() {
-        sync_dir(&real_dest.join(state_dir::ARTIFACTS_DIR))?;
+    if dest.join(state_dir::ARTIFACTS_DIR).is_dir() {
+        sync_dir(&dest.join(state_dir::ARTIFACTS_DIR))?;
     }
-    sync_dir(&real_dest)?;
-    sync_dir(&parent)?;
-    let report = store::check_read_only(
-        &real_dest.join(state_dir::DB_FILE),
-        config.store.max_db_pages,
-    )
-    .map_err(|e| BackupError::BadSnapshot {
-        path: real_dest.clone(),
-        problem: format!("the copy failed its check: {e}"),
-    })?;
-    Ok(vec![
-        format!(
-            "backed up {} to {}",
-            dir.path().display(),
-            real_dest.display()
-        ),
-        format!(
-            "{} files, {bytes} bytes; manifest {}",
-            files.len(),
-            manifest_path.display()
-        ),
-        format!("copy verified: {}", describe(&report)),
-    ])
+    sync_dir(dest)?;
+    if let Some(parent) = dest.parent() {
+        sync_dir(parent)?;
+    }
+    let report =
+        store::check_read_only(&dest.join(state_dir::DB_FILE), max_db_pages).map_err(|e| {
+            BackupError::BadSnapshot {
+                path: dest.to_path_buf(),
+                problem: format!("the copy failed its check: {e}"),
+            }
+        })?;
+    let files = manifest.lines().count();
+    Ok(Sealed {
+        files,
+        bytes,
+        manifest: manifest_path,
+        report,
+    })
+}
+
+/// The spilled artifacts of a state directory, relative to it: what an
+/// online snapshot copies beside the database the store wrote.
+pub fn artifact_files(dir: &Path) -> Result<Vec<PathBuf>, BackupError> {
+    Ok(snapshot_files(dir)?
+        .into_iter()
+        .filter(|p| p.starts_with(state_dir::ARTIFACTS_DIR))
+        .collect())
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, Refusal> {

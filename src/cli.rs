@@ -54,9 +54,20 @@ pub enum Command {
     /// cancelled (get), 64 bad arguments, 69 daemon unreachable, 76 request
     /// refused (an unknown task, for one) or answer not understood.
     Task(TaskArgs),
+    /// Show what the daemon serving the state directory is doing: version,
+    /// uptime, store state, task counts, queue, WAL, checkpoints,
+    /// fallbacks. Asks over the private admin socket (root or the service
+    /// user only).
+    ///
+    /// Exit status: 0 the daemon answered; 1 it answered but its task
+    /// store is disabled until a restart; 69 no daemon serves the state
+    /// directory (or it did not answer); 76 permission denied or the
+    /// answer was not understood.
+    Status(StatusArgs),
     /// Copy a stopped daemon's state directory to a new private directory,
     /// with a sha256 manifest, and verify the copy. Refused while a daemon
-    /// holds the directory's lock.
+    /// holds the directory's lock. With --online, the running daemon writes
+    /// the snapshot instead, while it goes on serving.
     Backup(BackupArgs),
     /// Replace a stopped daemon's state with a verified snapshot made by
     /// `backup`; the replaced files are kept beside the state directory.
@@ -80,12 +91,47 @@ pub struct BackupArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// The new directory to create for the copy; must not exist.
-    #[arg(long, value_name = "DEST")]
-    pub to: PathBuf,
+    #[arg(
+        long,
+        value_name = "DEST",
+        required_unless_present = "into",
+        conflicts_with = "into"
+    )]
+    pub to: Option<PathBuf>,
     /// Only check the state directory and the destination; take no lock
     /// and copy nothing (works while the daemon serves).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "online")]
     pub dry_run: bool,
+    /// Ask the running daemon to write the snapshot while it serves (over
+    /// its admin socket: root or the service user). The daemon writes
+    /// DEST, so DEST must be somewhere the service may write.
+    #[arg(long)]
+    pub online: bool,
+    /// With --online: write the snapshot into DIR as taskgate-<UTC time>,
+    /// then remove the oldest such snapshots beyond --keep.
+    #[arg(long, value_name = "DIR", requires = "online")]
+    pub into: Option<PathBuf>,
+    /// With --into: how many snapshots to keep in DIR.
+    #[arg(long, value_name = "N", requires = "into", default_value_t = 7,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub keep: u32,
+    /// With --online: the admin socket to use (default: the one the daemon
+    /// serving the state directory recorded in its tasks.lock).
+    #[arg(long, value_name = "PATH", requires = "online")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Print the status as a JSON object (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// The admin socket to use (default: the one the daemon serving the
+    /// state directory recorded in its tasks.lock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -2,6 +2,7 @@
 //!
 //! See docs/ARCHITECTURE.md for the map of modules and their rules.
 
+pub mod admin;
 pub mod artifacts;
 pub mod backup;
 pub mod bench;

@@ -14,7 +14,7 @@ use taskgate::client::{Client, ClientError};
 use taskgate::exit::{Classify, ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
 use taskgate::store::CheckReport;
-use taskgate::{config, logging, service};
+use taskgate::{admin, config, logging, service};
 
 fn main() -> ExitCode {
     // Files this process creates are private whatever the caller's umask.
@@ -62,6 +62,24 @@ fn main() -> ExitCode {
                 }
             };
             return operator(|rt| rt.block_on(task(&args, &url)));
+        }
+        Command::Status(args) => {
+            // Printed before the status's own exit class takes effect: a
+            // disabled store is shown, then reported by the exit code.
+            let shown =
+                admin::client::status(&args.common.overrides(), args.socket.as_deref(), args.json)
+                    .and_then(|(lines, class)| {
+                        lines.iter().try_for_each(out)?;
+                        Ok(class)
+                    });
+            return match shown {
+                Ok(None) => ExitCode::SUCCESS,
+                Ok(Some(class)) => ExitCode::from(class.code()),
+                Err(refusal) => {
+                    say(&refusal.line());
+                    ExitCode::from(refusal.class.code())
+                }
+            };
         }
         _ => {}
     }
@@ -119,10 +137,20 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Check(args) => check(&args.common.overrides()),
         Command::Init(args) => init(&args),
         Command::Backup(args) => {
-            let lines = if args.dry_run {
-                taskgate::backup::check_backup(&args.common.overrides(), &args.to)?
-            } else {
-                taskgate::backup::backup(&args.common.overrides(), &args.to)?
+            let overrides = args.common.overrides();
+            let socket = args.socket.as_deref();
+            let lines = match (&args.to, &args.into) {
+                (Some(to), _) if args.online => {
+                    admin::client::online_backup(&overrides, socket, to)?
+                }
+                (Some(to), _) if args.dry_run => taskgate::backup::check_backup(&overrides, to)?,
+                (Some(to), _) => taskgate::backup::backup(&overrides, to)?,
+                (None, Some(dir)) => {
+                    admin::client::online_backup_into(&overrides, socket, dir, args.keep as usize)?
+                }
+                (None, None) => {
+                    return Err(Refusal::new(ExitClass::Usage, "--to or --into is required"));
+                }
             };
             lines.iter().try_for_each(out)
         }
@@ -149,7 +177,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             })?;
             out(table.trim_end())
         }
-        Command::Call(_) | Command::Task(_) | Command::ExecTool(_) => Ok(()),
+        Command::Call(_) | Command::Task(_) | Command::Status(_) | Command::ExecTool(_) => Ok(()),
     }
 }
 

@@ -30,6 +30,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admin::server::Admin;
 use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, BoundedSessions, LimitedListener};
@@ -161,7 +162,13 @@ pub fn serve(
         Transport::Http => Some(runtime.block_on(bind(&config))?),
         Transport::Stdio => None,
     };
-    let serving = startup::open_serving(&config)?;
+    let mut serving = startup::open_serving(&config)?;
+    // The lock is held: a socket file a killed daemon left is replaced.
+    let admin = Admin::bind(
+        &mut serving.claimed.lock,
+        serving.claimed.dir.path(),
+        config.store.max_db_pages,
+    );
     let report = &serving.report;
     tracing::info!(
         message_id = crate::events::START,
@@ -220,6 +227,7 @@ pub fn serve(
             describe: None,
             chores: TaskTracker::new(),
             chores_stop: CancellationToken::new(),
+            admin,
         };
         match listener {
             Some(listener) => process.run_http(listener, &config, state_dir).await,
@@ -257,6 +265,8 @@ struct Process {
     /// Status refresh, watchdog, artifact sweep.
     chores: TaskTracker,
     chores_stop: CancellationToken,
+    /// The private admin socket (`taskgate status`, online snapshots).
+    admin: Admin,
 }
 
 impl Process {
@@ -375,8 +385,9 @@ impl Process {
             .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
         let app = http::App::new(self.svc.clone(), &config.server);
         let drain = app.drain();
+        let sessions = app.sessions();
         self.chores.spawn(return_memory_after_sessions(
-            app.sessions(),
+            sessions.clone(),
             MEMORY_CHORE_INTERVAL.min(config.server.session_idle),
             self.chores_stop.clone(),
         ));
@@ -395,6 +406,8 @@ impl Process {
             listen = %local,
             "serving MCP over HTTP at http://{local}/mcp"
         );
+        self.admin
+            .start(self.svc.clone(), local.to_string(), Some(sessions));
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
         }))
@@ -433,6 +446,7 @@ impl Process {
             listen = "stdio",
             "serving MCP over stdio"
         );
+        self.admin.start(self.svc.clone(), "stdio".into(), None);
         // Ready as soon as stdin is read: the client speaks first.
         self.ready(Arc::new(move || {
             format!("serving on stdio; state {state_dir}")
@@ -498,10 +512,13 @@ impl Process {
     }
 
     /// The chores end, then the store closes with its final checkpoint.
-    async fn finish(&self) {
+    async fn finish(&mut self) {
         self.chores_stop.cancel();
         self.chores.close();
         self.chores.wait().await;
+        // Answered until here, so `status` shows the stop; a snapshot being
+        // written finishes first (bounded), then the socket file goes.
+        self.admin.stop().await;
         match self.svc.store().shutdown().await {
             Ok(()) => tracing::info!("stopped cleanly"),
             Err(e) => tracing::warn!(error = %e, "store shutdown incomplete: {e}"),

@@ -483,19 +483,59 @@ pub struct LifetimeLock {
 /// The prefix of the line of `tasks.lock` that records the identity of the
 /// store the directory holds (the pid is the first line).
 const STORE_LINE: &str = "store ";
+/// The prefix of the line that records where the serving process's admin
+/// socket is, so that `taskgate status` finds it from the state directory.
+const ADMIN_LINE: &str = "admin ";
+
+/// The admin socket recorded in `dir`'s lock file by the process serving
+/// it (or by the last one that did: connecting tells). Reading it needs
+/// the same rights as the admin socket itself: root or the directory's
+/// owner.
+pub fn recorded_admin_socket(dir: &Path) -> io::Result<Option<PathBuf>> {
+    let mut text = String::new();
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir.join(LOCK_FILE))?
+        .read_to_string(&mut text)?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(ADMIN_LINE))
+        .map(|p| PathBuf::from(p.trim_end_matches('\n'))))
+}
 
 impl LifetimeLock {
     /// The store identity recorded in the lock file, as written there (the
     /// store module says whether it is well formed). Reading changes
     /// nothing.
     pub fn recorded_store(&self) -> Option<String> {
+        self.recorded(STORE_LINE).map(|id| id.trim().to_string())
+    }
+
+    fn recorded(&self, prefix: &str) -> Option<String> {
         let mut text = String::new();
         let mut file = &self.file;
         file.rewind().ok()?;
         file.read_to_string(&mut text).ok()?;
         text.lines()
-            .find_map(|l| l.strip_prefix(STORE_LINE))
-            .map(|id| id.trim().to_string())
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    }
+
+    /// Records where this process's admin socket listens (`None`: it has
+    /// none), keeping the pid and the store identity. Only a UTF-8 path
+    /// without a line break is recorded: anything else could not be read
+    /// back line by line, and the store line must stay readable.
+    pub fn record_admin(&mut self, socket: Option<&Path>) -> Result<(), LockError> {
+        let admin = socket
+            .and_then(|p| p.to_str())
+            .filter(|p| !p.contains('\n'));
+        let store = self.recorded_store();
+        self.write_lines(store.as_deref(), admin)
+            .map_err(|source| LockError::Io {
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Writes this process's pid into the lock file, keeping the recorded
@@ -521,9 +561,19 @@ impl LifetimeLock {
     }
 
     fn write(&mut self, store: Option<&str>) -> io::Result<()> {
+        let admin = self.recorded(ADMIN_LINE);
+        self.write_lines(store, admin.as_deref())
+    }
+
+    fn write_lines(&mut self, store: Option<&str>, admin: Option<&str>) -> io::Result<()> {
         let mut text = format!("{}\n", std::process::id());
         if let Some(id) = store {
             text.push_str(&format!("{STORE_LINE}{id}\n"));
+        }
+        // After the store line, so that the bytes before it never change
+        // when the admin line does.
+        if let Some(path) = admin {
+            text.push_str(&format!("{ADMIN_LINE}{path}\n"));
         }
         let file = &mut self.file;
         file.rewind()?;

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 /// layers, and of its own layer only where [`SAME_LAYER`] says so.
 const LAYERS: &[&[&str]] = &[
     &["main", "cli"],
-    &["service", "startup", "backup", "bench", "client", "logging"],
+    &[
+        "service", "startup", "backup", "bench", "client", "logging", "admin",
+    ],
     &["http", "mcp"],
     &["tasks"],
     &["tools", "store", "artifacts", "state_dir", "testhooks"],
@@ -21,6 +23,10 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("main", "cli"),
     // `serve` and `check` share the startup steps.
     ("service", "startup"),
+    // The serving process hosts the admin socket.
+    ("service", "admin"),
+    // An online snapshot has the offline backup's format and checks.
+    ("admin", "backup"),
     // The benchmark drives a daemon with the operator client.
     ("bench", "client"),
     // The HTTP application hosts the MCP handler.
@@ -43,16 +49,21 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "main",
         &[
-            "backup", "bench", "cli", "client", "config", "exit", "logging", "service", "startup",
-            "store", "tools",
+            "admin", "backup", "bench", "cli", "client", "config", "exit", "logging", "service",
+            "startup", "store", "tools",
         ],
     ),
     ("cli", &["client", "config"]),
     (
         "service",
         &[
-            "config", "events", "exit", "http", "mcp", "startup", "store", "tasks", "tools",
+            "admin", "config", "events", "exit", "http", "mcp", "startup", "store", "tasks",
+            "tools",
         ],
+    ),
+    (
+        "admin",
+        &["backup", "config", "exit", "http", "state_dir", "tasks"],
     ),
     (
         "startup",

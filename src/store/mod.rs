@@ -19,7 +19,7 @@ mod schema;
 mod worker;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -47,6 +47,10 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 pub const TERMINAL_RETENTION_MS: i64 = 3_600_000;
 /// Most commands the store thread takes into one group commit.
 pub const MAX_BATCH: usize = 256;
+/// Pages an online snapshot copies per step (1 MiB at the 4 KiB page
+/// size). Between two steps the store thread serves every command that is
+/// waiting, so a snapshot delays a create by at most one step's copy.
+pub const SNAPSHOT_STEP_PAGES: i32 = 256;
 
 /// A public task identifier: 128 random bits, hex, with a `tg-` prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -418,6 +422,17 @@ pub struct CheckpointReport {
     pub checkpointed_frames: i64,
 }
 
+/// What an online snapshot copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotReport {
+    /// Database pages in the copy.
+    pub pages: u64,
+    /// Steps it took; command batches were served between them.
+    pub steps: u64,
+    /// Batches of commands served while it was written.
+    pub batches_between: u64,
+}
+
 /// Settings of an opened store.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -506,6 +521,11 @@ enum Command {
     Checkpoint {
         reply: Reply<CheckpointReport>,
     },
+    /// Copy the database to a new file at `dest` (which must exist, empty).
+    Snapshot {
+        dest: PathBuf,
+        reply: Reply<SnapshotReport>,
+    },
     Shutdown {
         reply: Reply<()>,
     },
@@ -538,6 +558,13 @@ struct Shared {
     progress: AtomicU64,
     /// Task reads asked of the store thread (`get`), for pacing evidence.
     task_reads: AtomicU64,
+    /// Commands sent and not yet taken by the store thread. Counted before
+    /// the send (and given back when it fails), so it never goes below
+    /// zero for long; readers clamp it.
+    queued: AtomicI64,
+    /// Wall-clock ms of the last TRUNCATE checkpoint that completed; 0
+    /// before the first.
+    last_checkpoint_ms: AtomicI64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -587,6 +614,8 @@ impl Store {
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),
             task_reads: AtomicU64::new(0),
+            queued: AtomicI64::new(0),
+            last_checkpoint_ms: AtomicI64::new(0),
             thread: Mutex::new(None),
         });
         let (ready_tx, ready) = mpsc::channel();
@@ -628,15 +657,7 @@ impl Store {
             return Err(StoreError::Disabled { reason });
         }
         let (reply, answer) = oneshot::channel();
-        match self.tx.try_send(Envelope::new(make(reply))) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(StoreError::Busy {
-                    depth: self.shared.depth,
-                });
-            }
-            Err(TrySendError::Disconnected(_)) => return Err(StoreError::Stopped),
-        }
+        self.try_send(Envelope::new(make(reply)))?;
         // A dropped reply means the thread ended without answering: never a
         // success.
         answer.await.map_err(|_| StoreError::Stopped)?
@@ -724,8 +745,19 @@ impl Store {
     /// Answers when the store thread takes commands (the watchdog's probe).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();
-        match self.tx.try_send(Envelope::new(Command::Ping { reply })) {
-            Ok(()) => answer.await.map_err(|_| StoreError::Stopped)?,
+        self.try_send(Envelope::new(Command::Ping { reply }))?;
+        answer.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Queues a command without waiting: a full queue is `Busy` at once.
+    fn try_send(&self, envelope: Envelope) -> Result<(), StoreError> {
+        self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = self.tx.try_send(envelope);
+        if sent.is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        match sent {
+            Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(StoreError::Busy {
                 depth: self.shared.depth,
             }),
@@ -742,6 +774,38 @@ impl Store {
     /// Runs `wal_checkpoint(TRUNCATE)` now.
     pub async fn checkpoint_now(&self) -> Result<CheckpointReport, StoreError> {
         self.call(|reply| Command::Checkpoint { reply }).await
+    }
+
+    /// Writes a consistent copy of the database to `dest`, a new empty file
+    /// the caller created, while the store goes on serving: the copy is
+    /// made on the store thread in steps of [`SNAPSHOT_STEP_PAGES`] pages,
+    /// with the commands waiting served between steps. Writes made during
+    /// the copy reach it too (SQLite's backup API updates the pages already
+    /// copied when the same connection changes them), so the copy is the
+    /// database as of the moment the last step finished. The copy is not
+    /// synced: the caller syncs it with the rest of the snapshot.
+    pub async fn snapshot(&self, dest: &Path) -> Result<SnapshotReport, StoreError> {
+        let dest = dest.to_path_buf();
+        self.call(|reply| Command::Snapshot { dest, reply }).await
+    }
+
+    /// Commands waiting in the store's queue now.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Relaxed).max(0) as usize
+    }
+
+    /// The bound on the store's queue (`store.queue_depth`).
+    pub fn queue_capacity(&self) -> usize {
+        self.shared.depth
+    }
+
+    /// When the last TRUNCATE checkpoint completed (wall-clock ms), if one
+    /// has since this process opened the store.
+    pub fn last_checkpoint_ms(&self) -> Option<i64> {
+        match self.shared.last_checkpoint_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(ms),
+        }
     }
 
     /// The clock the store reads "now" from, for callers that must agree
@@ -766,8 +830,14 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         // Shutdown waits for queue space: it must not be lost to a burst.
         let tx = self.tx.clone();
+        let shared = self.shared.clone();
         let sent = tokio::task::spawn_blocking(move || {
-            tx.send(Envelope::new(Command::Shutdown { reply })).is_ok()
+            shared.queued.fetch_add(1, Ordering::Relaxed);
+            let sent = tx.send(Envelope::new(Command::Shutdown { reply })).is_ok();
+            if !sent {
+                shared.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+            sent
         })
         .await
         .map_err(|e| StoreError::Internal(e.to_string()))?;

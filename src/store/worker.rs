@@ -9,19 +9,22 @@
 //! thread is inside that command's span, so what it logs belongs to the
 //! request that asked for it.
 
+use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
 
+use rusqlite::backup::{Backup, StepResult};
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, ErrorCode};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::schema::{self, OpenReport};
 use super::{
     CapacityKind, CheckpointReport, Command, Created, Envelope, MAX_BATCH, NewTask, OpenError,
-    Reply, SWEEP_BATCH, SWEEP_INTERVAL, Shared, StoreError, StoreId, StoreOptions, StoreStats,
-    TaskId, TaskRecord, records,
+    Reply, SNAPSHOT_STEP_PAGES, SWEEP_BATCH, SWEEP_INTERVAL, Shared, SnapshotReport, StoreError,
+    StoreId, StoreOptions, StoreStats, TaskId, TaskRecord, records,
 };
 
 /// Pages of headroom below `max_page_count` within which SQLITE_FULL is
@@ -68,7 +71,7 @@ pub(super) fn run(
     let _ = ready.send(Ok(Stage::Recovered(report)));
     let now = options.clock.monotonic();
     let mut worker = Worker {
-        conn: Some(prepared.conn),
+        conn: Some(Rc::new(prepared.conn)),
         rows,
         next_sweep: now + SWEEP_INTERVAL,
         next_checkpoint: now + options.checkpoint_interval,
@@ -76,6 +79,24 @@ pub(super) fn run(
         shared,
     };
     worker.serve(rx);
+}
+
+/// Every store handle is gone: the thread closes the database and ends.
+struct Disconnected;
+
+/// Opens a snapshot's destination: the new, empty file the caller made.
+/// Nothing in it counts until the snapshot is complete and checked, so it
+/// is written without a journal and without syncs (the caller syncs the
+/// finished file): the store thread never waits on the backup disk's
+/// fsync.
+fn open_snapshot_destination(dest: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        dest,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.pragma_update(None, "journal_mode", "OFF")?;
+    conn.pragma_update(None, "synchronous", "OFF")?;
+    Ok(conn)
 }
 
 /// How a failed SQLite call is treated.
@@ -154,9 +175,25 @@ impl From<rusqlite::Error> for ApplyError {
     }
 }
 
+/// An online snapshot asked for by a command.
+struct SnapshotJob {
+    span: tracing::Span,
+    dest: std::path::PathBuf,
+    reply: Reply<SnapshotReport>,
+}
+
+/// What one batch left for the loop to do after it.
+#[derive(Default)]
+struct AfterBatch {
+    shutdown: Option<Reply<()>>,
+    snapshot: Option<SnapshotJob>,
+}
+
 struct Worker {
-    /// `None` only after close.
-    conn: Option<Connection>,
+    /// `None` only after close. Shared (on this thread only) so that a
+    /// snapshot's backup can borrow it while the worker goes on serving
+    /// commands between the snapshot's steps.
+    conn: Option<Rc<Connection>>,
     /// Rows in the table as of the last commit.
     rows: u64,
     /// Timer deadlines on the clock's monotonic scale.
@@ -179,7 +216,7 @@ impl Worker {
 
     fn conn(&self) -> &Connection {
         // Only `close` takes the connection, and it ends the loop.
-        self.conn.as_ref().expect("connection used after close")
+        self.conn.as_deref().expect("connection used after close")
     }
 
     fn serve(&mut self, rx: Receiver<Envelope>) {
@@ -191,12 +228,7 @@ impl Worker {
             match rx.recv_timeout(wait) {
                 Ok(cmd) => {
                     batch.push(cmd);
-                    while batch.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(cmd) => batch.push(cmd),
-                            Err(_) => break,
-                        }
-                    }
+                    self.fill(&rx, &mut batch);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
@@ -204,14 +236,152 @@ impl Worker {
                     return;
                 }
             }
-            let shutdown = self.process(batch);
+            let mut after = self.process(batch);
             self.run_timers();
             self.shared.progress.fetch_add(1, Ordering::Relaxed);
-            if let Some(reply) = shutdown {
+            if after.shutdown.is_none()
+                && let Some(job) = after.snapshot.take()
+            {
+                match self.snapshot(&rx, job) {
+                    Ok(shutdown) => after.shutdown = shutdown,
+                    Err(Disconnected) => {
+                        self.close(None);
+                        return;
+                    }
+                }
+            }
+            if let Some(job) = after.snapshot {
+                let _ = job.reply.send(Err(StoreError::Stopped));
+            }
+            if let Some(reply) = after.shutdown {
                 self.close(Some(reply));
                 return;
             }
         }
+    }
+
+    /// Adds what is waiting in the queue to `batch`, up to [`MAX_BATCH`],
+    /// without blocking.
+    fn fill(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>) {
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(cmd) => batch.push(cmd),
+                Err(_) => break,
+            }
+        }
+        self.shared
+            .queued
+            .fetch_sub(batch.len() as i64, Ordering::Relaxed);
+    }
+
+    /// Writes an online snapshot in steps, serving the queue between them.
+    /// Returns the shutdown request that arrived meanwhile, if any (the
+    /// snapshot is then abandoned), or `Err` when every handle is gone.
+    fn snapshot(
+        &mut self,
+        rx: &Receiver<Envelope>,
+        job: SnapshotJob,
+    ) -> Result<Option<Reply<()>>, Disconnected> {
+        let SnapshotJob { span, dest, reply } = job;
+        if let Some(e) = self.disabled() {
+            let _ = reply.send(Err(e));
+            return Ok(None);
+        }
+        let failed = |e: rusqlite::Error, during: &str| {
+            // Never latches the store: the error may be the destination's
+            // (a full backup disk); a fault of the live database shows on
+            // the next command that touches it.
+            StoreError::Internal(format!("snapshot {during}: {e}"))
+        };
+        let mut dst = match span.in_scope(|| open_snapshot_destination(&dest)) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = reply.send(Err(failed(e, "opening the destination")));
+                return Ok(None);
+            }
+        };
+        // A handle of our own: the backup borrows it, not `self`, so the
+        // worker stays free to serve commands between steps.
+        let src = match &self.conn {
+            Some(c) => Rc::clone(c),
+            None => {
+                let _ = reply.send(Err(StoreError::Stopped));
+                return Ok(None);
+            }
+        };
+        let backup = match Backup::new(&src, &mut dst) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = reply.send(Err(failed(e, "starting")));
+                return Ok(None);
+            }
+        };
+        let mut report = SnapshotReport {
+            pages: 0,
+            steps: 0,
+            batches_between: 0,
+        };
+        let mut shutdown = None;
+        let outcome = loop {
+            self.wait_while_stalled();
+            let step = span.in_scope(|| backup.step(SNAPSHOT_STEP_PAGES));
+            report.steps += 1;
+            match step {
+                Ok(StepResult::Done) => break Ok(()),
+                // Busy and Locked cannot come from this connection between
+                // batches; like More, they mean "step again".
+                Ok(_) => {}
+                Err(e) => break Err(failed(e, "copying")),
+            }
+            let mut batch = Vec::new();
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    batch.push(cmd);
+                    self.fill(rx, &mut batch);
+                }
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => {
+                    break Err(StoreError::Stopped);
+                }
+            }
+            let had_commands = !batch.is_empty();
+            let after = self.process(batch);
+            if had_commands {
+                report.batches_between += 1;
+            }
+            self.run_timers();
+            self.shared.progress.fetch_add(1, Ordering::Relaxed);
+            if let Some(job) = after.snapshot {
+                let _ = job.reply.send(Err(StoreError::Internal(
+                    "a snapshot is already being written".into(),
+                )));
+            }
+            if after.shutdown.is_some() {
+                shutdown = after.shutdown;
+                break Err(StoreError::Stopped);
+            }
+        };
+        report.pages = backup.progress().pagecount.max(0) as u64;
+        drop(backup);
+        let disconnected = matches!(outcome, Err(StoreError::Stopped)) && shutdown.is_none();
+        let outcome = outcome.and_then(|()| {
+            dst.close()
+                .map_err(|(_, e)| failed(e, "closing the destination"))
+        });
+        span.in_scope(|| match &outcome {
+            Ok(()) => tracing::info!(
+                pages = report.pages,
+                steps = report.steps,
+                batches = report.batches_between,
+                "online snapshot of the database written"
+            ),
+            Err(e) => tracing::warn!(error = %e, "online snapshot failed"),
+        });
+        let _ = reply.send(outcome.map(|()| report));
+        if disconnected {
+            return Err(Disconnected);
+        }
+        Ok(shutdown)
     }
 
     fn wait_while_stalled(&self) {
@@ -276,10 +446,10 @@ impl Worker {
         }
     }
 
-    fn process(&mut self, batch: Vec<Envelope>) -> Option<Reply<()>> {
+    fn process(&mut self, batch: Vec<Envelope>) -> AfterBatch {
         let mut writes = Vec::new();
         let mut maintenance = Vec::new();
-        let mut shutdown = None;
+        let mut after = AfterBatch::default();
         for Envelope { span, cmd } in batch {
             let _entered = span.enter();
             match cmd {
@@ -336,7 +506,20 @@ impl Worker {
                 cmd @ (Command::Sweep { .. } | Command::Checkpoint { .. }) => {
                     maintenance.push((span.clone(), cmd))
                 }
-                Command::Shutdown { reply } => shutdown = Some(reply),
+                Command::Snapshot { dest, reply } => {
+                    if after.snapshot.is_some() {
+                        let _ = reply.send(Err(StoreError::Internal(
+                            "a snapshot is already being written".into(),
+                        )));
+                    } else {
+                        after.snapshot = Some(SnapshotJob {
+                            span: span.clone(),
+                            dest,
+                            reply,
+                        });
+                    }
+                }
+                Command::Shutdown { reply } => after.shutdown = Some(reply),
             }
         }
         if !writes.is_empty() {
@@ -354,7 +537,7 @@ impl Worker {
                 _ => {}
             }
         }
-        shutdown
+        after
     }
 
     fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -604,7 +787,8 @@ impl Worker {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
-        self.conn()
+        let report = self
+            .conn()
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
                 Ok(CheckpointReport {
                     busy: r.get::<_, i64>(0)? != 0,
@@ -612,7 +796,13 @@ impl Worker {
                     checkpointed_frames: r.get(2)?,
                 })
             })
-            .map_err(|e| self.fail(e, "checkpointing"))
+            .map_err(|e| self.fail(e, "checkpointing"))?;
+        if !report.busy {
+            self.shared
+                .last_checkpoint_ms
+                .store(self.now_ms().max(1), Ordering::Relaxed);
+        }
+        Ok(report)
     }
 
     fn run_timers(&mut self) {
@@ -660,7 +850,9 @@ impl Worker {
                     .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false);
             }
         }
-        if let Some(conn) = self.conn.take()
+        // Every snapshot has dropped its handle by now: the connection is
+        // ours alone again.
+        if let Some(conn) = self.conn.take().and_then(|c| Rc::try_unwrap(c).ok())
             && let Err((_, e)) = conn.close()
         {
             tracing::warn!(error = %e, "closing the database failed: {e}");

@@ -1,0 +1,379 @@
+//! The operator's side of the admin socket: `taskgate status` and
+//! `taskgate backup --online`.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{Answer, Request, Status};
+use crate::config::{Config, Overrides};
+use crate::exit::{ExitClass, Refusal};
+use crate::state_dir;
+
+/// How long `status` waits for its answer.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest answer line read (a status is well under 4 KiB).
+const MAX_ANSWER_BYTES: u64 = 1 << 20;
+/// Names of the snapshots `--into` makes: `taskgate-<UTC time>`, which sort
+/// by age.
+const SNAPSHOT_PREFIX: &str = "taskgate-";
+const STAMP_FORMAT: &str = "%Y%m%dT%H%M%SZ";
+const STAMP_LEN: usize = 16;
+
+/// Where to reach the daemon serving a state directory.
+pub struct Target {
+    pub socket: PathBuf,
+    /// The state directory the operator named (resolved), when the socket
+    /// was found from it: the daemon's answer must name the same one.
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Finds the admin socket of the daemon serving the configured state
+/// directory: `--socket` when given; else the path that daemon recorded in
+/// `tasks.lock`; else where `serve` would put it with this environment.
+pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Refusal> {
+    if let Some(s) = socket {
+        return Ok(Target {
+            socket: s.to_path_buf(),
+            state_dir: None,
+        });
+    }
+    let config = Config::load(overrides)?;
+    let dir = fs::canonicalize(&config.state_dir).unwrap_or(config.state_dir.clone());
+    let socket = match state_dir::recorded_admin_socket(&dir) {
+        Ok(Some(s)) => s,
+        Ok(None) => super::socket_path(&dir),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Err(Refusal::new(
+                ExitClass::Protocol,
+                format!(
+                    "permission denied reading {}: only root and the service user may ask the daemon; run as one of them (sudo taskgate …)",
+                    dir.join(state_dir::LOCK_FILE).display()
+                ),
+            ));
+        }
+        Err(_) => super::socket_path(&dir),
+    };
+    Ok(Target {
+        socket,
+        state_dir: Some(dir),
+    })
+}
+
+fn unreachable(target: &Target, why: &str) -> Refusal {
+    let what = match &target.state_dir {
+        Some(d) => format!("no daemon is serving {}", d.display()),
+        None => "no daemon answers".to_string(),
+    };
+    Refusal::new(
+        ExitClass::Unreachable,
+        format!(
+            "{what} ({why} on {}); start it (systemctl start taskgate) or name its state directory with --config/--state-dir",
+            target.socket.display()
+        ),
+    )
+}
+
+/// Sends one request and reads the answer; `wait` bounds the wait for it
+/// (`None`: as long as the daemon takes, for a snapshot).
+pub fn ask(target: &Target, request: &Request, wait: Option<Duration>) -> Result<Answer, Refusal> {
+    let mut stream = UnixStream::connect(&target.socket).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => unreachable(target, "no admin socket"),
+        io::ErrorKind::ConnectionRefused => unreachable(target, "nothing listening"),
+        io::ErrorKind::PermissionDenied => Refusal::new(
+            ExitClass::Protocol,
+            format!(
+                "permission denied on {}: only root and the service user may use the admin socket",
+                target.socket.display()
+            ),
+        ),
+        _ => unreachable(target, &e.to_string()),
+    })?;
+    let io_fail = |e: io::Error| {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            Refusal::new(
+                ExitClass::Unreachable,
+                format!(
+                    "the daemon did not answer on {} in time",
+                    target.socket.display()
+                ),
+            )
+        } else {
+            Refusal::new(
+                ExitClass::Unreachable,
+                format!("the admin connection broke: {e}"),
+            )
+        }
+    };
+    stream.set_read_timeout(wait).map_err(io_fail)?;
+    stream
+        .set_write_timeout(Some(super::REQUEST_READ_TIMEOUT))
+        .map_err(io_fail)?;
+    let mut line =
+        serde_json::to_vec(request).map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
+    line.push(b'\n');
+    match stream.write_all(&line) {
+        // A daemon that refuses a connection answers and closes before
+        // reading: its answer is still there to read.
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) => {}
+        r => r.map_err(io_fail)?,
+    }
+    let mut answer = String::new();
+    BufReader::new(io::Read::take(stream, MAX_ANSWER_BYTES))
+        .read_line(&mut answer)
+        .map_err(io_fail)?;
+    if answer.is_empty() {
+        return Err(Refusal::new(
+            ExitClass::Unreachable,
+            format!(
+                "the daemon closed {} without an answer",
+                target.socket.display()
+            ),
+        ));
+    }
+    let answer: Answer = serde_json::from_str(&answer).map_err(|e| {
+        Refusal::new(
+            ExitClass::Protocol,
+            format!("the daemon's answer is not understood: {e}"),
+        )
+    })?;
+    match answer {
+        Answer::Error(e) => Err(Refusal::new(e.class(), e.message)),
+        a => Ok(a),
+    }
+}
+
+/// `taskgate status`: the lines to print and the exit class (`None`: 0;
+/// `CallFailed` when the daemon answered but its store is disabled).
+pub fn status(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    json: bool,
+) -> Result<(Vec<String>, Option<ExitClass>), Refusal> {
+    let target = locate(overrides, socket)?;
+    let status = match ask(&target, &Request::Status, Some(STATUS_TIMEOUT))? {
+        Answer::Status(s) => s,
+        _ => {
+            return Err(Refusal::new(
+                ExitClass::Protocol,
+                "the daemon answered something else than a status",
+            ));
+        }
+    };
+    check_same_dir(&target, &status.state_dir)?;
+    let class = (status.store == "disabled").then_some(ExitClass::CallFailed);
+    let lines = if json {
+        vec![serde_json::to_string_pretty(&status).unwrap_or_default()]
+    } else {
+        render(&status)
+    };
+    Ok((lines, class))
+}
+
+/// A socket found from `$RUNTIME_DIRECTORY` may belong to the daemon of
+/// another state directory: say so rather than report on the wrong one.
+fn check_same_dir(target: &Target, served: &Path) -> Result<(), Refusal> {
+    match &target.state_dir {
+        Some(dir) if dir != served => Err(Refusal::new(
+            ExitClass::Protocol,
+            format!(
+                "the daemon on {} serves {}, not {}; name the right one with --config/--state-dir or --socket",
+                target.socket.display(),
+                served.display(),
+                dir.display()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// The one screen an operator reads.
+pub fn render(s: &Status) -> Vec<String> {
+    let store = match &s.disabled_reason {
+        Some(reason) => format!("DISABLED until restart: {reason}"),
+        None => s.store.clone(),
+    };
+    let tasks = match s.tasks {
+        Some(t) => format!(
+            "{} retained, {} unexpired, {} running",
+            t.retained, t.unexpired, s.running
+        ),
+        None => format!("counts unavailable, {} running", s.running),
+    };
+    let checkpoint = match &s.last_checkpoint {
+        Some(t) => format!("last checkpoint {t}"),
+        None => "no checkpoint since start".into(),
+    };
+    let f = &s.fallbacks;
+    let fallbacks = if f.total == 0 {
+        "none".to_string()
+    } else {
+        let parts: Vec<String> = [
+            ("slots busy", f.slots_busy),
+            ("store busy", f.store_busy),
+            ("store capacity", f.store_capacity),
+            ("store unavailable", f.store_unavailable),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(w, n)| format!("{w} {n}"))
+        .collect();
+        format!("{} ({})", f.total, parts.join(", "))
+    };
+    let mut lines = vec![
+        format!(
+            "taskgate {}, pid {}, up {} (since {})",
+            s.version,
+            s.pid,
+            duration(s.uptime_secs),
+            s.started
+        ),
+        format!("state directory  {}", s.state_dir.display()),
+        format!("listening on     {}", s.listen),
+        format!("admin socket     {}", s.admin_socket.display()),
+        format!("task store       {store}"),
+        format!("tasks            {tasks}"),
+        format!("store queue      {} of {}", s.queue.depth, s.queue.capacity),
+        format!("WAL              {}; {checkpoint}", bytes(s.wal_bytes)),
+        format!("fallbacks        {fallbacks} (calls that asked for a task and ran synchronously)"),
+    ];
+    if let Some(n) = s.legacy_sessions {
+        lines.push(format!("legacy sessions  {n} open"));
+    }
+    if s.snapshot_running {
+        lines.push("snapshot         an online snapshot is being written".into());
+    }
+    lines
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
+    if p.is_absolute() {
+        return Ok(p.to_path_buf());
+    }
+    std::env::current_dir().map(|d| d.join(p)).map_err(|e| {
+        Refusal::new(
+            ExitClass::Io,
+            format!("cannot resolve {}: {e}", p.display()),
+        )
+    })
+}
+
+/// `taskgate backup --online --to DEST`: asks the daemon for a snapshot.
+pub fn online_backup(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    dest: &Path,
+) -> Result<Vec<String>, Refusal> {
+    let dest = absolute(dest)?;
+    // Checked here too, so the common mistake is told before the daemon
+    // is asked; the daemon checks everything again as the one who writes.
+    if fs::symlink_metadata(&dest).is_ok() {
+        return Err(Refusal::new(
+            ExitClass::UnsafePath,
+            format!(
+                "{}: already exists; choose a new destination (a backup never overwrites)",
+                dest.display()
+            ),
+        ));
+    }
+    let target = locate(overrides, socket)?;
+    // Its own status first: the right daemon, and one that can write.
+    match ask(&target, &Request::Status, Some(STATUS_TIMEOUT))? {
+        Answer::Status(s) => check_same_dir(&target, &s.state_dir)?,
+        _ => {
+            return Err(Refusal::new(
+                ExitClass::Protocol,
+                "the daemon answered something else than a status",
+            ));
+        }
+    }
+    match ask(&target, &Request::Snapshot { to: dest }, None)? {
+        Answer::Snapshot(done) => Ok(done.lines),
+        _ => Err(Refusal::new(
+            ExitClass::Protocol,
+            "the daemon answered something else than a snapshot",
+        )),
+    }
+}
+
+/// `taskgate backup --online --into DIR --keep N`: a snapshot named by the
+/// time into DIR, then the oldest of DIR's snapshots beyond the newest N
+/// are removed (only after the new one is verified).
+pub fn online_backup_into(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    dir: &Path,
+    keep: usize,
+) -> Result<Vec<String>, Refusal> {
+    let dir = absolute(dir)?;
+    let stamp = chrono::DateTime::<chrono::Utc>::from(SystemTime::now()).format(STAMP_FORMAT);
+    let dest = dir.join(format!("{SNAPSHOT_PREFIX}{stamp}"));
+    let mut lines = online_backup(overrides, socket, &dest)?;
+    for old in prune(&dir, keep)? {
+        lines.push(format!("removed the old snapshot {}", old.display()));
+    }
+    Ok(lines)
+}
+
+/// Removes the oldest snapshots in `dir` beyond the newest `keep`. Only
+/// what `--into` makes is considered: directories (never links) named
+/// `taskgate-<UTC time>` that hold a manifest.
+fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, Refusal> {
+    let io = |e: io::Error| Refusal::new(ExitClass::Io, format!("{}: {e}", dir.display()));
+    let mut snapshots: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix(SNAPSHOT_PREFIX).is_some_and(|stamp| {
+                stamp.len() == STAMP_LEN
+                    && chrono::NaiveDateTime::parse_from_str(stamp, STAMP_FORMAT).is_ok()
+            })
+        })
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .filter(|p| p.join(crate::backup::MANIFEST).is_file())
+        .collect();
+    snapshots.sort();
+    let excess = snapshots.len().saturating_sub(keep);
+    let mut removed = Vec::new();
+    for old in snapshots.into_iter().take(excess) {
+        fs::remove_dir_all(&old).map_err(|e| {
+            Refusal::new(
+                ExitClass::Io,
+                format!("{}: cannot remove: {e}", old.display()),
+            )
+        })?;
+        removed.push(old);
+    }
+    Ok(removed)
+}

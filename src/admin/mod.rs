@@ -1,0 +1,172 @@
+//! The private admin socket: `taskgate status` and online snapshots.
+//!
+//! The serving daemon listens on a Unix socket, `admin.sock`, in systemd's
+//! `$RUNTIME_DIRECTORY` when it is set (the unit's `RuntimeDirectory=`,
+//! 0700), else in the state directory itself: the one directory that is
+//! already known to be private to the service user, and whose path every
+//! operator command resolves the same way (`--config`, `--state-dir`). The
+//! daemon records the socket's path in `tasks.lock`, so a client that names
+//! the state directory finds it wherever it is.
+//!
+//! The socket is 0600, and each connection's peer credentials are checked
+//! (SO_PEERCRED) before anything is read: only the daemon's own uid and
+//! root are served; anyone else gets one refusal line and is closed.
+//!
+//! The protocol is one JSON request line, one JSON answer line, then the
+//! daemon closes. Every bound is a named constant: a request longer than
+//! [`MAX_REQUEST_BYTES`] or slower than [`REQUEST_READ_TIMEOUT`] is refused
+//! and closed, and at most [`MAX_CONNECTIONS`] connections are served at
+//! once (the next is told so and closed), so a hostile neighbour that
+//! idles, dribbles or floods holds nothing but its own connection.
+
+pub mod client;
+pub mod server;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::exit::ExitClass;
+
+/// The socket's file name, in the runtime or the state directory.
+pub const SOCKET_NAME: &str = "admin.sock";
+/// The longest request line accepted, newline included: room for a
+/// destination path of PATH_MAX bytes, JSON-escaped.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// How long a connection has to send its whole request line.
+pub const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long the daemon waits for a peer to take its answer.
+pub const ANSWER_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// Admin connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// Where the serving daemon puts its admin socket: `$RUNTIME_DIRECTORY`
+/// (the first, if systemd lists several) when set and absolute, else the
+/// state directory.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    let runtime = std::env::var_os("RUNTIME_DIRECTORY")
+        .map(PathBuf::from)
+        .and_then(|v| {
+            v.to_str()
+                .and_then(|s| s.split(':').next())
+                .map(PathBuf::from)
+        })
+        .filter(|p| p.is_absolute());
+    runtime
+        .unwrap_or_else(|| state_dir.to_path_buf())
+        .join(SOCKET_NAME)
+}
+
+/// One request line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    /// Write an online snapshot into `to`, a new absolute path.
+    Snapshot {
+        to: PathBuf,
+    },
+}
+
+/// One answer line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum Answer {
+    Status(Box<Status>),
+    Snapshot(SnapshotDone),
+    Error(AdminError),
+}
+
+/// A refusal or failure, with the exit code the client ends with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminError {
+    pub exit: u8,
+    pub message: String,
+}
+
+impl AdminError {
+    pub fn new(class: ExitClass, message: impl Into<String>) -> AdminError {
+        AdminError {
+            exit: class.code(),
+            message: message.into(),
+        }
+    }
+
+    /// The class the client exits with; an unknown code (a newer daemon)
+    /// is a failed request.
+    pub fn class(&self) -> ExitClass {
+        ExitClass::ALL
+            .into_iter()
+            .find(|c| c.code() == self.exit)
+            .unwrap_or(ExitClass::CallFailed)
+    }
+}
+
+/// What `taskgate status` shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub pid: u32,
+    /// RFC 3339, UTC.
+    pub started: String,
+    pub uptime_secs: u64,
+    pub state_dir: PathBuf,
+    /// `127.0.0.1:8765`, or `stdio`.
+    pub listen: String,
+    pub admin_socket: PathBuf,
+    /// `serving`, `disabled` or `stopping`.
+    pub store: String,
+    /// Why the store is disabled (until a restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_reason: Option<String>,
+    /// Rows in the store and those not yet expired; absent when the store
+    /// could not count them (disabled, or its queue full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskCounts>,
+    /// Tool runs holding a running slot.
+    pub running: usize,
+    pub queue: Queue,
+    /// Size of `tasks.db-wal` now.
+    pub wal_bytes: u64,
+    /// The last TRUNCATE checkpoint since this start (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<String>,
+    pub fallbacks: Fallbacks,
+    /// Open legacy (2025 protocol) sessions; HTTP only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy_sessions: Option<usize>,
+    /// Whether an online snapshot is being written now.
+    pub snapshot_running: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCounts {
+    pub retained: u64,
+    pub unexpired: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Queue {
+    /// Commands waiting for the store thread.
+    pub depth: usize,
+    /// `store.queue_depth`.
+    pub capacity: usize,
+}
+
+/// Calls that asked for a task and ran synchronously, by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fallbacks {
+    pub total: u64,
+    pub slots_busy: u64,
+    pub store_busy: u64,
+    pub store_capacity: u64,
+    pub store_unavailable: u64,
+}
+
+/// A finished online snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotDone {
+    pub dest: PathBuf,
+    /// What `backup` prints, line by line.
+    pub lines: Vec<String>,
+}

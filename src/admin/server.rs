@@ -1,0 +1,594 @@
+//! The daemon's side of the admin socket.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{
+    ANSWER_WRITE_TIMEOUT, AdminError, Answer, Fallbacks, MAX_CONNECTIONS, MAX_REQUEST_BYTES, Queue,
+    REQUEST_READ_TIMEOUT, Request, SnapshotDone, Status, TaskCounts,
+};
+use crate::backup::{self, BackupError};
+use crate::exit::{Classify, ExitClass};
+use crate::http::BoundedSessions;
+use crate::state_dir::{self, LifetimeLock};
+use crate::tasks::TaskService;
+
+/// The longest path a Unix socket address holds (sun_path, NUL included).
+const SUN_PATH_MAX: usize = 108;
+/// How long a stop waits for admin connections (a snapshot being sealed)
+/// before it goes on without them.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// How long `status` waits for the store's counts before showing none.
+const STATS_LIMIT: Duration = Duration::from_secs(1);
+/// Pause after a failed accept (out of file descriptors), so the loop does
+/// not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The admin socket of a serving process: bound during startup, served
+/// from READY=1 until the store closes, removed at a clean stop. A socket
+/// that cannot be made is logged and the daemon serves without one:
+/// operators lose `status`, clients lose nothing.
+#[derive(Default)]
+pub struct Admin {
+    bound: Option<Bound>,
+    running: Option<Running>,
+}
+
+struct Bound {
+    listener: StdListener,
+    socket: Socket,
+    state_dir: PathBuf,
+    max_db_pages: u64,
+}
+
+/// The socket file this process made (by device and inode, so a stop
+/// never removes a file someone else put there since).
+#[derive(Clone)]
+struct Socket {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+struct Running {
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    socket: Socket,
+}
+
+impl Admin {
+    /// Binds the admin socket. Runs once the lifetime lock is held, so a
+    /// socket file left at the path is a killed daemon's and is replaced,
+    /// but only if it is a socket of ours that nobody answers on.
+    pub fn bind(lock: &mut LifetimeLock, state_dir: &Path, max_db_pages: u64) -> Admin {
+        let path = super::socket_path(state_dir);
+        match bind_socket(&path) {
+            Ok((listener, socket)) => {
+                if let Err(e) = lock.record_admin(Some(&path)) {
+                    tracing::warn!(error = %e, "cannot record the admin socket in the lock file; `taskgate status` needs --socket");
+                }
+                tracing::info!(socket = %path.display(), "admin socket at {}", path.display());
+                Admin {
+                    bound: Some(Bound {
+                        listener,
+                        socket,
+                        state_dir: state_dir.to_path_buf(),
+                        max_db_pages,
+                    }),
+                    running: None,
+                }
+            }
+            Err(e) => {
+                let _ = lock.record_admin(None);
+                tracing::error!(socket = %path.display(), error = %e,
+                    "no admin socket at {}: {e}; serving without `taskgate status` and online snapshots", path.display());
+                Admin::default()
+            }
+        }
+    }
+
+    /// Starts serving the socket (inside the runtime).
+    pub fn start(
+        &mut self,
+        svc: Arc<TaskService>,
+        listen: String,
+        sessions: Option<Arc<BoundedSessions>>,
+    ) {
+        let Some(bound) = self.bound.take() else {
+            return;
+        };
+        let listener = match UnixListener::from_std(bound.listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve the admin socket");
+                remove_socket(&bound.socket);
+                return;
+            }
+        };
+        let ctx = Arc::new(Context {
+            svc,
+            listen,
+            sessions,
+            state_dir: bound.state_dir,
+            socket: bound.socket.path.clone(),
+            max_db_pages: bound.max_db_pages,
+            started: SystemTime::now(),
+            started_mono: Instant::now(),
+            snapshot_running: AtomicBool::new(false),
+            euid: nix::unistd::geteuid().as_raw(),
+        });
+        let stop = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        tracker.spawn(accept_loop(listener, ctx, stop.clone(), tracker.clone()));
+        self.running = Some(Running {
+            stop,
+            tracker,
+            socket: bound.socket,
+        });
+    }
+
+    /// Stops accepting, waits (bounded) for the connections being served,
+    /// and removes the socket file.
+    pub async fn stop(&mut self) {
+        if let Some(bound) = self.bound.take() {
+            remove_socket(&bound.socket);
+        }
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        running.stop.cancel();
+        running.tracker.close();
+        if tokio::time::timeout(STOP_LIMIT, running.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("admin connections still open after {STOP_LIMIT:?}; closing anyway");
+        }
+        remove_socket(&running.socket);
+    }
+}
+
+impl Drop for Admin {
+    /// A serve that ends before the socket was started (a failed start
+    /// after binding) leaves no socket file either.
+    fn drop(&mut self) {
+        if let Some(bound) = self.bound.take() {
+            remove_socket(&bound.socket);
+        }
+    }
+}
+
+fn bind_socket(path: &Path) -> io::Result<(StdListener, Socket)> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().len() >= SUN_PATH_MAX {
+        return Err(io::Error::other(format!(
+            "the path is longer than a Unix socket address allows ({} bytes); use a shorter state directory or RuntimeDirectory=",
+            SUN_PATH_MAX - 1
+        )));
+    }
+    match fs::symlink_metadata(path) {
+        Ok(meta) => {
+            let me = nix::unistd::geteuid().as_raw();
+            if !meta.file_type().is_socket() || meta.uid() != me {
+                return Err(io::Error::other(
+                    "something other than our own socket is in the way; remove it by hand",
+                ));
+            }
+            // Ours; is anyone answering on it? Only a dead socket is
+            // replaced (the lock says no daemon serves this state
+            // directory, but the runtime directory could be shared).
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(io::Error::other(
+                        "another process is listening on it; is a second daemon sharing the runtime directory?",
+                    ));
+                }
+                Err(_) => {
+                    fs::remove_file(path)?;
+                    tracing::info!(socket = %path.display(), "replaced the stale admin socket of a daemon that did not stop cleanly");
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = StdListener::bind(path)?;
+    // The umask (077) made it 0700 already; 0600 says what it is for.
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    let meta = fs::symlink_metadata(path)?;
+    Ok((
+        listener,
+        Socket {
+            path: path.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+    ))
+}
+
+fn remove_socket(socket: &Socket) {
+    if let Ok(meta) = fs::symlink_metadata(&socket.path)
+        && meta.dev() == socket.dev
+        && meta.ino() == socket.ino
+    {
+        let _ = fs::remove_file(&socket.path);
+    }
+}
+
+/// What a connection is served from.
+struct Context {
+    svc: Arc<TaskService>,
+    listen: String,
+    sessions: Option<Arc<BoundedSessions>>,
+    state_dir: PathBuf,
+    socket: PathBuf,
+    max_db_pages: u64,
+    started: SystemTime,
+    started_mono: Instant,
+    snapshot_running: AtomicBool,
+    euid: u32,
+}
+
+impl Context {
+    /// The daemon's own user and root; nobody else.
+    fn permitted(&self, uid: u32) -> bool {
+        uid == self.euid || uid == 0
+    }
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => match permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    tracker.spawn(serve(stream, ctx.clone(), stop.clone(), permit));
+                }
+                Err(_) => {
+                    let e = AdminError::new(
+                        ExitClass::Unreachable,
+                        format!(
+                            "the daemon is serving {MAX_CONNECTIONS} admin connections already; try again"
+                        ),
+                    );
+                    refuse_now(&stream, &e);
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "admin socket: accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Answers a connection that is not served with one line, without
+/// waiting: a peer that does not read gets nothing.
+fn refuse_now(stream: &UnixStream, e: &AdminError) {
+    let mut line = serde_json::to_vec(&Answer::Error(e.clone())).unwrap_or_default();
+    line.push(b'\n');
+    let _ = stream.try_write(&line);
+}
+
+async fn serve(
+    mut stream: UnixStream,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    // Before anything is read: whose connection is this?
+    match stream.peer_cred() {
+        Ok(cred) if ctx.permitted(cred.uid()) => {}
+        Ok(cred) => {
+            tracing::info!(
+                uid = cred.uid(),
+                pid = cred.pid(),
+                "admin connection from uid {} refused: only root and the service user may use the admin socket",
+                cred.uid()
+            );
+            let e = AdminError::new(
+                ExitClass::Protocol,
+                format!(
+                    "permission denied: uid {} may not use the admin socket; run as root or as the service user",
+                    cred.uid()
+                ),
+            );
+            refuse_now(&stream, &e);
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "admin connection without peer credentials; closed");
+            return;
+        }
+    }
+    let request = tokio::select! {
+        _ = stop.cancelled() => return,
+        r = tokio::time::timeout(REQUEST_READ_TIMEOUT, read_request(&mut stream)) => r,
+    };
+    let answer = match request {
+        Err(_) => Answer::Error(AdminError::new(
+            ExitClass::Protocol,
+            format!(
+                "no whole request within {} s; closed",
+                REQUEST_READ_TIMEOUT.as_secs()
+            ),
+        )),
+        Ok(Err(ReadError::TooLarge)) => Answer::Error(AdminError::new(
+            ExitClass::Protocol,
+            format!("request longer than {MAX_REQUEST_BYTES} bytes; closed"),
+        )),
+        Ok(Err(ReadError::Io(_))) => return,
+        Ok(Ok(line)) => match serde_json::from_slice::<Request>(&line) {
+            Ok(Request::Status) => Answer::Status(Box::new(status(&ctx).await)),
+            Ok(Request::Snapshot { to }) => snapshot(&ctx, to).await,
+            Err(e) => Answer::Error(AdminError::new(
+                ExitClass::Protocol,
+                format!("malformed request: {e}"),
+            )),
+        },
+    };
+    let mut line = serde_json::to_vec(&answer).unwrap_or_default();
+    line.push(b'\n');
+    let _ = tokio::time::timeout(ANSWER_WRITE_TIMEOUT, async {
+        stream.write_all(&line).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+enum ReadError {
+    TooLarge,
+    Io(#[allow(dead_code)] io::Error),
+}
+
+/// Reads one request line (without its newline), at most
+/// [`MAX_REQUEST_BYTES`] long; a peer that closes after its request
+/// without a newline is served too.
+async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, ReadError> {
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await.map_err(ReadError::Io)?;
+        if n == 0 {
+            return if line.is_empty() {
+                Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()))
+            } else {
+                Ok(line)
+            };
+        }
+        line.extend_from_slice(&chunk[..n]);
+        if let Some(end) = line.iter().position(|b| *b == b'\n') {
+            if end + 1 > MAX_REQUEST_BYTES {
+                return Err(ReadError::TooLarge);
+            }
+            line.truncate(end);
+            return Ok(line);
+        }
+        if line.len() >= MAX_REQUEST_BYTES {
+            return Err(ReadError::TooLarge);
+        }
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t)
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+async fn status(ctx: &Context) -> Status {
+    let svc = &ctx.svc;
+    let store = svc.store();
+    let disabled_reason = store.disabled_reason();
+    let state = if disabled_reason.is_some() {
+        "disabled"
+    } else if svc.is_stopping() {
+        "stopping"
+    } else {
+        "serving"
+    };
+    let tasks = match disabled_reason {
+        Some(_) => None,
+        None => match tokio::time::timeout(STATS_LIMIT, store.stats()).await {
+            Ok(Ok(s)) => Some(TaskCounts {
+                retained: s.retained,
+                unexpired: s.unexpired,
+            }),
+            _ => None,
+        },
+    };
+    let f = svc.fallbacks();
+    let legacy_sessions = match &ctx.sessions {
+        Some(s) => Some(s.open().await),
+        None => None,
+    };
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        started: rfc3339(ctx.started),
+        uptime_secs: ctx.started_mono.elapsed().as_secs(),
+        state_dir: ctx.state_dir.clone(),
+        listen: ctx.listen.clone(),
+        admin_socket: ctx.socket.clone(),
+        store: state.to_string(),
+        disabled_reason,
+        tasks,
+        running: svc.running_count(),
+        queue: Queue {
+            depth: store.queued(),
+            capacity: store.queue_capacity(),
+        },
+        wal_bytes: fs::symlink_metadata(ctx.state_dir.join(state_dir::WAL_FILE))
+            .map(|m| m.len())
+            .unwrap_or(0),
+        last_checkpoint: store
+            .last_checkpoint_ms()
+            .map(|ms| rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))),
+        fallbacks: Fallbacks {
+            total: f.total(),
+            slots_busy: f.slots_busy,
+            store_busy: f.store_busy,
+            store_capacity: f.store_capacity,
+            store_unavailable: f.store_unavailable,
+        },
+        legacy_sessions,
+        snapshot_running: ctx.snapshot_running.load(Ordering::Relaxed),
+    }
+}
+
+/// Clears the running flag however the snapshot ends.
+struct Running1<'a>(&'a AtomicBool);
+
+impl Drop for Running1<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+fn backup_error(e: BackupError) -> AdminError {
+    let read_only = matches!(&e, BackupError::Io { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EROFS | libc::EACCES)));
+    let hint = if read_only {
+        "; the service may write only where its unit allows (the packaged unit: under /var/backups/taskgate; elsewhere add ReadWritePaths= in a drop-in)"
+    } else {
+        ""
+    };
+    AdminError::new(e.exit_class(), format!("{e}{hint}"))
+}
+
+async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
+    if ctx
+        .snapshot_running
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Answer::Error(AdminError::new(
+            ExitClass::Unreachable,
+            "a snapshot is already being written; try again once it is done",
+        ));
+    }
+    let _running = Running1(&ctx.snapshot_running);
+    if ctx.svc.is_stopping() {
+        return Answer::Error(AdminError::new(
+            ExitClass::Unreachable,
+            "the daemon is stopping; take an offline backup (`taskgate backup`) once it has stopped",
+        ));
+    }
+    if let Some(reason) = ctx.svc.store().disabled_reason() {
+        return Answer::Error(AdminError::new(
+            ExitClass::CallFailed,
+            format!(
+                "the task store is disabled ({reason}); stop the daemon and take an offline backup"
+            ),
+        ));
+    }
+    // Destination checks, then an empty private file for the database:
+    // nothing else is done before they pass.
+    let state_dir = ctx.state_dir.clone();
+    let prepared = tokio::task::spawn_blocking(move || -> Result<PathBuf, BackupError> {
+        let dest = backup::create_destination(&to, &state_dir)?;
+        let db = dest.join(state_dir::DB_FILE);
+        if let Err(source) = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&db)
+        {
+            let _ = fs::remove_dir(&dest);
+            return Err(BackupError::Io { path: db, source });
+        }
+        Ok(dest)
+    })
+    .await;
+    let dest = match prepared {
+        Ok(Ok(dest)) => dest,
+        Ok(Err(e)) => return Answer::Error(backup_error(e)),
+        Err(e) => {
+            return Answer::Error(AdminError::new(ExitClass::Io, e.to_string()));
+        }
+    };
+    let discard = |dest: &Path| {
+        // Ours alone: made above, private, never handed out.
+        if let Err(e) = fs::remove_dir_all(dest) {
+            tracing::warn!(dest = %dest.display(), error = %e, "cannot remove an unfinished snapshot");
+        }
+    };
+    let started = Instant::now();
+    let copied = match ctx
+        .svc
+        .store()
+        .snapshot(&dest.join(state_dir::DB_FILE))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            discard(&dest);
+            return Answer::Error(AdminError::new(
+                ExitClass::CallFailed,
+                format!("the snapshot failed: {e}; nothing was kept"),
+            ));
+        }
+    };
+    let db_time = started.elapsed();
+    let (state_dir, sealed_dest, max_pages) =
+        (ctx.state_dir.clone(), dest.clone(), ctx.max_db_pages);
+    let sealed = tokio::task::spawn_blocking(move || {
+        let artifacts = backup::artifact_files(&state_dir)?;
+        backup::seal(
+            &state_dir,
+            &sealed_dest,
+            &artifacts,
+            &[PathBuf::from(state_dir::DB_FILE)],
+            max_pages,
+        )
+    })
+    .await;
+    match sealed {
+        Ok(Ok(sealed)) => {
+            let mut lines = sealed.lines(&ctx.state_dir, &dest);
+            lines.insert(
+                1,
+                format!(
+                    "online: database copied while serving, {} pages in {} steps ({} command batches served between them) in {} ms",
+                    copied.pages,
+                    copied.steps,
+                    copied.batches_between,
+                    db_time.as_millis()
+                ),
+            );
+            tracing::info!(dest = %dest.display(), pages = copied.pages, "online snapshot written to {}", dest.display());
+            Answer::Snapshot(SnapshotDone { dest, lines })
+        }
+        Ok(Err(e)) => {
+            discard(&dest);
+            Answer::Error(backup_error(e))
+        }
+        Err(e) => {
+            discard(&dest);
+            Answer::Error(AdminError::new(ExitClass::Io, e.to_string()))
+        }
+    }
+}

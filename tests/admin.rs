@@ -1,0 +1,537 @@
+//! The private admin socket, through the real binary and a real socket:
+//! `taskgate status` (text and JSON), who may connect, the socket's bounds
+//! (idle, oversize, flood), stale sockets, and online snapshots taken while
+//! tasks run and creates go on, restored with `taskgate restore` and
+//! verified with `taskgate check`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn config(dir: &Path) -> PathBuf {
+    let p = dir.join("taskgate.toml");
+    std::fs::write(
+        &p,
+        r#"
+[[tool]]
+name = "nap"
+argv = ["/bin/sh", "-c", "sleep $0; printf rested", "{seconds}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.seconds]
+type = "number"
+"#,
+    )
+    .unwrap();
+    p
+}
+
+fn start(root: &Path, state: &Path) -> Daemon {
+    Daemon::start(&config(root), state, &root.join("daemon.log"))
+}
+
+fn status_json(state: &Path) -> Value {
+    let out = taskgate(
+        &["status", "--json", "--state-dir", state.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("status --json prints one JSON object")
+}
+
+/// Starts a `nap` task of `seconds` and returns its ID.
+fn start_nap(d: &Daemon, seconds: u64) -> String {
+    let rt = runtime();
+    rt.block_on(async {
+        let r = d
+            .client(true)
+            .call_tool("nap", json!({ "seconds": seconds }), None)
+            .await
+            .expect("call nap");
+        r["taskId"].as_str().expect("a task handle").to_string()
+    })
+}
+
+#[test]
+fn status_shows_one_screen_and_json_for_scripts() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    let task = start_nap(&d, 60);
+
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let canonical = std::fs::canonicalize(&state).unwrap();
+    for expected in [
+        format!("taskgate {}", env!("CARGO_PKG_VERSION")),
+        format!("state directory  {}", canonical.display()),
+        format!(
+            "listening on     127.0.0.1:{}",
+            d.url().split(':').nth(2).unwrap().trim_end_matches("/mcp")
+        ),
+        format!(
+            "admin socket     {}",
+            canonical.join("admin.sock").display()
+        ),
+        "task store       serving".to_string(),
+        "tasks            1 retained, 1 unexpired, 1 running".to_string(),
+        "store queue      0 of ".to_string(),
+        "fallbacks        none".to_string(),
+    ] {
+        assert!(
+            text.contains(&expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+
+    let s = status_json(&state);
+    assert_eq!(s["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(s["pid"], d.pid().as_raw());
+    assert_eq!(s["state_dir"], canonical.to_str().unwrap());
+    assert_eq!(s["store"], "serving");
+    assert_eq!(s["tasks"], json!({"retained": 1, "unexpired": 1}));
+    assert_eq!(s["running"], 1);
+    assert_eq!(s["fallbacks"]["total"], 0);
+    assert_eq!(s["snapshot_running"], false);
+    assert!(s["queue"]["capacity"].as_u64().unwrap() > 0);
+    assert!(s["wal_bytes"].is_u64());
+    assert!(s["uptime_secs"].is_u64());
+
+    // While stopping, the answer says so; after the stop nothing answers.
+    let rt = runtime();
+    rt.block_on(async { d.client(true).cancel_task(&task).await.unwrap() });
+    let status = d.stop();
+    assert!(status.success());
+    assert!(
+        !state.join("admin.sock").exists(),
+        "a clean stop removes the admin socket"
+    );
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("no daemon is serving"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn status_without_a_daemon_says_so_with_exit_69() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let line = one_line_stderr(&out);
+    assert!(line.contains("no daemon is serving"), "{line}");
+    assert!(line.contains("daemon unreachable (exit 69)"), "{line}");
+    // The online backup says the same, and creates nothing.
+    let dest = root.path().join("snap");
+    let out = taskgate(
+        &[
+            "backup",
+            "--online",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--to",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(!dest.exists());
+}
+
+#[test]
+fn a_stale_socket_left_by_a_killed_daemon_is_replaced_at_the_next_start() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    d.kill();
+    let sock = state.join("admin.sock");
+    assert!(sock.exists(), "SIGKILL leaves the socket file behind");
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("nothing listening"),
+        "{out:?}"
+    );
+
+    let d = start(root.path(), &state);
+    let s = status_json(&state);
+    assert_eq!(s["pid"], d.pid().as_raw());
+    assert!(d.log_text().contains("replaced the stale admin socket"));
+    assert!(d.stop().success());
+}
+
+#[test]
+fn the_socket_goes_in_the_runtime_directory_when_systemd_gives_one() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let runtime_dir = root.path().join("run");
+    std::fs::create_dir(&runtime_dir).unwrap();
+    std::fs::set_permissions(&runtime_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let d = Daemon::builder()
+        .config(&config(root.path()))
+        .state_dir(&state)
+        .env("RUNTIME_DIRECTORY", &runtime_dir)
+        .start();
+    let sock = runtime_dir.join("admin.sock");
+    let mode = std::fs::symlink_metadata(&sock)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is private");
+    assert!(!state.join("admin.sock").exists());
+    // The client has no $RUNTIME_DIRECTORY: it finds the socket through
+    // the state directory's lock file.
+    let s = status_json(&state);
+    assert_eq!(s["admin_socket"], sock.to_str().unwrap());
+    assert!(d.stop().success());
+    assert!(!sock.exists());
+}
+
+#[test]
+fn a_peer_of_another_uid_is_refused_even_when_the_file_would_let_it_in() {
+    prereq::require_root("runs the client as another user");
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    let sock = state.join("admin.sock");
+    let as_nobody = |socket: &Path| {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.args(["status", "--socket", socket.to_str().unwrap()])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/");
+        std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+        std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+        cmd.output().expect("run taskgate as nobody")
+    };
+    // The file's mode stops it first.
+    let mut dirs = vec![root.path().to_path_buf(), state.clone()];
+    for dir in &dirs {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let out = as_nobody(&sock);
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("permission denied on"),
+        "{out:?}"
+    );
+    // With the file opened up, the credential check still refuses.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&sock);
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for dir in dirs.drain(..) {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied: uid 65534 may not use the admin socket"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing about the daemon is shown");
+    assert!(
+        d.log_text()
+            .contains("admin connection from uid 65534 refused")
+    );
+    // Root (the test) is still served.
+    assert_eq!(status_json(&state)["store"], "serving");
+    assert!(d.stop().success());
+}
+
+/// Reads what the daemon sends until it closes (or `limit` passes).
+fn read_to_close(s: &mut UnixStream, limit: Duration) -> (String, Duration) {
+    let began = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    (String::from_utf8_lossy(&got).to_string(), began.elapsed())
+}
+
+#[test]
+fn idle_oversize_and_flooding_connections_are_bounded() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    let sock = state.join("admin.sock");
+
+    // An oversize request is refused and closed at once.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    let _ = s.write_all(&vec![b'x'; taskgate::admin::MAX_REQUEST_BYTES + 1]);
+    let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
+    assert!(answer.contains("request longer than"), "{answer:?}");
+
+    // A malformed request gets an error, not silence.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(b"{\"op\":\"format_disk\"}\n").unwrap();
+    let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
+    assert!(answer.contains("malformed request"), "{answer:?}");
+
+    // A flood of idle connections: the bound is held, the next one is
+    // told at once, and once the idle ones are cut off after the read
+    // timeout the socket serves again.
+    let idle: Vec<UnixStream> = (0..taskgate::admin::MAX_CONNECTIONS)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    // Let the accept loop take them all.
+    let mut extra = None;
+    for _ in 0..50 {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.write_all(b"{\"op\":\"status\"}\n").unwrap();
+        let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
+        if answer.contains("admin connections already") {
+            extra = Some(answer);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(extra.is_some(), "a connection past the bound is refused");
+    let mut first = idle.into_iter().next().unwrap();
+    let (answer, waited) = read_to_close(&mut first, Duration::from_secs(20));
+    assert!(answer.contains("no whole request within"), "{answer:?}");
+    assert!(
+        waited < Duration::from_secs(15),
+        "the idle connection was closed after the read timeout ({waited:?})"
+    );
+    // All idle ones are gone by now: status is served again.
+    let mut served = false;
+    for _ in 0..50 {
+        let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+        if out.status.success() {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        served,
+        "status is served once the idle connections are gone"
+    );
+    assert!(d.stop().success());
+}
+
+#[test]
+fn an_online_snapshot_taken_while_a_task_runs_and_creates_go_on_restores_and_checks() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 400);
+    let d = start(root.path(), &state);
+    let running = start_nap(&d, 60);
+
+    // Creates keep flowing from another thread while the snapshot is taken.
+    let url = d.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let creator = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let rt = runtime();
+            rt.block_on(async {
+                let client = taskgate::client::Client::new(&url, true).unwrap();
+                let mut ok = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || ok < 5 {
+                    let r = client
+                        .call_tool("nap", json!({ "seconds": 0 }), None)
+                        .await
+                        .expect("a create during the snapshot succeeds");
+                    assert_eq!(r["resultType"], "task", "{r}");
+                    ok += 1;
+                }
+                ok
+            })
+        })
+    };
+    let dest = root.path().join("snapshot");
+    let out = taskgate(
+        &[
+            "backup",
+            "--online",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--to",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let created = creator.join().expect("the creating thread");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("online: database copied while serving"),
+        "{text}"
+    );
+    assert!(
+        text.contains("copy verified: schema 2, integrity ok"),
+        "{text}"
+    );
+    assert!(created >= 5);
+
+    // The running task was not disturbed.
+    let rt = runtime();
+    let t = rt.block_on(async { d.client(true).get_task(&running).await.unwrap() });
+    assert_eq!(t["status"], "working", "{t}");
+    assert!(status_json(&state)["running"].as_u64() >= Some(1));
+
+    // The snapshot has the offline format: it verifies, restores into a
+    // fresh directory, and that directory checks.
+    let out = taskgate(
+        &[
+            "restore",
+            "--verify-only",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--from",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let fresh_root = private_dir();
+    let fresh = state_dir(fresh_root.path());
+    let out = taskgate(
+        &[
+            "restore",
+            "--state-dir",
+            fresh.to_str().unwrap(),
+            "--from",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let out = taskgate(&["check", "--state-dir", fresh.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let check = String::from_utf8_lossy(&out.stdout);
+    let retained: u64 = check
+        .split(" tasks retained")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {check}"));
+    assert!(
+        retained >= 401,
+        "the 400 populated tasks and the running one are in the copy: {check}"
+    );
+    // The task that was running when the copy was made is ended by the
+    // restored daemon's recovery, never re-run.
+    assert!(check.contains("were running at the last stop"), "{check}");
+
+    // A second snapshot to the same place is refused before any work.
+    let out = taskgate(
+        &[
+            "backup",
+            "--online",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--to",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(77), "{out:?}");
+    assert!(one_line_stderr(&out).contains("already exists"));
+    assert!(d.stop().success());
+}
+
+#[test]
+fn online_snapshots_into_a_directory_keep_the_newest_n() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    let into = root.path().join("snapshots");
+    std::fs::create_dir(&into).unwrap();
+    std::fs::set_permissions(&into, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Something else in the directory is never touched.
+    std::fs::create_dir(into.join("taskgate-keep-me")).unwrap();
+    for _ in 0..3 {
+        let out = taskgate(
+            &[
+                "backup",
+                "--online",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--into",
+                into.to_str().unwrap(),
+                "--keep",
+                "2",
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{out:?}");
+        // Names carry the second.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&into)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(names[2], "taskgate-keep-me");
+    for n in &names[..2] {
+        let out = taskgate(
+            &[
+                "restore",
+                "--verify-only",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--from",
+                into.join(n).to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert!(d.stop().success());
+}
+
+#[test]
+fn the_store_copies_itself_while_creates_go_on() {
+    use taskgate::store::{Store, StoreOptions};
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 300);
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, _) = Store::open(StoreOptions::new(state.join("tasks.db"))).unwrap();
+        let dest = root.path().join("copy.db");
+        std::fs::File::create(&dest).unwrap();
+        let creates = (0..100).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.create(new_task(86_400_000)).await })
+        });
+        let creates: Vec<_> = creates.collect();
+        let report = store.snapshot(&dest).await.expect("snapshot");
+        for c in creates {
+            c.await
+                .unwrap()
+                .expect("a create beside the snapshot succeeds");
+        }
+        assert!(report.pages > 0 && report.steps > 0, "{report:?}");
+        store.shutdown().await.unwrap();
+        let copy =
+            taskgate::store::check_read_only(&dest, taskgate::config::bounds::MAX_DB_PAGES_DEFAULT)
+                .expect("the copy checks");
+        match copy {
+            taskgate::store::CheckReport::Valid { retained, .. } => {
+                assert!(
+                    retained >= 300,
+                    "every task committed before it is in the copy"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
