@@ -7,7 +7,8 @@
 # network namespace (loopback only), installs the package and checks the
 # unit's hardening, the service's READY state, user and state-directory
 # modes, durability across restarts, the lifetime lock, the watchdog, the
-# backup/restore runbooks, an upgrade, removal and purge. One line per
+# backup/restore runbooks, status and online snapshots, an upgrade, removal
+# and purge. One line per
 # check: `PASS <check>` or `FAIL <check>: <why>`; exit status 1 if any
 # check failed.
 #
@@ -703,6 +704,54 @@ check_tampered() {
   INFO="live files unchanged; refused with: $(oneline "$(grep -m1 -i 'checksum\|rejected\|refused' <<<"$refusal")" | sed 's/^taskgate: refused: //' | cut -c1-150)"
 }
 run_check restore-refuses-tampered-snapshot check_tampered
+
+# ---------------------------------------------- status and online snapshots --
+# `taskgate status` over the admin socket in /run/taskgate, as root (served)
+# and as another user (refused); then an online snapshot while a task runs,
+# restored into a fresh directory and checked; the shipped timer is disabled
+# and its service takes a snapshot into /var/backups/taskgate.
+check_admin_status() {
+  run_cx taskgate status
+  [ "$RC" -eq 0 ] || { WHY="taskgate status exited $RC: $(oneline "$OUT")"; return 1; }
+  grep -q '^task store  *serving' <<<"$OUT" || { WHY="no 'task store serving' in: $(oneline "$OUT")"; return 1; }
+  grep -q '^admin socket  */run/taskgate/admin.sock' <<<"$OUT" || { WHY="socket not in /run/taskgate: $(oneline "$OUT")"; return 1; }
+  grep -q '^state directory  */var/lib/taskgate' <<<"$OUT" || { WHY="wrong state directory: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate status --json
+  [ "$RC" -eq 0 ] && grep -q '"store": *"serving"' <<<"$OUT" || { WHY="status --json exited $RC: $(oneline "$OUT")"; return 1; }
+  local smode
+  smode=$(cx stat -c '%a %U' /run/taskgate/admin.sock)
+  [ "$smode" = "600 taskgate" ] || { WHY="/run/taskgate/admin.sock is $smode, want 600 taskgate"; return 1; }
+  run_cx setpriv --reuid=65534 --regid=65534 --clear-groups taskgate status --socket /run/taskgate/admin.sock
+  [ "$RC" -eq 76 ] || { WHY="status as nobody exited $RC, want 76: $(oneline "$OUT")"; return 1; }
+  INFO="serving, socket 600 taskgate in /run/taskgate, nobody refused (76)"
+}
+run_check status-over-admin-socket check_admin_status
+
+check_online_snapshot() {
+  local pid_before id snap=/var/backups/taskgate/online-1
+  pid_before=$(unit_prop MainPID)
+  create_task delta || return 1
+  id=$TASK_ID
+  run_cx taskgate backup --online --to "$snap"
+  [ "$RC" -eq 0 ] || { WHY="backup --online exited $RC: $(oneline "$OUT")"; return 1; }
+  grep -q 'copy verified' <<<"$OUT" || { WHY="no 'copy verified': $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid_before" ] && [ "$(unit_prop ActiveState)" = active ] \
+    || { WHY="the daemon did not keep serving through the snapshot"; return 1; }
+  run_cx sh -c "cd $snap && sha256sum -c MANIFEST.sha256"
+  [ "$RC" -eq 0 ] || { WHY="sha256sum -c of the online snapshot failed: $(oneline "$OUT")"; return 1; }
+  run_cx sh -c "install -d -m 0700 /root/fresh && taskgate restore --state-dir /root/fresh --from $snap && taskgate check --state-dir /root/fresh"
+  [ "$RC" -eq 0 ] && grep -q 'integrity ok' <<<"$OUT" || { WHY="restore+check of the online snapshot exited $RC: $(oneline "$OUT")"; return 1; }
+  task_present "$id" delta || { WHY="task $id unreadable after the snapshot (exit $RC): $(oneline "$OUT")"; return 1; }
+  [ "$(cx systemctl is-enabled taskgate-snapshot.timer 2>/dev/null)" = disabled ] \
+    || { WHY="taskgate-snapshot.timer is $(cx systemctl is-enabled taskgate-snapshot.timer 2>&1), want disabled"; return 1; }
+  run_cx systemctl start taskgate-snapshot.service
+  [ "$RC" -eq 0 ] || { WHY="taskgate-snapshot.service failed ($RC): $(oneline "$(cx journalctl -u taskgate-snapshot.service --no-pager -o cat | tail -n 3)")"; return 1; }
+  local made
+  made=$(cx sh -c 'ls -d /var/backups/taskgate/taskgate-* 2>/dev/null | head -n1')
+  [ -n "$made" ] && cx test -f "$made/MANIFEST.sha256" || { WHY="the snapshot service wrote nothing into /var/backups/taskgate"; return 1; }
+  INFO="$snap restored and checked; timer disabled; service wrote $made"
+}
+run_check online-snapshot-restores check_online_snapshot
 
 # 8. Upgrade to the rebuilt package.
 check_upgrade() {

@@ -31,8 +31,10 @@ pub struct Target {
 }
 
 /// Finds the admin socket of the daemon serving the configured state
-/// directory: `--socket` when given; else the path that daemon recorded in
-/// `tasks.lock`; else where `serve` would put it with this environment.
+/// directory (`--config`, `$TASKGATE_CONFIG`, `--state-dir`, else the
+/// packaged service's configuration when it exists): `--socket` when
+/// given; else the path that daemon recorded in `tasks.lock`; else where
+/// `serve` would put it with this environment.
 pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Refusal> {
     if let Some(s) = socket {
         return Ok(Target {
@@ -40,7 +42,17 @@ pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Re
             state_dir: None,
         });
     }
-    let config = Config::load(overrides)?;
+    // Like `call` and `task`: with nothing named, an operator on a host
+    // with the packaged service means that daemon.
+    let mut overrides = overrides.clone();
+    if overrides.config_path.is_none()
+        && overrides.state_dir.is_none()
+        && std::env::var_os(crate::config::ENV_CONFIG_PATH).is_none()
+        && Path::new(crate::config::PACKAGE_CONFIG_PATH).exists()
+    {
+        overrides.config_path = Some(crate::config::PACKAGE_CONFIG_PATH.into());
+    }
+    let config = Config::load(&overrides)?;
     let dir = fs::canonicalize(&config.state_dir).unwrap_or(config.state_dir.clone());
     let socket = match state_dir::recorded_admin_socket(&dir) {
         Ok(Some(s)) => s,
