@@ -8,9 +8,8 @@
 # unit's hardening, the service's READY state, user and state-directory
 # modes, durability across restarts, the lifetime lock, the watchdog, the
 # backup/restore runbooks, status and online snapshots, an upgrade, removal
-# and purge. One line per
-# check: `PASS <check>` or `FAIL <check>: <why>`; exit status 1 if any
-# check failed.
+# and purge. One line per check: `PASS <check>` or `FAIL <check>: <why>`;
+# exit status 1 if any check failed. `--help` prints this.
 #
 # Without arguments it builds target/debian/taskgate_<v>-1 and -2 with
 # scripts/build-deb.sh (on the host, before booting). With DEB it tests that
@@ -24,6 +23,13 @@
 # taken from the host's apt sources.
 set -uo pipefail
 
+case "${1:-}" in
+  -h | --help)
+    # The header above is the help.
+    sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+esac
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 args=()
 for a in "$@"; do args+=("$(realpath -e -- "$a" 2>/dev/null || echo "$a")"); done

@@ -459,9 +459,9 @@ async fn status(ctx: &Context) -> Status {
 }
 
 /// Clears the running flag however the snapshot ends.
-struct Running1<'a>(&'a AtomicBool);
+struct SnapshotFlag<'a>(&'a AtomicBool);
 
-impl Drop for Running1<'_> {
+impl Drop for SnapshotFlag<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
@@ -489,7 +489,7 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
             "a snapshot is already being written; try again once it is done",
         ));
     }
-    let _running = Running1(&ctx.snapshot_running);
+    let _running = SnapshotFlag(&ctx.snapshot_running);
     if ctx.svc.is_stopping() {
         return Answer::Error(AdminError::new(
             ExitClass::Unreachable,
