@@ -187,6 +187,9 @@ pub struct ExecToolArgs {
     /// The daemon's pid.
     #[arg(long)]
     pub parent: u32,
+    /// The confinement, limits and grace, as JSON (see tools/shim.rs).
+    #[arg(long)]
+    pub policy: Option<String>,
     /// The tool's argv.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     };
     if let Command::ExecTool(args) = &cli.command {
         // No logging, no runtime: the shim only runs the tool.
-        let code = taskgate::tools::shim::run(args.parent, &args.argv);
+        let code = taskgate::tools::shim::run(args.parent, args.policy.as_deref(), &args.argv);
         return ExitCode::from(code.clamp(0, 255) as u8);
     }
     logging::init();
@@ -83,19 +83,13 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    // Only the daemon reports to the service manager: `check` also runs
-    // under the unit (ExecStartPre=, ExecReload=), where systemd accepts
-    // notifications from the main process only.
-    let serving = matches!(cli.command, Command::Serve(_));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) => {
             let line = refusal.line();
             logging::refused(&line, refusal.class.code());
             // systemd keeps the last STATUS= of a failed start.
-            if serving {
-                service::notify(&[NotifyState::Status(&line)]);
-            }
+            service::notify(&[NotifyState::Status(&line)]);
             ExitCode::from(refusal.class.code())
         }
     }
@@ -137,6 +131,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             if args.bench_tool {
                 builtins.push(std::sync::Arc::new(taskgate::tools::builtin::bench_noop()));
             }
+            taskgate::tools::confine::protect_daemon();
             service::serve(&args.overrides(), transport, builtins)
         }
         Command::Check(args) if args.config_only => check_config(&args.common.overrides()),

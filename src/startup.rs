@@ -37,7 +37,8 @@ pub fn effective(
     builtins: Vec<Arc<dyn Runner>>,
 ) -> Result<Effective, Refusal> {
     let config = Config::load(overrides)?;
-    let tools = Registry::build(&config.tools, builtins)?;
+    let protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
+    let tools = Registry::build(&config.tools, &protected, builtins)?;
     Ok(Effective { config, tools })
 }
 

@@ -5,7 +5,7 @@
 //! the client. JSON-RPC and the MCP specification fix a few codes (parse
 //! error, invalid request, invalid params, method not found, internal
 //! error, missing client capability), which several named errors share;
-//! taskgate's own codes live in the JSON-RPC server range -32040..=-32059.
+//! taskgate's own codes live in the JSON-RPC server range -32040..=-32079.
 //! `tests/architecture.rs` fails when code outside this file and the one
 //! conversion in `mcp::convert` makes up a code.
 
@@ -63,6 +63,9 @@ registry! {
     /// The tool's process was killed by a signal.
     TOOL_KILLED = (-32050, "TG_TOOL_KILLED",
         "the tool's process died from a signal; its effects are unknown");
+    /// The tool was ended by one of its resource limits.
+    TOOL_LIMIT = (-32060, "TG_TOOL_LIMIT",
+        "the tool was stopped by one of its resource limits (the message names the [[tool]] key); its effects are unknown; ask the operator to raise that limit or narrow the call");
     /// Talking to the tool's process failed.
     TOOL_IO = (-32051, "TG_TOOL_IO",
         "reading the tool's output failed; its effects are unknown");
@@ -158,7 +161,7 @@ mod tests {
             assert!(names.insert(w.name), "duplicate name {}", w.name);
             assert!(w.name.starts_with("TG_"), "{} lacks the TG_ prefix", w.name);
             assert!(
-                protocol || (-32059..=-32040).contains(&w.code),
+                protocol || (-32079..=-32040).contains(&w.code),
                 "{} uses {} outside the reserved range",
                 w.name,
                 w.code

@@ -27,6 +27,7 @@ poll_interval_ms = 50
 [[tool]]
 name = "mark"
 argv = ["/bin/sh", "-c", "echo ran >> {}; printf marked"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "idempotent_write"
 task = "optional"
 "#,

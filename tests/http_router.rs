@@ -103,7 +103,7 @@ fn fixture() -> Fixture {
         started: Arc::new(Notify::new()),
     });
     let tools =
-        Registry::build(&config.tools, vec![hold, linger]).unwrap_or_else(|e| panic!("{e}"));
+        Registry::build(&config.tools, &[], vec![hold, linger]).unwrap_or_else(|e| panic!("{e}"));
     let svc = TaskService::new(
         serving.store.clone(),
         tools,

@@ -28,6 +28,7 @@ fn tool(name: &str, script: &str, task: &str) -> String {
 [[tool]]
 name = "{name}"
 argv = ["/bin/sh", "-c", {script:?}, "{{arg}}"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "{task}"
 timeout_secs = 120

@@ -32,6 +32,7 @@ type = "number"
 [[tool]]
 name = "hold"
 argv = ["/bin/sh", "-c", "echo started > {started}; sleep $0; printf rested", "{{seconds}}"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
 timeout_secs = 60
@@ -861,6 +862,7 @@ fn blocking_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
 [[tool]]
 name = "block"
 argv = ["/bin/sh", "-c", "echo started > \"$1/started-$0\"; read x < \"$1/hold\"", "{{n}}", "{dir}"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
 timeout_secs = 120

@@ -77,6 +77,7 @@ type = "string"
 name = "hang"
 description = "Records its pids and waits on a background sleep."
 argv = ["/bin/sh", "-c", '/bin/sleep 60 & echo "$$ $!" > "$0"; wait', "{marker}"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
 timeout_secs = 120

@@ -113,6 +113,7 @@ cancel_grace_ms = 3000
 [[tool]]
 name = "stubborn"
 argv = ["/bin/sh", "-c", "trap '' TERM; echo started > {started}; exec sleep 60"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
 timeout_secs = 120
@@ -120,6 +121,7 @@ timeout_secs = 120
 [[tool]]
 name = "mark"
 argv = ["/bin/sh", "-c", "echo ran >> {mark}; printf marked"]
+sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
 timeout_secs = 60

@@ -391,6 +391,64 @@ pub const TOOL_MAX_STDERR_BYTES: KeySpec = KeySpec {
     )
 };
 
+// A tool's confinement limits, per process of the tool (`setrlimit(2)`),
+// except `max_processes`, which counts all of its processes.
+pub const TOOL_MAX_ADDRESS_SPACE_BYTES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_address_space_bytes",
+        4 * GIB,
+        (16 * MIB, 1024 * GIB),
+        Unit::Bytes,
+        "Virtual memory of each of the tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).",
+    )
+};
+pub const TOOL_MAX_OPEN_FILES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_open_files",
+        1024,
+        (16, 1_048_576),
+        Unit::Count,
+        "Open file descriptors of each of the tool's processes (RLIMIT_NOFILE).",
+    )
+};
+pub const TOOL_MAX_PROCESSES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_processes",
+        128,
+        (1, 65_536),
+        Unit::Count,
+        "Processes the tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC is set to the service user's count at the start plus this).",
+    )
+};
+pub const TOOL_MAX_FILE_BYTES: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_file_bytes",
+        GIB,
+        (KIB, 1024 * GIB),
+        Unit::Bytes,
+        "Largest file the tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.",
+    )
+};
+pub const TOOL_MAX_CPU_SECS: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::Tool,
+        "max_cpu_secs",
+        300,
+        (1, 7 * DAY),
+        Unit::Seconds,
+        "CPU seconds of each of the tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.",
+    )
+};
+
 /// The settings of `[server]`, `[store]` and `[tasks]`, in documented order.
 pub static KEYS: &[KeySpec] = &[
     SERVER_LISTEN,
@@ -421,6 +479,11 @@ pub static TOOL_KEYS: &[KeySpec] = &[
     TOOL_TIMEOUT_SECS,
     TOOL_MAX_STDOUT_BYTES,
     TOOL_MAX_STDERR_BYTES,
+    TOOL_MAX_ADDRESS_SPACE_BYTES,
+    TOOL_MAX_OPEN_FILES,
+    TOOL_MAX_PROCESSES,
+    TOOL_MAX_FILE_BYTES,
+    TOOL_MAX_CPU_SECS,
 ];
 
 /// The setting `section.name`, if there is one.

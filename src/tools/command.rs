@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::confine;
 use super::process::{self, Invocation};
+use super::shim::{Limits, Paths};
 use super::{ArgumentError, RegistryError, RunError, RunFuture, Runner, ToolSpec, result_json};
 use crate::config::ToolConfig;
 
@@ -26,6 +28,8 @@ pub struct CommandTool {
     spec: ToolSpec,
     validator: jsonschema::Validator,
     template: Vec<Vec<Piece>>,
+    limits: Limits,
+    paths: Option<Paths>,
 }
 
 fn parse_element(tool: &str, element: &str) -> Result<Vec<Piece>, RegistryError> {
@@ -80,6 +84,30 @@ fn render(value: &Value) -> String {
 
 impl CommandTool {
     pub fn build(config: ToolConfig) -> Result<CommandTool, RegistryError> {
+        CommandTool::build_protected(config, &[])
+    }
+
+    /// Compiles a tool that must never reach `protected` (the state
+    /// directory, the configuration): a declared path overlapping one is
+    /// refused, and a confined tool needs a kernel with Landlock.
+    pub fn build_protected(
+        config: ToolConfig,
+        protected: &[std::path::PathBuf],
+    ) -> Result<CommandTool, RegistryError> {
+        if let Some((path, protected)) = confine::refused_path(&config, protected) {
+            return Err(RegistryError::Protected {
+                tool: config.name.clone(),
+                path,
+                protected,
+            });
+        }
+        let paths = confine::paths(&config, protected);
+        if paths.is_some() && confine::landlock_abi() == 0 {
+            return Err(RegistryError::NoLandlock {
+                tool: config.name.clone(),
+            });
+        }
+        let limits = confine::limits(&config);
         let validator = jsonschema::validator_for(&config.input_schema).map_err(|e| {
             RegistryError::BadSchema {
                 tool: config.name.clone(),
@@ -119,6 +147,8 @@ impl CommandTool {
             spec,
             validator,
             template,
+            limits,
+            paths,
         })
     }
 
@@ -182,6 +212,8 @@ impl CommandTool {
             max_stdout: self.config.max_stdout_bytes,
             max_stderr: self.config.max_stderr_bytes,
             grace,
+            limits: Some(self.limits),
+            paths: self.paths.clone(),
         }
     }
 }
@@ -257,6 +289,7 @@ mod tests {
             max_stderr_bytes: 10,
             effect: Effect::ReadOnly,
             task: TaskMode::Never,
+            confinement: Default::default(),
         })
     }
 

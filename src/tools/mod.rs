@@ -11,6 +11,7 @@
 
 pub mod builtin;
 pub mod command;
+pub mod confine;
 pub mod process;
 pub mod shim;
 
@@ -86,6 +87,18 @@ pub enum RegistryError {
     BadTemplate { tool: String, element: String },
     #[error("tool {tool:?} is declared twice; tool names must be unique")]
     Duplicate { tool: String },
+    #[error(
+        "tool {tool:?}: {path:?} overlaps {protected:?}, which no tool may reach (the state directory or the configuration); declare another path"
+    )]
+    Protected {
+        tool: String,
+        path: std::path::PathBuf,
+        protected: std::path::PathBuf,
+    },
+    #[error(
+        "tool {tool:?}: this kernel has no Landlock, so the tool cannot be confined to its paths; use a kernel with Landlock, or write sandbox = \"unconfined\" for this tool to run it without filesystem confinement"
+    )]
+    NoLandlock { tool: String },
 }
 
 impl Classify for RegistryError {
@@ -122,6 +135,9 @@ pub enum RunError {
     Io(std::io::Error),
     #[error("killed by signal {signal}")]
     Killed { signal: i32 },
+    /// Ended by a resource limit, named by its `[[tool]]` key.
+    #[error("stopped by its resource limit {limit}")]
+    Limit { limit: &'static str },
 }
 
 impl RunError {
@@ -134,6 +150,7 @@ impl RunError {
             RunError::Cancelled => wire::TASK_INTERRUPTED,
             RunError::Io(_) => wire::TOOL_IO,
             RunError::Killed { .. } => wire::TOOL_KILLED,
+            RunError::Limit { .. } => wire::TOOL_LIMIT,
         }
     }
 
@@ -143,6 +160,9 @@ impl RunError {
             RunError::Timeout(d) => format!("{tool} timed out after {} s", d.as_secs()),
             RunError::Cancelled => format!("{tool} was stopped before it finished"),
             RunError::Killed { signal } => format!("{tool} was killed by signal {signal}"),
+            RunError::Limit { limit } => format!(
+                "{tool} was stopped by its resource limit {limit} (ask the operator to raise tool.{tool}.{limit})"
+            ),
             other => format!("{tool}: {other}"),
         }
     }
@@ -171,13 +191,19 @@ pub struct Registry {
 
 impl Registry {
     /// Compiles the configured command tools, then adds `builtins`.
+    /// `protected` are the paths no tool may reach (see
+    /// [`confine::protected`]).
     pub fn build(
         configs: &[ToolConfig],
+        protected: &[std::path::PathBuf],
         builtins: Vec<Arc<dyn Runner>>,
     ) -> Result<Registry, RegistryError> {
         let mut registry = Registry::default();
         for c in configs {
-            registry.add(Arc::new(CommandTool::build(c.clone())?))?;
+            registry.add(Arc::new(CommandTool::build_protected(
+                c.clone(),
+                protected,
+            )?))?;
         }
         for b in builtins {
             registry.add(b)?;

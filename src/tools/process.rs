@@ -5,18 +5,31 @@
 //! arguments on stdin, its own process group, and `PR_SET_PDEATHSIG` so it
 //! dies with the daemon. Output beyond a cap, a timeout, or a cancellation
 //! ends the whole group; the group is also killed once the main process has
-//! exited, so nothing a tool started outlives its call.
+//! exited, so nothing a tool started outlives its call. The shim (see
+//! [`super::shim`]) does the killing of everything below it, confines the
+//! tool (Landlock, resource limits, no new privileges) and reports on a
+//! pipe of its own which limit, if any, ended the tool. A tool without a
+//! working directory runs in a private scratch directory made for the run
+//! and removed after it.
 
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::RunError;
+use super::shim::{self, Limits, Paths, Policy};
+
+/// The descriptor on which the shim reports (see `shim.rs`).
+const REPORT_FD: i32 = 3;
 
 /// This very binary, even if its file was replaced by an upgrade since.
 const SELF_EXE: &str = "/proc/self/exe";
@@ -56,6 +69,64 @@ pub struct Invocation {
     pub max_stderr: u64,
     /// Between SIGTERM and SIGKILL on cancellation.
     pub grace: Duration,
+    /// Resource limits; `None` runs the tool with the daemon's own.
+    pub limits: Option<Limits>,
+    /// Filesystem confinement; `None` when the tool is unconfined. The
+    /// working directory (or the scratch directory) is added to its
+    /// writable paths.
+    pub paths: Option<Paths>,
+}
+
+/// A private directory for one run, removed with everything in it when
+/// the run is over.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// Under the service's runtime directory (systemd's
+    /// `RuntimeDirectory=`), else `$XDG_RUNTIME_DIR`, else the temporary
+    /// directory; 0700, and a new name each time (never an existing one).
+    fn create() -> std::io::Result<Scratch> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
+            .iter()
+            .filter_map(std::env::var_os)
+            .map(PathBuf::from)
+            .find(|p| p.is_absolute() && p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let mut last = None;
+        for _ in 0..16 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!(
+                "taskgate-run-{}-{n}-{nanos:08x}",
+                std::process::id()
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(Scratch(path)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no scratch directory")))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The pipe the shim reports on: the read end for the daemon, the write
+/// end for the shim (moved to descriptor 3 in the child).
+fn report_pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd), RunError> {
+    let (read, write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+            .map_err(|e| RunError::Io(e.into()))?;
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read).map_err(RunError::Io)?;
+    Ok((read, write))
 }
 
 fn signal_group(pgid: i32, sig: Signal) {
@@ -94,31 +165,72 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
     }
     let program = inv.argv.first().cloned().unwrap_or_default();
     check_executable(&program)?;
-    // The shim (this binary, `exec-tool`) runs the tool in this new process
-    // group and kills the group if the daemon dies; see `shim.rs`.
+    let scratch = match &inv.working_dir {
+        Some(_) => None,
+        None => Some(Scratch::create().map_err(|source| RunError::Spawn {
+            program: program.clone(),
+            source,
+        })?),
+    };
+    let dir: &Path = match (&inv.working_dir, &scratch) {
+        (Some(d), _) => d,
+        (None, Some(s)) => &s.0,
+        (None, None) => Path::new("/"),
+    };
+    let paths = inv.paths.clone().map(|mut p| {
+        p.read.push(PathBuf::from(&program));
+        p.write.push(dir.to_path_buf());
+        p
+    });
+    let (mut report, report_write) = report_pipe()?;
+    let policy = Policy {
+        grace_ms: inv.grace.as_millis() as u64,
+        limits: inv.limits,
+        paths,
+        report_fd: Some(REPORT_FD),
+    };
+    let policy = serde_json::to_string(&policy).map_err(|e| RunError::Io(e.into()))?;
+    // The shim (this binary, `exec-tool`) runs the tool below itself and
+    // kills everything the tool started when it ends; see `shim.rs`.
     let mut cmd = tokio::process::Command::new(SELF_EXE);
     cmd.arg("exec-tool")
         .arg("--parent")
         .arg(std::process::id().to_string())
+        .arg("--policy")
+        .arg(policy)
         .arg("--")
         .args(&inv.argv)
         .env_clear()
         .envs(inv.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(
-            inv.working_dir
-                .as_deref()
-                .unwrap_or(std::path::Path::new("/")),
-        )
+        .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
+    let raw = report_write.as_raw_fd();
+    // SAFETY: dup2(2) is async-signal-safe; the duplicate has no
+    // close-on-exec flag, so the shim inherits it as descriptor 3.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(raw, REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
+    drop(report_write);
+    let mut child = spawned.map_err(|source| RunError::Spawn {
         program: program.clone(),
         source,
     })?;
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let reported = async move {
+        let mut text = String::new();
+        let _ = (&mut report).take(4096).read_to_string(&mut text).await;
+        text
+    };
 
     let stdin = child.stdin.take();
     let input = inv.stdin.clone();
@@ -154,14 +266,36 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
         _ = cancel.cancelled() => Err(RunError::Cancelled),
     };
     if pgid > 0 {
-        if matches!(outcome, Err(RunError::Cancelled)) {
-            // Ask politely first, and give the main process its grace.
-            signal_group(pgid, Signal::SIGTERM);
-            let _ = tokio::time::timeout(inv.grace, child.wait()).await;
+        match outcome {
+            // Ask politely first: the shim passes SIGTERM to every process
+            // of the tool and kills what is left after the grace.
+            Err(RunError::Cancelled) => signal_group(pgid, Signal::SIGTERM),
+            // The tool has ended (the shim is killing what it left) or
+            // must end now.
+            Ok(_) => {}
+            Err(_) => {
+                let _ = kill(Pid::from_raw(pgid), shim::STOP_NOW);
+            }
         }
-        // Whatever happened, nothing of this call outlives it.
-        signal_group(pgid, Signal::SIGKILL);
-        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        // The shim ends once every process below it is gone; only if it
+        // does not (it was stopped, or is stuck) is it killed here, which
+        // its tool follows (PR_SET_PDEATHSIG).
+        let allowed = inv.grace + Duration::from_secs(5);
+        if tokio::time::timeout(allowed, child.wait()).await.is_err() {
+            signal_group(pgid, Signal::SIGKILL);
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        }
     }
-    outcome
+    drop(scratch);
+    let report = tokio::time::timeout(Duration::from_secs(1), reported)
+        .await
+        .unwrap_or_default();
+    match (shim::limit_of_report(&report), outcome) {
+        // A limit explains a failure or a kill better than its symptom.
+        (Some(limit), Ok(f)) if !f.status.success() => Err(RunError::Limit { limit }),
+        (Some(limit), Err(RunError::Killed { .. } | RunError::OutputLimit { .. })) => {
+            Err(RunError::Limit { limit })
+        }
+        (_, outcome) => outcome,
+    }
 }

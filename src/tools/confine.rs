@@ -1,0 +1,173 @@
+//! What a command tool may reach: the paths its Landlock ruleset grants
+//! and the limits the shim sets, worked out once when the tool is
+//! compiled, and the startup refusals that keep the state directory and
+//! the configuration out of any tool's reach.
+//!
+//! Landlock only ever grants: a path below a granted directory cannot be
+//! taken back. So a default directory that holds a protected path (the
+//! configuration file under `/etc`) is granted entry by entry around it,
+//! and a path the operator declares that overlaps a protected one is
+//! refused at startup (78).
+
+use std::path::{Path, PathBuf};
+
+use super::shim::{self, Limits, Paths};
+use crate::config::{Sandbox, ToolConfig};
+
+/// Read and execute for every confined tool: the system's programs,
+/// libraries and configuration. Not /proc: on the kernel tried (6.18,
+/// Landlock ABI 7) a Landlock domain does not stop a process reading
+/// another same-user process's `/proc/PID/environ`, so /proc is reachable
+/// only when a tool declares it in `read_paths` (and the daemon is not
+/// dumpable either, see [`protect_daemon`]).
+pub const DEFAULT_READ: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+/// Written by many programs as a matter of course.
+pub const DEFAULT_WRITE: &[&str] = &["/dev/null", "/dev/full"];
+
+/// The paths no tool may reach: the state directory and the configuration
+/// file, as given and resolved.
+pub fn protected(state_dir: &Path, config_file: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in std::iter::once(state_dir).chain(config_file) {
+        out.push(p.to_path_buf());
+        if let Ok(real) = std::fs::canonicalize(p)
+            && real != p
+        {
+            out.push(real);
+        }
+    }
+    out
+}
+
+/// Whether one path holds the other (or they are the same).
+fn overlaps(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// `root`, or, when it holds a protected path, its entries except the
+/// ones on the way to that path, recursively.
+fn grant_around(root: &Path, protected: &[PathBuf], out: &mut Vec<PathBuf>) {
+    if protected.iter().any(|p| root.starts_with(p)) {
+        return;
+    }
+    if !protected.iter().any(|p| p.starts_with(root)) {
+        out.push(root.to_path_buf());
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        grant_around(&e.path(), protected, out);
+    }
+}
+
+/// The first protected path `path` overlaps, resolved or as written.
+fn touches<'a>(path: &Path, protected: &'a [PathBuf]) -> Option<&'a PathBuf> {
+    let real = std::fs::canonicalize(path).ok();
+    protected
+        .iter()
+        .find(|p| overlaps(path, p) || real.as_deref().is_some_and(|r| overlaps(r, p)))
+}
+
+/// A declared path that reaches a protected one, as `(path, protected)`.
+pub fn refused_path(tool: &ToolConfig, protected: &[PathBuf]) -> Option<(PathBuf, PathBuf)> {
+    let c = &tool.confinement;
+    tool.working_dir
+        .iter()
+        .chain(&c.read_paths)
+        .chain(&c.write_paths)
+        .chain(
+            tool.argv
+                .first()
+                .map(Path::new)
+                .map(Path::to_path_buf)
+                .as_ref(),
+        )
+        .find_map(|p| touches(p, protected).map(|hit| (p.clone(), hit.clone())))
+}
+
+/// The Landlock grants of a confined tool (its working directory, or the
+/// run's scratch directory, is added per run); `None` when unconfined.
+pub fn paths(tool: &ToolConfig, protected: &[PathBuf]) -> Option<Paths> {
+    let c = &tool.confinement;
+    if c.sandbox == Sandbox::Unconfined {
+        return None;
+    }
+    let mut read = Vec::new();
+    for root in DEFAULT_READ {
+        grant_around(Path::new(root), protected, &mut read);
+    }
+    read.extend(c.read_paths.iter().cloned());
+    let mut write: Vec<PathBuf> = DEFAULT_WRITE.iter().map(PathBuf::from).collect();
+    write.extend(c.write_paths.iter().cloned());
+    Some(Paths { read, write })
+}
+
+/// The resource limits of a tool.
+pub fn limits(tool: &ToolConfig) -> Limits {
+    let c = &tool.confinement;
+    Limits {
+        address_space: c.max_address_space_bytes,
+        open_files: c.max_open_files,
+        processes: c.max_processes,
+        file_bytes: c.max_file_bytes,
+        cpu_secs: c.max_cpu_secs,
+    }
+}
+
+/// The Landlock ABI of the running kernel, 0 when it has none.
+pub fn landlock_abi() -> i32 {
+    shim::landlock_abi()
+}
+
+/// One line for `taskgate check` and the log: the confinement in force.
+pub fn describe(tools: &[ToolConfig]) -> String {
+    let abi = landlock_abi();
+    let unconfined: Vec<&str> = tools
+        .iter()
+        .filter(|t| t.confinement.sandbox == Sandbox::Unconfined)
+        .map(|t| t.name.as_str())
+        .collect();
+    let fs = if abi > 0 {
+        format!("Landlock ABI {abi} (filesystem, signals)")
+    } else {
+        "no Landlock in this kernel".to_string()
+    };
+    let mut s = format!(
+        "tool confinement: {fs}; subreaper kills every descendant; no_new_privs; rlimits (address space, open files, processes, file size, CPU)"
+    );
+    if !unconfined.is_empty() {
+        s.push_str(&format!(
+            "; unconfined by configuration: {}",
+            unconfined.join(", ")
+        ));
+    }
+    s
+}
+
+/// Makes the serving process not dumpable (`PR_SET_DUMPABLE` 0): its
+/// /proc files (environment, memory, descriptors) then belong to root, so
+/// a tool running as the service user cannot read them even where /proc
+/// is granted or the tool is unconfined, and no core file of the daemon,
+/// which holds every caller's requests, is written.
+pub fn protect_daemon() {
+    // SAFETY: prctl(2) on this process only.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}

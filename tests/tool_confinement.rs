@@ -1,0 +1,468 @@
+//! Tool containment against the real kernel: every descendant of a tool
+//! dies with its task (cancel, and SIGKILL of the daemon), resource limits
+//! end runaway tools with the limit named, and Landlock keeps a tool away
+//! from the state directory, other tasks' results and the daemon.
+//!
+//! These tests start real processes that misbehave on purpose (a `setsid`
+//! grandchild, a fork bomb, a large file write, a memory hog); they scan
+//! /proc for the processes they started.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use taskgate::wire;
+
+/// A root with the state directory and a separate directory for the
+/// tools' files (FIFOs, declared paths): a tool may be granted `io/` but
+/// never the state directory.
+struct Fixture {
+    root: tempfile::TempDir,
+    state: PathBuf,
+    io: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let root = private_dir();
+        let state = state_dir(root.path());
+        let io = root.path().join("io");
+        std::fs::create_dir(&io).unwrap();
+        Fixture { root, state, io }
+    }
+
+    fn config(&self, tools: &str) -> PathBuf {
+        let p = self.root.path().join("taskgate.toml");
+        std::fs::write(
+            &p,
+            format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 300\n{tools}"),
+        )
+        .unwrap();
+        p
+    }
+
+    fn daemon(&self, tools: &str) -> Daemon {
+        let cfg = self.config(tools);
+        Daemon::start(&cfg, &self.state, &self.root.path().join("log"))
+    }
+}
+
+/// Pids of processes whose argv is exactly `argv`.
+fn processes(argv: &[&str]) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            (args == argv).then_some(pid)
+        })
+        .collect()
+}
+
+/// Waits up to `limit` for every process with this argv to be gone; the
+/// survivors' pids otherwise.
+fn gone_within(argv: &[&str], limit: Duration) -> Result<(), Vec<i32>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = processes(argv);
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A tool whose shell starts a grandchild that leaves the process group
+/// and session with `setsid`, says so on a FIFO, and sleeps. The sleeps'
+/// lengths tell this test's processes from any other.
+fn spawner(fx: &Fixture, name: &str, grand: u32, child: u32) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "{name}"
+argv = ["/bin/sh", "-c", "setsid sh -c 'exec sleep {grand}' & echo started > {fifo}; sleep {child}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 600
+write_paths = ["{io}"]
+"#,
+        fifo = fx.io.join(name).display(),
+        io = fx.io.display(),
+    )
+}
+
+/// Waits for the spawner's FIFO line, then for both sleeps to exist.
+fn started(fifo: &Fifo, grand: u32, child: u32) {
+    fifo.read(Duration::from_secs(20));
+    let (g, c) = (grand.to_string(), child.to_string());
+    // The grandchild may need a moment to exec after the FIFO was written.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while processes(&["sleep", &g]).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        processes(&["sleep", &g]).len(),
+        1,
+        "the setsid grandchild runs"
+    );
+    assert_eq!(processes(&["sleep", &c]).len(), 1, "the child runs");
+}
+
+fn assert_gone(sleeps: [u32; 2], after: &str) {
+    for n in sleeps {
+        if let Err(left) = gone_within(&["sleep", &n.to_string()], Duration::from_secs(10)) {
+            panic!("sleep {n} outlived {after}: pids {left:?}");
+        }
+    }
+}
+
+#[test]
+fn a_setsid_grandchild_dies_when_its_task_is_cancelled() {
+    let fx = Fixture::new();
+    let (grand, child) = (98_501, 98_401);
+    let fifo = Fifo::new(&fx.io.join("spawn"));
+    let daemon = fx.daemon(&spawner(&fx, "spawn", grand, child));
+    runtime().block_on(async {
+        let c = daemon.client(true);
+        let task = c.call_tool("spawn", json!({}), None).await.unwrap();
+        assert_eq!(task["resultType"], "task", "{task}");
+        started(&fifo, grand, child);
+        let id = task["taskId"].as_str().unwrap();
+        c.cancel_task(id).await.unwrap();
+        let ended = c.wait_task(id, &task).await.unwrap();
+        assert_eq!(ended["status"], "cancelled", "{ended}");
+    });
+    assert_gone([grand, child], "the cancelled task");
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
+    let fx = Fixture::new();
+    let (grand, child) = (98_502, 98_402);
+    let fifo = Fifo::new(&fx.io.join("spawn"));
+    let daemon = fx.daemon(&spawner(&fx, "spawn", grand, child));
+    runtime().block_on(async {
+        let task = daemon
+            .client(true)
+            .call_tool("spawn", json!({}), None)
+            .await
+            .unwrap();
+        assert_eq!(task["resultType"], "task", "{task}");
+        started(&fifo, grand, child);
+    });
+    daemon.kill();
+    assert_gone([grand, child], "the daemon's SIGKILL");
+}
+
+/// `/healthz` polled every 50 ms on its own thread until `done`: the
+/// answers that were not 200.
+struct Health {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Health {
+    fn watch(port: u16) -> Health {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut bad = Vec::new();
+            let mut n = 0;
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let reply = http_get(port, "/healthz");
+                n += 1;
+                if !reply.starts_with("HTTP/1.1 200") {
+                    bad.push(reply);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (n, bad)
+        });
+        Health { stop, thread }
+    }
+
+    fn done(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (n, bad) = self.thread.join().unwrap();
+        assert!(n > 0, "healthz was never asked");
+        assert!(
+            bad.is_empty(),
+            "healthz failed {} of {n} times: {bad:?}",
+            bad.len()
+        );
+    }
+}
+
+fn limited_tool(name: &str, argv: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "{name}"
+argv = {argv}
+effect = "read_only"
+timeout_secs = 120
+{extra}
+"#
+    )
+}
+
+/// Calls `tool` synchronously and expects it to fail with `TG_TOOL_LIMIT`
+/// naming `key`, while /healthz keeps answering.
+fn ends_with_limit(fx: &Fixture, tool: &str, argv: &str, extra: &str, key: &str) {
+    let daemon = fx.daemon(&limited_tool(tool, argv, extra));
+    let health = Health::watch(daemon.port);
+    let started = Instant::now();
+    let got = runtime().block_on(daemon.client(false).call_tool(tool, json!({}), None));
+    let took = started.elapsed();
+    health.done();
+    let err = match got {
+        Err(taskgate::client::ClientError::Rpc { error, .. }) => error,
+        other => panic!("{tool}: expected TG_TOOL_LIMIT, got {other:?}"),
+    };
+    assert_eq!(err["code"], wire::TOOL_LIMIT.code, "{tool}: {err}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(key),
+        "{tool}: the error names {key}: {message}"
+    );
+    eprintln!("{tool}: ended by {key} after {took:?}: {message}");
+    assert!(daemon.stop().success());
+}
+
+/// The bomb doubles at every level like the classic one, but stops after
+/// ten levels (at most 1,023 shells, each with a `sleep`): run as root,
+/// where RLIMIT_NPROC does not apply, an unbounded bomb that outran the
+/// shim's count would take the host's whole pid space, and other work on
+/// it with it. Under the service user RLIMIT_NPROC is the hard stop.
+#[test]
+fn a_fork_bomb_ends_with_the_process_limit_named() {
+    let fx = Fixture::new();
+    ends_with_limit(
+        &fx,
+        "bomb",
+        r#"["/bin/sh", "-c", "f() {{ if [ $1 -lt 9 ]; then f $(($1+1)) & f $(($1+1)) & fi; exec sleep 30; }}; f 0"]"#,
+        "max_processes = 32",
+        "max_processes",
+    );
+}
+
+#[test]
+fn a_ten_gib_file_write_ends_with_the_file_size_limit_named() {
+    let fx = Fixture::new();
+    ends_with_limit(
+        &fx,
+        "fill",
+        r#"["/bin/sh", "-c", "exec head -c 10737418240 /dev/zero > big"]"#,
+        "max_file_bytes = 67108864",
+        "max_file_bytes",
+    );
+}
+
+#[test]
+fn a_memory_hog_ends_with_the_address_space_limit_named() {
+    let fx = Fixture::new();
+    ends_with_limit(
+        &fx,
+        "hog",
+        r#"["/usr/bin/tail", "/dev/zero"]"#,
+        "max_address_space_bytes = 268435456",
+        "max_address_space_bytes",
+    );
+}
+
+#[test]
+fn a_cpu_spinner_ends_with_the_cpu_limit_named() {
+    let fx = Fixture::new();
+    ends_with_limit(
+        &fx,
+        "spin",
+        r#"["/bin/sh", "-c", "while :; do :; done"]"#,
+        "max_cpu_secs = 1",
+        "max_cpu_secs",
+    );
+}
+
+/// Each probe runs a command and prints `NAME ok` or `NAME failed: ERROR`.
+/// (Braces are doubled: the argv template reads `{{` as a literal brace.)
+const PROBES: &str = r#"r() {{ n=$1; shift; if e=$("$@" 2>&1 >/dev/null); then echo "$n ok"; else echo "$n failed: $e"; fi; }}
+r read_db cat "$1/tasks.db"
+r list_state ls "$1"
+r write_state touch "$1/stray"
+r read_artifact cat "$2"
+r read_daemon_environ cat "/proc/$3/environ"
+r write_outside touch "$5"
+r write_declared touch "$4/declared"
+r write_scratch touch ./scratch-file
+echo "scratch $(pwd) $(stat -c %a .)"
+echo "secret [${{SECRET-}}]""#;
+
+fn probe_tool(name: &str, fx: &Fixture, sandbox: &str) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "{name}"
+argv = ["/bin/sh", "-c", {PROBES:?}, "probe", "{{state}}", "{{artifact}}", "{{pid}}", "{{io}}", "{{outside}}"]
+effect = "read_only"
+timeout_secs = 60
+write_paths = ["{io}"]
+{sandbox}
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.state]
+type = "string"
+[tool.input_schema.properties.artifact]
+type = "string"
+[tool.input_schema.properties.pid]
+type = "string"
+[tool.input_schema.properties.io]
+type = "string"
+[tool.input_schema.properties.outside]
+type = "string"
+"#,
+        io = fx.io.display()
+    )
+}
+
+/// The probes' lines by name.
+fn probe_results(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A confined tool is denied the state directory (the database, the
+/// listing, a new file), another task's artifact, the daemon's
+/// environment and any undeclared path, while it writes its scratch
+/// directory and its declared path; the same probes run unconfined
+/// succeed, so the denials are the confinement's doing. The daemon's
+/// `SECRET` never reaches either tool.
+#[test]
+fn a_confined_tool_reaches_only_its_scratch_and_declared_paths() {
+    let fx = Fixture::new();
+    let tools = format!(
+        "{}{}{}",
+        probe_tool("probe", &fx, ""),
+        probe_tool("probe_unconfined", &fx, "sandbox = \"unconfined\""),
+        r#"
+[[tool]]
+name = "big"
+argv = ["/bin/sh", "-c", "head -c 102400 /dev/zero | tr '\\0' 'a'"]
+effect = "read_only"
+task = "optional"
+"#
+    );
+    let cfg = fx.config(&tools);
+    let daemon = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&fx.state)
+        .log(&fx.root.path().join("log"))
+        .env("SECRET", "x-daemon-secret")
+        .start();
+    let outside = fx.root.path().join("outside");
+    let run = |tool: &str, artifact: &std::path::Path| -> String {
+        let args = json!({
+            "state": fx.state.display().to_string(),
+            "artifact": artifact.display().to_string(),
+            "pid": daemon.pid().as_raw().to_string(),
+            "io": fx.io.display().to_string(),
+            "outside": outside.display().to_string(),
+        });
+        let got = runtime()
+            .block_on(daemon.client(false).call_tool(tool, args, None))
+            .unwrap();
+        got["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Another task's spilled result.
+    let artifact = runtime().block_on(async {
+        let c = daemon.client(true);
+        let task = c.call_tool("big", json!({}), None).await.unwrap();
+        let id = task["taskId"].as_str().unwrap().to_string();
+        let done = c.wait_task(&id, &task).await.unwrap();
+        assert_eq!(done["status"], "completed", "{done}");
+        fx.state.join("artifacts").join(format!("{id}.json"))
+    });
+    assert!(
+        artifact.is_file(),
+        "the big result was spilled to {artifact:?}"
+    );
+
+    let confined = run("probe", &artifact);
+    eprintln!("confined:\n{confined}");
+    let got = probe_results(&confined);
+    for denied in [
+        "read_db",
+        "list_state",
+        "write_state",
+        "read_artifact",
+        "read_daemon_environ",
+        "write_outside",
+    ] {
+        let line = got.get(denied).map(String::as_str).unwrap_or("missing");
+        assert!(
+            line.starts_with("failed:") && line.contains("Permission denied"),
+            "{denied}: {line}\n{confined}"
+        );
+    }
+    for allowed in ["write_declared", "write_scratch"] {
+        assert_eq!(
+            got.get(allowed).map(String::as_str),
+            Some("ok"),
+            "{allowed}\n{confined}"
+        );
+    }
+    assert_eq!(
+        got.get("secret").map(String::as_str),
+        Some("[]"),
+        "{confined}"
+    );
+    assert!(!fx.state.join("stray").exists());
+    assert!(!outside.exists());
+    assert!(fx.io.join("declared").exists());
+    // The scratch directory was private to the run and is gone after it.
+    let scratch = got.get("scratch").cloned().unwrap_or_default();
+    let (dir, mode) = scratch.rsplit_once(' ').unwrap_or_default();
+    assert_eq!(mode, "700", "{scratch}");
+    assert!(!std::path::Path::new(dir).exists(), "{dir} was removed");
+
+    // The same probes with the confinement off reach everything (this
+    // test runs as root): the denials above are Landlock's.
+    let open = run("probe_unconfined", &artifact);
+    eprintln!("unconfined:\n{open}");
+    let got = probe_results(&open);
+    for name in [
+        "read_db",
+        "list_state",
+        "write_state",
+        "read_artifact",
+        "read_daemon_environ",
+        "write_outside",
+    ] {
+        assert_eq!(
+            got.get(name).map(String::as_str),
+            Some("ok"),
+            "{name}\n{open}"
+        );
+    }
+    assert_eq!(got.get("secret").map(String::as_str), Some("[]"), "{open}");
+    let _ = std::fs::remove_file(fx.state.join("stray"));
+    assert!(daemon.stop().success());
+}
