@@ -73,10 +73,14 @@ CHECKS=(
   lock-refuses-second-serve
   lock-refuses-check
   operator-check-sees-service-state
+  config-check-while-serving
+  reload-applies-tools-keeps-running-task
+  reload-refuses-invalid-conffile
   watchdog-restarts-hung-daemon
   backup-restore
   restore-refuses-tampered-snapshot
   upgrade-keeps-data
+  upgrade-refuses-bad-conffile-before-restart
   remove-keeps-state
   purge-removes-state
 )
@@ -595,6 +599,116 @@ check_operator_check() {
 }
 run_check operator-check-sees-service-state check_operator_check
 
+# ------------------------------------------- configuration test and reload --
+# `taskgate check --config-only` takes no lock: it passes while the service
+# serves (as the service user and as root), and the unit runs it before
+# every start and reload.
+check_config_only() {
+  local pid pre
+  pid=$(unit_prop MainPID)
+  run_cx runuser -u taskgate -- taskgate check --config-only --config /etc/taskgate/taskgate.toml
+  [ "$RC" -eq 0 ] || { WHY="check --config-only as taskgate exited $RC while serving: $(oneline "$OUT")"; return 1; }
+  grep -q '^ok: configuration /etc/taskgate/taskgate.toml: 1 tools' <<<"$OUT" || { WHY="unexpected output: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate check --config-only --config /etc/taskgate/taskgate.toml
+  [ "$RC" -eq 0 ] || { WHY="check --config-only as root exited $RC while serving: $(oneline "$OUT")"; return 1; }
+  pre=$(unit_prop ExecStartPre)
+  grep -q 'check --config-only --config /etc/taskgate/taskgate.toml' <<<"$pre" || { WHY="ExecStartPre= does not run the check: $(oneline "$pre")"; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid" ] || { WHY="the service restarted meanwhile"; return 1; }
+  INFO="exit 0 as taskgate and root while MainPID $pid serves; $(oneline "$(head -n1 <<<"$OUT")")"
+}
+run_check config-check-while-serving check_config_only
+
+# reload_and_wait EXPECT: systemctl reload, then wait until the daemon's
+# STATUS= (sent with READY=1 at the end of its reload) contains EXPECT.
+# systemd 252 lets `systemctl reload` return once `kill -HUP` has run, which
+# may be before the daemon reported RELOADING=1.
+reload_and_wait() {
+  local i st
+  run_cx systemctl reload taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="systemctl reload exited $RC: $(oneline "$OUT")"; return 1; }
+  for i in $(seq 1 100); do
+    st=$(unit_prop StatusText)
+    case $st in *"$1"*) return 0 ;; esac
+    sleep 0.1
+  done
+  WHY="STATUS= never said \"$1\" after the reload: $(oneline "$st")"
+  return 1
+}
+
+CONF_SAVED=/root/taskgate.toml.system-test
+# A reload adds a tool that a new call can use at once; a later reload that
+# also changes a startup-only key (server.max_connections) applies the new
+# tool and refuses that key by name in the journal, while a task started
+# before it keeps running and then completes. The main PID never changes.
+check_reload() {
+  local pid id refused
+  pid=$(unit_prop MainPID)
+  cx cp -p /etc/taskgate/taskgate.toml "$CONF_SAVED" || { WHY="cannot save the conffile"; return 1; }
+  run_cx sh -c 'cat >>/etc/taskgate/taskgate.toml <<EOF
+
+# Added by scripts/system-test.sh (reload): a task that runs for a while.
+[[tool]]
+name = "nap"
+description = "Sleeps for the given seconds (system test)."
+argv = ["/usr/bin/sleep", "{seconds}"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 60
+[tool.input_schema]
+type = "object"
+required = ["seconds"]
+[tool.input_schema.properties.seconds]
+type = "string"
+pattern = "^[0-9]$"
+EOF'
+  reload_and_wait "reload 1 applied" || return 1
+  run_cx taskgate call nap --args '{"seconds": "6"}' --task
+  [ "$RC" -eq 0 ] || { WHY="the reloaded tool nap cannot be called (exit $RC): $(oneline "$OUT")"; return 1; }
+  id=$(grep -o '"taskId": *"tg-[0-9a-f]*"' <<<"$OUT" | grep -o 'tg-[0-9a-f]*' | head -n1)
+  [ -n "$id" ] || { WHY="nap returned no task: $(oneline "$OUT")"; return 1; }
+  # Second reload while nap runs: a new tool, and a startup-only key changed.
+  run_cx sh -c 'sed -i "s/^max_connections = 256\$/max_connections = 300/" /etc/taskgate/taskgate.toml &&
+    grep -q "^max_connections = 300\$" /etc/taskgate/taskgate.toml &&
+    sed "s/^name = \"probe\"\$/name = \"probe2\"/" "'"$CONF_SAVED"'" | sed -n "/^# Added by scripts\/system-test.sh: a quick/,\$p" >>/etc/taskgate/taskgate.toml'
+  [ "$RC" -eq 0 ] || { WHY="cannot edit the conffile: $(oneline "$OUT")"; return 1; }
+  reload_and_wait "reload 2 applied, except startup-only server.max_connections" || return 1
+  refused=$(cx journalctl -u taskgate.service --no-pager -o cat | grep -c 'server.max_connections = 300 in the new configuration, but it applies at start only; keeping 256')
+  [ "$refused" = 1 ] || { WHY="the journal names the refused key $refused times, want 1"; return 1; }
+  run_cx taskgate call probe2 --args '{"text": "reloaded"}'
+  [ "$RC" -eq 0 ] && grep -q reloaded <<<"$OUT" || { WHY="probe2 added by the reload does not answer (exit $RC): $(oneline "$OUT")"; return 1; }
+  run_cx taskgate task get "$id"
+  grep -q '"status": *"working"' <<<"$OUT" || { WHY="task $id is not working after the reload: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate task get "$id" --wait
+  [ "$RC" -eq 0 ] && grep -q '"status": *"completed"' <<<"$OUT" || { WHY="task $id did not complete after the reloads (exit $RC): $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid" ] || { WHY="MainPID changed $pid -> $(unit_prop MainPID): the reload restarted the daemon"; return 1; }
+  # Back to the file the other checks expect.
+  cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml || { WHY="cannot restore the conffile"; return 1; }
+  reload_and_wait "reload 3 applied" || return 1
+  INFO="nap added (task $id ran across the second reload and completed), probe2 added, server.max_connections refused by name; MainPID $pid throughout"
+}
+run_check reload-applies-tools-keeps-running-task check_reload
+
+# An invalid file fails `systemctl reload` at the unit's check, visibly, and
+# the daemon keeps serving on its previous configuration.
+check_reload_invalid() {
+  local pid
+  pid=$(unit_prop MainPID)
+  run_cx sh -c 'sed -i "s/^max_connections = 256\$/max_connection = 256/" /etc/taskgate/taskgate.toml && grep -q "^max_connection = 256\$" /etc/taskgate/taskgate.toml'
+  [ "$RC" -eq 0 ] || { WHY="cannot break the conffile: $(oneline "$OUT")"; return 1; }
+  run_cx systemctl reload taskgate.service
+  local rc=$RC
+  cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml
+  [ "$rc" -ne 0 ] || { WHY="systemctl reload of an invalid file exited 0"; return 1; }
+  [ "$(unit_prop ActiveState)/$(unit_prop SubState)" = active/running ] || { WHY="not active/running after a refused reload"; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid" ] || { WHY="MainPID changed after a refused reload"; return 1; }
+  run_cx taskgate call probe --args '{"text": "still"}'
+  [ "$RC" -eq 0 ] && grep -q still <<<"$OUT" || { WHY="probe does not answer after a refused reload (exit $RC): $(oneline "$OUT")"; return 1; }
+  cx journalctl -u taskgate.service --no-pager -o cat | grep -q 'unknown key `max_connection`' \
+    || { WHY="the journal lacks the check's refusal line"; return 1; }
+  INFO="systemctl reload exited $rc, MainPID $pid kept, probe answers"
+}
+run_check reload-refuses-invalid-conffile check_reload_invalid
+
 watchdog_timeouts() { cx journalctl -b -u taskgate.service --no-pager -o cat 2>/dev/null | grep -ci 'watchdog timeout'; }
 
 # 6. The watchdog restarts a hung (stopped) daemon.
@@ -780,6 +894,34 @@ check_upgrade() {
   INFO="$v1 -> $v2, MainPID $old -> $new, task A kept, conffile edit kept"
 }
 run_check upgrade-keeps-data check_upgrade
+
+# A conffile the new version refuses: the package's postinst stops before
+# debhelper's restart, says what is wrong, and the running daemon goes on.
+# (The upgrade package is installed again: for dpkg that is an upgrade from
+# the configured version, and the postinst runs the same way.) Fixing the
+# file and `dpkg --configure` finish it.
+check_upgrade_bad_conffile() {
+  local pid st new
+  pid=$(unit_prop MainPID)
+  cx cp -p /etc/taskgate/taskgate.toml "$CONF_SAVED" || { WHY="cannot save the conffile"; return 1; }
+  run_cx sh -c 'sed -i "s/^max_connections = 256\$/max_connection = 256/" /etc/taskgate/taskgate.toml && grep -q "^max_connection = 256\$" /etc/taskgate/taskgate.toml'
+  [ "$RC" -eq 0 ] || { WHY="cannot break the conffile: $(oneline "$OUT")"; return 1; }
+  run_cx dpkg --force-confold -i /root/pkgs/upgrade.deb
+  [ "$RC" -ne 0 ] || { WHY="dpkg -i with a refused conffile exited 0"; cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml; return 1; }
+  grep -q 'refuses /etc/taskgate/taskgate.toml' <<<"$OUT" && grep -q 'max_connection' <<<"$OUT" && grep -q 'NOT restarted' <<<"$OUT" \
+    || { WHY="dpkg's output does not say what is wrong: $(oneline "$OUT")"; cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid" ] && [ "$(unit_prop ActiveState)" = active ] \
+    || { WHY="the daemon did not keep running (MainPID $pid -> $(unit_prop MainPID), $(unit_prop ActiveState))"; cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml; return 1; }
+  st=$(cx dpkg-query -W -f '${Status}' taskgate)
+  cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml
+  run_cx dpkg --configure taskgate
+  [ "$RC" -eq 0 ] || { WHY="dpkg --configure after fixing the file exited $RC: $(oneline "$OUT")"; return 1; }
+  new=$(unit_prop MainPID)
+  [ "$new" != "$pid" ] && [ "$(unit_prop ActiveState)/$(unit_prop SubState)" = active/running ] \
+    || { WHY="not restarted by dpkg --configure (MainPID $pid -> $new)"; return 1; }
+  INFO="refused before the restart ($st, MainPID $pid kept); after the fix dpkg --configure restarted it (MainPID $new)"
+}
+run_check upgrade-refuses-bad-conffile-before-restart check_upgrade_bad_conffile
 
 # 9. Remove keeps the state; purge removes it.
 check_remove() {

@@ -83,13 +83,19 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    // Only the daemon reports to the service manager: `check` also runs
+    // under the unit (ExecStartPre=, ExecReload=), where systemd accepts
+    // notifications from the main process only.
+    let serving = matches!(cli.command, Command::Serve(_));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(refusal) => {
             let line = refusal.line();
             logging::refused(&line, refusal.class.code());
             // systemd keeps the last STATUS= of a failed start.
-            service::notify(&[NotifyState::Status(&line)]);
+            if serving {
+                service::notify(&[NotifyState::Status(&line)]);
+            }
             ExitCode::from(refusal.class.code())
         }
     }

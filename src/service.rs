@@ -123,6 +123,9 @@ struct Reload {
     overrides: Overrides,
     builtins: Vec<Arc<dyn Runner>>,
     started: Config,
+    /// Reloads so far; numbered on the STATUS line, so that a reader can
+    /// tell one reload's outcome from the previous one's.
+    count: u64,
     /// The outcome of the last reload, for the STATUS line.
     last: Arc<std::sync::Mutex<Option<String>>>,
 }
@@ -154,6 +157,7 @@ pub fn serve(
         overrides: overrides.clone(),
         builtins,
         started: config.clone(),
+        count: 0,
         last: Arc::default(),
     };
     // Bound before the store opens: an address in use is refused before
@@ -310,6 +314,7 @@ impl Process {
             Ok(now) => notify(&[NotifyState::Reloading, now]),
             Err(_) => notify(&[NotifyState::Reloading]),
         }
+        self.reload.count += 1;
         let outcome = match startup::effective(&self.reload.overrides, self.reload.builtins.clone())
         {
             Err(refusal) => {
@@ -317,11 +322,11 @@ impl Process {
                     "configuration reload refused: {}; still running on the previous configuration",
                     refusal.message
                 );
-                "last reload refused (invalid configuration; see the log)".to_string()
+                "refused (invalid configuration; see the log)".to_string()
             }
             Ok(new) => self.apply(new),
         };
-        *lock(&self.reload.last) = Some(outcome);
+        *lock(&self.reload.last) = Some(format!("reload {} {outcome}", self.reload.count));
         let describe = self.describe.clone();
         let status = match describe {
             Some(describe) => status_line(&self.svc, &describe()).await,
@@ -365,10 +370,10 @@ impl Process {
             poll_interval.as_millis()
         );
         if kept.is_empty() {
-            "last reload applied".to_string()
+            "applied".to_string()
         } else {
             format!(
-                "last reload applied, except startup-only {} (restart to apply)",
+                "applied, except startup-only {} (restart to apply)",
                 kept.join(", ")
             )
         }

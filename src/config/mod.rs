@@ -1106,6 +1106,57 @@ mod tests {
         assert_eq!(c.state_dir_source, StateDirSource::Flag);
     }
 
+    /// What a reload compares: effective values, key by key, so a flag
+    /// that overrides the file hides the file's change of that key.
+    #[test]
+    fn changes_name_the_keys_whose_effective_value_differs() {
+        let base = env(&[("HOME", "/h")]);
+        let old = Config::load_from(&Overrides::default(), &base).unwrap();
+        let mut changed = base.clone();
+        changed.insert("TASKGATE_SERVER_MAX_CONNECTIONS".into(), "100".into());
+        changed.insert("TASKGATE_TASKS_POLL_INTERVAL_MS".into(), "300".into());
+        changed.insert("TASKGATE_SERVER_LISTEN".into(), "127.0.0.1:9".into());
+        let new = Config::load_from(&Overrides::default(), &changed).unwrap();
+        let got: Vec<(String, bool, String, String)> = old
+            .changes(&new)
+            .into_iter()
+            .map(|c| (c.key.dotted(), c.key.is_startup_only(), c.old, c.new))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "server.listen".into(),
+                    true,
+                    DEFAULT_LISTEN.into(),
+                    "127.0.0.1:9".into()
+                ),
+                (
+                    "server.max_connections".into(),
+                    true,
+                    "256".into(),
+                    "100".into()
+                ),
+                (
+                    "tasks.poll_interval_ms".into(),
+                    false,
+                    "1000".into(),
+                    "300".into()
+                ),
+            ]
+        );
+        let flag = Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        };
+        let (a, b) = (
+            Config::load_from(&flag, &base).unwrap(),
+            Config::load_from(&flag, &changed).unwrap(),
+        );
+        assert!(a.changes(&b).iter().all(|c| c.key.name != "listen"));
+        assert!(old.changes(&old).is_empty());
+    }
+
     #[test]
     fn starter_config_parses_to_defaults() {
         let dir = tempfile::tempdir().unwrap();
