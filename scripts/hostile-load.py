@@ -429,7 +429,17 @@ class Daemon:
         )
         log.close()
         self.pid = self.proc.pid
-        self.port = self._wait_ready(30.0)
+        try:
+            self.port = self._wait_ready(30.0)
+        except BaseException:
+            # Nothing to measure: leave no daemon or directory behind.
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.notify.close()
+            if not opts.keep:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.rss = RssSampler(self.pid)
         self.rss.start()
 
@@ -789,10 +799,11 @@ class Attack:
         never = [c for c in mine if c["connected"] is None]
         reached = [c for c in mine if c["connected"] is not None]
         refused = [c for c in reached if self.status_of(c) == 503]
-        rest = [c for c in reached if c not in refused]
+        rest = [c for c in reached if self.status_of(c) != 503]
         closed = [c for c in rest if c["closed"] is not None]
         still = [c for c in rest if c["closed"] is None and c.get("server_end") == "ESTABLISHED"]
-        half_open = [c for c in rest if c["closed"] is None and c not in still]
+        half_open = [c for c in rest if c["closed"] is None
+                     and c.get("server_end") != "ESTABLISHED"]
         kept = [c["closed"] - c["connected"] for c in closed]
         waited = [c["first_reply"] - c["connected"] for c in refused]
         return {
@@ -1298,7 +1309,18 @@ def main():
         except KeyError:
             ap.error("no user {!r} (--user)".format(opts.user))
     names = list(SCENARIOS) if "all" in opts.scenarios else list(dict.fromkeys(opts.scenarios))
-    keys = key_reference(opts.binary)
+
+    def stopped(signum, _frame):
+        # Unwinds through each scenario's `finally`, which stops its daemon
+        # and removes its temporary directory.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        keys = key_reference(opts.binary)
+    except (OSError, subprocess.CalledProcessError) as e:
+        ap.error("{} does not list its configuration keys (man --reference): {}".format(
+            opts.binary, e))
     report = Report()
     version = subprocess.run([opts.binary, "--version"], capture_output=True,
                              text=True).stdout.strip()
@@ -1308,7 +1330,11 @@ def main():
         print("hostile-load: running as root; the daemon runs as {}".format(opts.user))
     random.seed(0)
     for name in names:
-        SCENARIOS[name](opts, keys, report)
+        try:
+            SCENARIOS[name](opts, keys, report)
+        except RuntimeError as e:
+            print("hostile-load: {}: {}".format(name, e), file=sys.stderr)
+            return 1
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(report.figures, f, indent=2, default=str)
