@@ -346,11 +346,23 @@ fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
         "state directory {} ({}); not opened",
         config.state_dir.display(),
         config.state_dir_source
-    ))
+    ))?;
+    tool_report(&config, &tools)
+}
+
+/// The confinement in force for tools, and the tools' warnings.
+fn tool_report(config: &config::Config, tools: &taskgate::tools::Registry) -> Result<(), Refusal> {
+    out(taskgate::tools::confine::describe(&config.tools))?;
+    for w in tools.warnings() {
+        out(format!("warning: {w}"))?;
+    }
+    Ok(())
 }
 
 fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     let (source, outcome) = startup::check(overrides)?;
+    let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
+    tool_report(&config, &tools)?;
     match outcome {
         CheckOutcome::NotCreatedYet(dir) => out(format!(
             "state directory {} does not exist yet; `taskgate serve` creates it",

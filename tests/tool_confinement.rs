@@ -109,9 +109,12 @@ write_paths = ["{io}"]
 fn started(fifo: &Fifo, grand: u32, child: u32) {
     fifo.read(Duration::from_secs(20));
     let (g, c) = (grand.to_string(), child.to_string());
-    // The grandchild may need a moment to exec after the FIFO was written.
+    // The grandchild may need a moment to exec after the FIFO was
+    // written, and the shell starts the child's sleep only after it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while processes(&["sleep", &g]).is_empty() && Instant::now() < deadline {
+    while (processes(&["sleep", &g]).is_empty() || processes(&["sleep", &c]).is_empty())
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(
@@ -465,4 +468,91 @@ task = "optional"
     assert_eq!(got.get("secret").map(String::as_str), Some("[]"), "{open}");
     let _ = std::fs::remove_file(fx.state.join("stray"));
     assert!(daemon.stop().success());
+}
+
+/// `taskgate check` says which confinement is in force on this kernel and
+/// warns about a placeholder that fills a whole argv element unguarded;
+/// a declared path that overlaps the state directory refuses the start
+/// (78), as serve would.
+#[test]
+fn check_names_the_confinement_warns_of_option_injection_and_refuses_the_state_directory() {
+    let fx = Fixture::new();
+    let cfg = fx.config(
+        r#"
+[[tool]]
+name = "lister"
+argv = ["/bin/ls", "-l", "{path}"]
+effect = "read_only"
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.path]
+type = "string"
+
+[[tool]]
+name = "safe_lister"
+argv = ["/bin/ls", "-l", "--", "{path}"]
+effect = "read_only"
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.path]
+type = "string"
+"#,
+    );
+    let (cfg_s, state_s) = (cfg.display().to_string(), fx.state.display().to_string());
+    let out = taskgate(
+        &[
+            "check",
+            "--config-only",
+            "--config",
+            &cfg_s,
+            "--state-dir",
+            &state_s,
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let abi = text
+        .lines()
+        .find(|l| l.starts_with("tool confinement: "))
+        .unwrap_or_else(|| panic!("no confinement line: {text}"));
+    assert!(abi.contains("Landlock ABI "), "{abi}");
+    eprintln!("{abi}");
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(
+        warnings[0].contains("\"lister\"") && warnings[0].contains("{path}"),
+        "{text}"
+    );
+
+    // A declared path holding the state directory is refused, by check and serve.
+    let bad = fx.config(&format!(
+        "[[tool]]\nname = \"greedy\"\nargv = [\"/bin/true\"]\nwrite_paths = [\"{}\"]\n",
+        fx.root.path().display()
+    ));
+    for command in ["check", "serve"] {
+        let out = taskgate(
+            &[
+                command,
+                "--config",
+                &bad.display().to_string(),
+                "--state-dir",
+                &state_s,
+            ],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(78), "{command}: {out:?}");
+        let line = one_line_stderr(&out);
+        assert!(
+            line.contains("greedy") && line.contains("no tool may reach"),
+            "{line}"
+        );
+    }
 }

@@ -73,6 +73,17 @@ fn parse_element(tool: &str, element: &str) -> Result<Vec<Piece>, RegistryError>
     Ok(pieces)
 }
 
+/// Whether argv is `SHELL -c SCRIPT …`: what follows the script is
+/// positional parameters, never options.
+fn is_shell_script(argv: &[String]) -> bool {
+    let shell = argv
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .and_then(|n| n.to_str());
+    matches!(shell, Some("sh" | "bash" | "dash" | "ksh" | "zsh"))
+        && argv.get(1).is_some_and(|a| a == "-c")
+}
+
 /// How an argument value appears in argv.
 fn render(value: &Value) -> String {
     match value {
@@ -150,6 +161,45 @@ impl CommandTool {
             limits,
             paths,
         })
+    }
+
+    /// What `taskgate check` should warn about: an argv element that
+    /// starts with a placeholder can be filled with `--output=x` and read
+    /// by the program as an option, unless a `--` element precedes it, the
+    /// schema constrains the value (`pattern`, `enum`, `const`, or a type
+    /// other than string), or it follows a shell's `-c` script (where it
+    /// is a positional parameter).
+    pub fn warnings(&self) -> Vec<String> {
+        let properties = self.config.input_schema.get("properties");
+        let shell_script = is_shell_script(&self.config.argv);
+        let mut out = Vec::new();
+        let mut after_dashes = false;
+        for (i, pieces) in self.template.iter().enumerate() {
+            if matches!(pieces.as_slice(), [Piece::Text(t)] if t == "--") {
+                after_dashes = true;
+            }
+            let Some(Piece::Arg(name)) = pieces.first() else {
+                continue;
+            };
+            if after_dashes || (shell_script && i >= 3) {
+                continue;
+            }
+            let schema = properties.and_then(|p| p.get(name));
+            let constrained = schema.is_some_and(|s| {
+                s.get("pattern").is_some()
+                    || s.get("enum").is_some()
+                    || s.get("const").is_some()
+                    || s.get("type").is_some_and(|t| t != "string")
+            });
+            if !constrained {
+                out.push(format!(
+                    "tool {:?}: argv element {i} starts with {{{name}}}, so a caller can pass an option such as --output=x to {}; put \"--\" before it, or constrain {name} in input_schema (pattern, enum, or a non-string type)",
+                    self.config.name,
+                    self.config.argv.first().map(String::as_str).unwrap_or_default()
+                ));
+            }
+        }
+        out
     }
 
     /// Checks the arguments against the input schema; names the first
@@ -252,6 +302,10 @@ impl Runner for CommandTool {
         &self.spec
     }
 
+    fn warnings(&self) -> Vec<String> {
+        CommandTool::warnings(self)
+    }
+
     fn validate(&self, args: &Value) -> Result<(), ArgumentError> {
         self.check(args)
     }
@@ -319,6 +373,27 @@ mod tests {
             tool(&["/bin/x"], json!({"type": 17})),
             Err(RegistryError::BadSchema { .. })
         ));
+    }
+
+    #[test]
+    fn whole_placeholders_without_dashes_or_constraints_are_warned_about() {
+        let schema = json!({"type":"object","properties":{
+            "path":{"type":"string"},
+            "mode":{"type":"string","enum":["a","b"]},
+            "n":{"type":"integer"},
+            "name":{"type":"string","pattern":"^[a-z]+$"}}});
+        let t = tool(
+            &["/bin/ls", "{mode}", "{n}", "{name}", "--n={n}", "{path}"],
+            schema.clone(),
+        )
+        .unwrap();
+        let w = t.warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("{path}") && w[0].contains("--"), "{w:?}");
+        let safe = tool(&["/bin/ls", "-l", "--", "{path}"], schema.clone()).unwrap();
+        assert!(safe.warnings().is_empty());
+        let script = tool(&["/bin/sh", "-c", "ls -- \"$1\"", "sh", "{path}"], schema).unwrap();
+        assert!(script.warnings().is_empty());
     }
 
     #[test]

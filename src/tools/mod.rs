@@ -70,6 +70,12 @@ pub trait Runner: Send + Sync + std::fmt::Debug {
     fn starts_process(&self) -> bool {
         true
     }
+
+    /// Configuration that works but deserves the operator's attention
+    /// (shown by `taskgate check`).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A tool definition that cannot be served (exit 78 at startup).
@@ -222,6 +228,11 @@ impl Registry {
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Runner>> {
         self.tools.get(name).cloned()
+    }
+
+    /// Every tool's warnings, for `taskgate check`.
+    pub fn warnings(&self) -> Vec<String> {
+        self.tools.values().flat_map(|r| r.warnings()).collect()
     }
 
     pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {

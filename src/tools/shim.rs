@@ -295,8 +295,10 @@ fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::
         rlim_cur: soft,
         rlim_max: hard,
     };
-    // SAFETY: setrlimit(2) with a valid struct; async-signal-safe.
-    if unsafe { libc::setrlimit(resource, &lim) } != 0 {
+    // prlimit(2) rather than setrlimit(2): the unit's system call filter
+    // (`~@resources`) refuses setrlimit, while prlimit64 is allowed.
+    // SAFETY: prlimit on this process with a valid struct; async-signal-safe.
+    if unsafe { libc::prlimit(0, resource, &lim, std::ptr::null_mut()) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
