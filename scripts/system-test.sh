@@ -11,6 +11,11 @@
 # and purge. One line per check: `PASS <check>` or `FAIL <check>: <why>`;
 # exit status 1 if any check failed. `--help` prints this.
 #
+# Package completeness and journal hygiene have their own blocks:
+# dpkg-verify-clean, backup-refuses-bad-destination-before-stopping,
+# restore-refusal-after-stop-restarts-service, journal-err-shows-refused-start,
+# journal-catalog-entry-resolves, purge-keeps-restore-evidence.
+#
 # Without arguments it builds target/debian/taskgate_<v>-1 and -2 with
 # scripts/build-deb.sh (on the host, before booting). With DEB it tests that
 # package and builds the upgrade with --revision 2 unless UPGRADE_DEB is given.
@@ -65,6 +70,7 @@ CHECKS=(
   container-boot
   dpkg-install
   unit-verify
+  dpkg-verify-clean
   unit-enabled-active-ready
   runs-as-taskgate
   state-dir-permissions
@@ -78,11 +84,18 @@ CHECKS=(
   reload-refuses-invalid-conffile
   watchdog-restarts-hung-daemon
   backup-restore
+  backup-refuses-bad-destination-before-stopping
   restore-refuses-tampered-snapshot
+  status-over-admin-socket
+  online-snapshot-restores
+  restore-refusal-after-stop-restarts-service
+  journal-err-shows-refused-start
+  journal-catalog-entry-resolves
   upgrade-keeps-data
   upgrade-refuses-bad-conffile-before-restart
   remove-keeps-state
   purge-removes-state
+  purge-keeps-restore-evidence
 )
 declare -A reported=()
 npass=0
@@ -441,6 +454,16 @@ check_verify() {
 }
 run_check unit-verify check_verify
 
+# 1 (continued). The package's md5sums cover what it installed: dpkg --verify
+# prints nothing (run before test-setup edits the conffile).
+check_dpkg_verify() {
+  cx test -s /var/lib/dpkg/info/taskgate.md5sums || { WHY="the package installed no md5sums"; return 1; }
+  run_cx dpkg --verify taskgate
+  [ "$RC" -eq 0 ] && [ -z "$OUT" ] || { WHY="dpkg --verify taskgate (exit $RC): $(oneline "$OUT")"; return 1; }
+  INFO="$(cx sh -c 'wc -l </var/lib/dpkg/info/taskgate.md5sums') files in md5sums, dpkg --verify silent"
+}
+run_check dpkg-verify-clean check_dpkg_verify
+
 check_enabled_active() {
   local en props
   en=$(cx systemctl is-enabled taskgate.service 2>&1)
@@ -578,6 +601,9 @@ check_lock_serve() {
     --state-dir /var/lib/taskgate --listen 127.0.0.1:0
   [ "$RC" -eq 75 ] || { WHY="second serve exited $RC, want 75: $(oneline "$OUT")"; return 1; }
   [ "$(unit_prop ActiveState)" = active ] || { WHY="the service is no longer active"; return 1; }
+  # The holder comes from the kernel's lock table, not the file.
+  grep -q "(pid $(unit_prop MainPID), taskgate)" <<<"$OUT" \
+    || { WHY="the refusal does not name the service's MainPID as the holder: $(oneline "$OUT")"; return 1; }
   INFO="exit 75: $(oneline "$OUT" | cut -c1-110)"
 }
 run_check lock-refuses-second-serve check_lock_serve
@@ -777,6 +803,24 @@ check_backup_restore() {
 }
 run_check backup-restore check_backup_restore
 
+# 7 (continued). taskgate-backup checks the destination before it stops the
+# service, and names it as the destination.
+check_backup_destination() {
+  run_cx sh -c 'mkdir -p /root/open && chmod 0777 /root/open'
+  local pid0 pid1_
+  pid0=$(unit_prop MainPID)
+  run_cx taskgate-backup /root/open/b
+  [ "$RC" -eq 77 ] || { WHY="taskgate-backup to a world-writable parent exited $RC, want 77: $(oneline "$OUT")"; return 1; }
+  grep -q 'backup destination is not private' <<<"$OUT" || { WHY="the refusal does not name the destination: $(oneline "$OUT")"; return 1; }
+  ! grep -q 'stopping taskgate' <<<"$OUT" || { WHY="the service was stopped before the refusal: $(oneline "$OUT")"; return 1; }
+  pid1_=$(unit_prop MainPID)
+  [ "$pid0" = "$pid1_" ] && [ "$(unit_prop ActiveState)" = active ] \
+    || { WHY="the service was disturbed (MainPID $pid0 -> $pid1_)"; return 1; }
+  ! cx test -e /root/open/b || { WHY="/root/open/b was created"; return 1; }
+  INFO="exit 77, MainPID $pid0 unchanged: $(oneline "$(grep -m1 'refused:' <<<"$OUT")" | sed 's/^taskgate: refused: //' | cut -c1-120)"
+}
+run_check backup-refuses-bad-destination-before-stopping check_backup_destination
+
 # 7 (continued). A tampered snapshot is refused and changes nothing.
 live_fingerprint() {
   cx sh -c 'cd /var/lib/taskgate && find . -printf "%y %m %u %s %p\n" | sort && find . -type f -exec sha256sum {} + | sort'
@@ -873,6 +917,72 @@ check_online_snapshot() {
 }
 run_check online-snapshot-restores check_online_snapshot
 
+# 7 (continued). A restore refused after the service was stopped starts it
+# again. Another process (flock) takes the lock the moment the daemon lets
+# go of it: `taskgate restore` refuses (75, naming flock), and the runbook
+# must start the service again; its start is refused too (75) until flock
+# lets go, and Restart= brings it back on the files it had.
+REFUSED_AT=""
+check_restore_refusal_restarts() {
+  [ -n "$TASK_A" ] || { WHY="no task A (backup-restore failed)"; return 1; }
+  cx test -d /root/backup-1 || { WHY="no /root/backup-1 (backup-restore failed)"; return 1; }
+  local ev0 ev1 i state
+  ev0=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-* 2>/dev/null | wc -l')
+  REFUSED_AT=$(cx date '+%Y-%m-%d %H:%M:%S')
+  run_cx systemd-run --unit=tg-lock-holder --collect flock /var/lib/taskgate/tasks.lock sleep 8
+  [ "$RC" -eq 0 ] || { WHY="systemd-run flock failed: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate-restore /root/backup-1
+  [ "$RC" -eq 75 ] || { WHY="taskgate-restore with the lock taken exited $RC, want 75: $(oneline "$OUT")"; return 1; }
+  grep -q 'held by another process (pid [0-9]*, flock)' <<<"$OUT" \
+    || { WHY="the refusal does not name flock as the holder: $(oneline "$OUT")"; return 1; }
+  grep -q 'starting it again' <<<"$OUT" || { WHY="the runbook did not say it starts the service again: $(oneline "$OUT")"; return 1; }
+  for i in $(seq 1 60); do
+    state=$(unit_prop ActiveState)
+    [ "$state" = active ] && break
+    sleep 0.5
+  done
+  [ "$state" = active ] || { WHY="the service is $state 30 s after the refused restore: $(unit_prop StatusText)"; return 1; }
+  ev1=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-* 2>/dev/null | wc -l')
+  [ "$ev0" = "$ev1" ] || { WHY="the refused restore created an evidence directory"; return 1; }
+  task_present "$TASK_A" alpha || { WHY="task A missing afterwards (exit $RC): $(oneline "$OUT")"; return 1; }
+  INFO="exit 75 naming flock; service active again after ${i} polls, task A readable"
+}
+run_check restore-refusal-after-stop-restarts-service check_restore_refusal_restarts
+
+# 10. The journal: the refused starts above are at priority err, under the
+# unit, with the refusal's message ID; no source path of the build machine.
+REFUSED_ID=371a2363426c438a9af7ec8ee4eff1db
+check_journal_err() {
+  [ -n "$REFUSED_AT" ] || { WHY="no refused start to look for (previous check failed)"; return 1; }
+  local err ids paths
+  err=$(cx journalctl -b -u taskgate.service -p err --since "$REFUSED_AT" --no-pager -o cat)
+  printf '%s\n' "$err" >>"$log"
+  grep -q 'refused: ownership lock held (exit 75)' <<<"$err" \
+    || { WHY="journalctl -u taskgate -p err shows no refused start: $(oneline "$(tail -n 3 <<<"$err")")"; return 1; }
+  ids=$(cx journalctl -b -u taskgate.service MESSAGE_ID=$REFUSED_ID --no-pager -o cat | wc -l)
+  [ "$ids" -ge 1 ] || { WHY="no message with MESSAGE_ID=$REFUSED_ID under the unit"; return 1; }
+  paths=$(cx journalctl -b -u taskgate.service --no-pager -o verbose | sed -n 's/^ *CODE_FILE=//p' | sort -u)
+  printf 'CODE_FILE values:\n%s\n' "$paths" >>"$log"
+  [ -n "$paths" ] || { WHY="no CODE_FILE field in the unit's journal"; return 1; }
+  ! grep -q -e '^/work' -e '/\.cargo/' -e '^/root' -e '^/home' <<<"$paths" \
+    || { WHY="CODE_FILE names a build path: $(oneline "$(grep -e '^/work' -e '/\.cargo/' -e '^/root' -e '^/home' <<<"$paths" | head -n 2)")"; return 1; }
+  INFO="$(grep -c 'refused:' <<<"$err") refused start(s) at err, $ids with MESSAGE_ID, CODE_FILE e.g. $(head -n1 <<<"$paths")"
+}
+run_check journal-err-shows-refused-start check_journal_err
+
+check_journal_catalog() {
+  run_cx journalctl --list-catalog $REFUSED_ID
+  [ "$RC" -eq 0 ] && grep -q 'taskgate refused to start' <<<"$OUT" \
+    || { WHY="journalctl --list-catalog $REFUSED_ID (exit $RC): $(oneline "$OUT")"; return 1; }
+  local x
+  x=$(cx journalctl -b -u taskgate.service -x MESSAGE_ID=$REFUSED_ID --no-pager | tail -n 20)
+  printf '%s\n' "$x" >>"$log"
+  grep -q 'Subject: taskgate refused to start (exit status 75)' <<<"$x" \
+    || { WHY="journalctl -x shows no catalog text for the refusal: $(oneline "$(tail -n 4 <<<"$x")")"; return 1; }
+  INFO="catalog indexed on install; journalctl -x explains the refusal"
+}
+run_check journal-catalog-entry-resolves check_journal_catalog
+
 # 8. Upgrade to the rebuilt package.
 check_upgrade() {
   local old new ver wd_before wd_after
@@ -947,6 +1057,19 @@ check_purge() {
   case $st in *not-installed* | *"no packages found"*) ;; *) WHY="dpkg-query says: $st"; return 1 ;; esac
   INFO="/var/lib/taskgate removed"
 }
-run_check purge-removes-state check_purge
+PURGE_OUT=""
+check_purge_wrap() { check_purge; local rc=$?; PURGE_OUT=$OUT; return $rc; }
+run_check purge-removes-state check_purge_wrap
+
+# 9 (continued). Purge keeps what a restore kept as evidence, and says so.
+check_purge_evidence() {
+  local ev
+  ev=$(cx sh -c 'ls -d /var/lib/taskgate.replaced-* 2>/dev/null')
+  [ -n "$ev" ] || { WHY="no /var/lib/taskgate.replaced-* left after purge"; return 1; }
+  grep -q "purge keeps $(head -n1 <<<"$ev")" <<<"$PURGE_OUT" \
+    || { WHY="purge did not name the evidence it keeps: $(oneline "$PURGE_OUT")"; return 1; }
+  INFO="kept and named: $(oneline "$ev")"
+}
+run_check purge-keeps-restore-evidence check_purge_evidence
 
 exit 0
