@@ -73,7 +73,8 @@ dpkg-deb -R "$deb" "$unpacked/pkg"
   chmod 644 DEBIAN/md5sums
 )
 dpkg-deb --root-owner-group -Zxz --build "$unpacked/pkg" "$deb" >/dev/null
-echo "built $deb ($(wc -l <"$unpacked/pkg/DEBIAN/md5sums") files in md5sums)"
+echo "md5sums: $(wc -l <"$unpacked/pkg/DEBIAN/md5sums") files"
+echo "built $deb"
 if command -v lintian >/dev/null; then
   # No errors, no warnings, and none of the info tags an operator's tools
   # report (missing md5sums, unfortified SQLite; packaging/lintian-overrides
