@@ -812,7 +812,7 @@ check_backup_destination() {
   run_cx taskgate-backup /root/open/b
   [ "$RC" -eq 77 ] || { WHY="taskgate-backup to a world-writable parent exited $RC, want 77: $(oneline "$OUT")"; return 1; }
   grep -q 'backup destination is not private' <<<"$OUT" || { WHY="the refusal does not name the destination: $(oneline "$OUT")"; return 1; }
-  ! grep -q 'stopping taskgate' <<<"$OUT" || { WHY="the service was stopped before the refusal: $(oneline "$OUT")"; return 1; }
+  ! grep -q '^taskgate-backup: stopping' <<<"$OUT" || { WHY="the service was stopped before the refusal: $(oneline "$OUT")"; return 1; }
   pid1_=$(unit_prop MainPID)
   [ "$pid0" = "$pid1_" ] && [ "$(unit_prop ActiveState)" = active ] \
     || { WHY="the service was disturbed (MainPID $pid0 -> $pid1_)"; return 1; }
