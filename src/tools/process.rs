@@ -213,7 +213,13 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
     // close-on-exec flag, so the shim inherits it as descriptor 3.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw, REPORT_FD) < 0 {
+            // dup2 onto itself keeps close-on-exec: clear it instead.
+            let done = if raw == REPORT_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, REPORT_FD)
+            };
+            if done < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
