@@ -143,8 +143,12 @@ pub fn describe(tools: &[ToolConfig]) -> String {
         .filter(|t| t.confinement.sandbox == Sandbox::Unconfined)
         .map(|t| t.name.as_str())
         .collect();
-    let fs = if abi > 0 {
-        format!("Landlock ABI {abi} (filesystem, signals)")
+    // Signal and abstract-socket scoping arrived with ABI 6; below it the
+    // ruleset confines the filesystem only.
+    let fs = if abi >= 6 {
+        format!("Landlock ABI {abi} (filesystem, signals, abstract sockets)")
+    } else if abi > 0 {
+        format!("Landlock ABI {abi} (filesystem)")
     } else {
         "no Landlock in this kernel".to_string()
     };
