@@ -185,16 +185,18 @@ impl App {
             limits: limits.clone(),
         };
         // Layers run outermost last-added: the body is read and screened,
-        // then a request slot is taken, then the session bound is checked.
+        // then the session bound is checked (an `initialize` waits its turn
+        // there holding no request slot, so a flood of them cannot starve
+        // polls), then a request slot is taken.
         let router = Router::new()
             .route_service("/mcp", mcp)
             .layer(middleware::from_fn_with_state(
-                session_door,
-                refuse_sessions_past_the_bound,
-            ))
-            .layer(middleware::from_fn_with_state(
                 limits.clone(),
                 limit_requests,
+            ))
+            .layer(middleware::from_fn_with_state(
+                session_door,
+                refuse_sessions_past_the_bound,
             ))
             .layer(middleware::from_fn_with_state(intake, read_and_screen))
             .route("/healthz", get(healthz))
@@ -486,12 +488,62 @@ async fn readyz(State(ready): State<Readiness>) -> (StatusCode, String) {
     (StatusCode::OK, "ready\n".into())
 }
 
-/// A TCP listener that holds one permit per open connection. Past the
-/// bound, a connection is answered with a 503 and closed.
+/// How long a new connection at the limit waits for the slot of the
+/// connection it displaced to come free.
+const DISPLACE_WAIT: Duration = Duration::from_millis(500);
+
+/// Connections that have not yet sent a whole request head, oldest first.
+/// At the connection limit a newcomer takes the slot of the oldest of them:
+/// a client that connects and sends its request at once is served even
+/// while an attacker keeps opening connections that send nothing, or send
+/// a head byte by byte. A connection that has sent a request keeps its
+/// slot (until its header-read timeout, when idle).
+#[derive(Clone, Default)]
+struct Unproven {
+    queue: Arc<std::sync::Mutex<std::collections::VecDeque<(u64, CancellationToken)>>>,
+}
+
+impl Unproven {
+    fn queue(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(u64, CancellationToken)>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, id: u64, displace: CancellationToken) {
+        self.queue().push_back((id, displace));
+    }
+
+    /// The connection sent a request head, or ended.
+    fn forget(&self, id: u64) {
+        let mut queue = self.queue();
+        if let Some(at) = queue.iter().position(|(i, _)| *i == id) {
+            queue.remove(at);
+        }
+    }
+
+    /// Tells the oldest connection that has sent nothing whole to close;
+    /// `false` when there is none.
+    fn displace_oldest(&self) -> bool {
+        match self.queue().pop_front() {
+            Some((_, displace)) => {
+                displace.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A TCP listener that holds one permit per open connection. At the bound,
+/// a new connection displaces the oldest one that has not yet sent a whole
+/// request head; when there is none, it is answered with a 503 and closed.
 pub struct LimitedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
     max: usize,
+    unproven: Unproven,
+    next_id: u64,
 }
 
 impl LimitedListener {
@@ -500,6 +552,22 @@ impl LimitedListener {
             inner,
             permits: Arc::new(Semaphore::new(max)),
             max,
+            unproven: Unproven::default(),
+            next_id: 0,
+        }
+    }
+
+    fn admit(&mut self, stream: TcpStream, permit: OwnedSemaphorePermit) -> Limited {
+        // Request/response traffic: send each response at once.
+        let _ = stream.set_nodelay(true);
+        self.next_id += 1;
+        let displace = CancellationToken::new();
+        self.unproven.add(self.next_id, displace.clone());
+        Limited {
+            stream,
+            _permit: permit,
+            id: self.next_id,
+            displace,
         }
     }
 }
@@ -508,6 +576,9 @@ impl LimitedListener {
 pub struct Limited {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    id: u64,
+    /// Cancelled when a newcomer takes this connection's slot.
+    displace: CancellationToken,
 }
 
 impl AsyncRead for Limited {
@@ -553,36 +624,31 @@ impl axum::serve::Listener for LimitedListener {
                     continue;
                 }
             };
-            match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    // Request/response traffic: send each response at once.
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        Limited {
-                            stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
-                Err(_) => {
-                    let max = self.max;
-                    tokio::spawn(async move {
-                        let body = format!(
-                            "too many connections (server.max_connections = {max}); retry shortly\n"
-                        );
-                        let reply = format!(
-                            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        );
-                        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                            let _ = stream.write_all(reply.as_bytes()).await;
-                            let _ = stream.shutdown().await;
-                        })
-                        .await;
-                    });
+            if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+                return (self.admit(stream, permit), addr);
+            }
+            if self.unproven.displace_oldest() {
+                let freed =
+                    tokio::time::timeout(DISPLACE_WAIT, self.permits.clone().acquire_owned()).await;
+                if let Ok(Ok(permit)) = freed {
+                    return (self.admit(stream, permit), addr);
                 }
             }
+            let max = self.max;
+            tokio::spawn(async move {
+                let body = format!(
+                    "too many connections (server.max_connections = {max}); retry shortly\n"
+                );
+                let reply = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                })
+                .await;
+            });
         }
     }
 
@@ -616,9 +682,17 @@ pub async fn run(
             _ = &mut shutdown => break,
             accepted = axum::serve::Listener::accept(&mut listener) => accepted,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let (id, displace) = (io.id, io.displace.clone());
+        // The first request head proves the connection: it keeps its slot.
+        let tower = TowerToHyperService::new(router.clone());
+        let unproven = listener.unproven.clone();
+        let service = hyper::service::service_fn(move |request| {
+            unproven.forget(id);
+            hyper::service::Service::call(&tower, request)
+        });
         let conn = http.serve_connection(TokioIo::new(io), service);
         let closing = closing.clone();
+        let unproven = listener.unproven.clone();
         connections.spawn(async move {
             let mut conn = std::pin::pin!(conn);
             let ended = tokio::select! {
@@ -628,7 +702,11 @@ pub async fn run(
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
+                // A newcomer took the slot of this connection, which had
+                // sent no whole request: it is closed unanswered.
+                _ = displace.cancelled() => Ok(()),
             };
+            unproven.forget(id);
             if let Err(e) = ended {
                 // A timed-out head, a reset or a malformed request: the
                 // client's doing, and the connection's end.

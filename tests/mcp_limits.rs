@@ -461,8 +461,6 @@ fn silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout() {
     let mut half = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
     write!(half, "GET /healthz HTTP/1.1\r\nHost: 127.0").unwrap();
     let mut idle = held_connection(daemon.port);
-    let full = healthz(daemon.port);
-    assert!(full.starts_with("HTTP/1.1 503"), "{full:?}");
 
     let started = Instant::now();
     for (what, s) in [
@@ -565,6 +563,53 @@ fn dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_time
         let message = error["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("server.body_read_timeout_ms"), "{message}");
     }
+    assert!(daemon.stop().success());
+}
+
+/// An attacker keeps every connection slot filled with connections that
+/// send nothing (or half a head), reopening as they are closed: a client
+/// that connects and sends its request at once is still served, because at
+/// the limit a newcomer displaces the oldest connection that has sent no
+/// whole request. Connections that have sent requests are never displaced.
+#[test]
+fn a_newcomer_at_the_limit_displaces_the_oldest_connection_that_sent_nothing() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(
+        root.path(),
+        "[server]\nmax_connections = 4\nheader_read_timeout_ms = 60000\n",
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let silent = |port| {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    };
+    let mut attackers: Vec<TcpStream> = (0..4).map(|_| silent(daemon.port)).collect();
+    for round in 0..20 {
+        // The attacker opens two more, one of them half a head.
+        attackers.push(silent(daemon.port));
+        let mut half = silent(daemon.port);
+        write!(half, "GET /healthz HTTP/1.1\r\nHost: 1").unwrap();
+        attackers.push(half);
+        let probe = healthz(daemon.port);
+        assert!(
+            probe.starts_with("HTTP/1.1 200"),
+            "round {round}: a client that sent its request at once was refused while the slots held connections that sent nothing: {probe:?}"
+        );
+    }
+    // The first attacker connection was displaced long ago: closed, unanswered.
+    let first = closed_within(&mut attackers[0], Duration::from_secs(5));
+    assert_eq!(
+        first.as_deref(),
+        Some(""),
+        "the oldest silent connection is still open"
+    );
+    // Slots held by connections that have sent requests are never taken.
+    let held: Vec<TcpStream> = (0..4).map(|_| held_connection(daemon.port)).collect();
+    let full = healthz(daemon.port);
+    assert!(full.starts_with("HTTP/1.1 503"), "{full:?}");
+    drop(held);
     assert!(daemon.stop().success());
 }
 
