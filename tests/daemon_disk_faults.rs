@@ -79,6 +79,33 @@ task = "optional"
     });
     assert!(strace.injected() >= 1, "no fsync was failed");
     drop(strace);
+    // The operator's status screen says so, with the reason, and exits 1;
+    // an online snapshot of a store in doubt is refused and leaves nothing.
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("task store       DISABLED until restart:"),
+        "{text}"
+    );
+    let dest = root.path().join("snapshot");
+    let out = taskgate(
+        &[
+            "backup",
+            "--online",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--to",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("task store is disabled"),
+        "{out:?}"
+    );
+    assert!(!dest.exists(), "a refused snapshot leaves nothing");
     assert!(
         daemon.stop().success(),
         "a disabled daemon still stops cleanly"
