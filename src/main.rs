@@ -138,6 +138,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                 builtins.push(std::sync::Arc::new(taskgate::tools::builtin::bench_noop()));
             }
             taskgate::tools::confine::protect_daemon();
+            taskgate::tools::process::sweep_scratch();
             service::serve(&args.overrides(), transport, builtins)
         }
         Command::Check(args) if args.config_only => check_config(&args.common.overrides()),

@@ -168,8 +168,42 @@ fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
         assert_eq!(task["resultType"], "task", "{task}");
         started(&fifo, grand, child);
     });
+    let pid = daemon.pid().as_raw();
     daemon.kill();
     assert_gone([grand, child], "the daemon's SIGKILL");
+    // The killed daemon could not remove the run's scratch directory (the
+    // harness gives the daemon no runtime directory: it is under /tmp);
+    // the next start does.
+    let scratch = || -> Vec<PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("taskgate-run-{pid}-")))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        scratch().len(),
+        1,
+        "the killed run's scratch directory is left"
+    );
+    let again = Daemon::start(
+        &fx.root.path().join("taskgate.toml"),
+        &fx.state,
+        &fx.root.path().join("log2"),
+    );
+    assert!(
+        scratch().is_empty(),
+        "{:?} outlived the next start",
+        scratch()
+    );
+    assert!(again.stop().success());
 }
 
 /// `/healthz` polled every 50 ms on its own thread until `done`: the

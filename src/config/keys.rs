@@ -423,7 +423,7 @@ pub const TOOL_MAX_PROCESSES: KeySpec = KeySpec {
         128,
         (1, 65_536),
         Unit::Count,
-        "Processes the tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC is set to the service user's count at the start plus this).",
+        "Processes the tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).",
     )
 };
 pub const TOOL_MAX_FILE_BYTES: KeySpec = KeySpec {

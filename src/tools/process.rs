@@ -81,18 +81,49 @@ pub struct Invocation {
 /// the run is over.
 struct Scratch(PathBuf);
 
+/// Where scratch directories are made: the service's runtime directory
+/// (systemd's `RuntimeDirectory=`), else `$XDG_RUNTIME_DIR`, else the
+/// temporary directory.
+fn scratch_base() -> PathBuf {
+    ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(PathBuf::from)
+        .find(|p| p.is_absolute() && p.is_dir())
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Removes the scratch directories a daemon left when it was killed
+/// (those of a process that no longer exists); a running daemon's stay.
+pub fn sweep_scratch() {
+    let Ok(entries) = std::fs::read_dir(scratch_base()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("taskgate-run-"))
+            .and_then(|n| n.split('-').next())
+        else {
+            continue;
+        };
+        let ours = e.metadata().is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_dir() && m.uid() == nix::unistd::getuid().as_raw()
+        });
+        if ours && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 impl Scratch {
-    /// Under the service's runtime directory (systemd's
-    /// `RuntimeDirectory=`), else `$XDG_RUNTIME_DIR`, else the temporary
-    /// directory; 0700, and a new name each time (never an existing one).
+    /// Under [`scratch_base`]; 0700, and a new name each time (never an
+    /// existing one).
     fn create() -> std::io::Result<Scratch> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = ["RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"]
-            .iter()
-            .filter_map(std::env::var_os)
-            .map(PathBuf::from)
-            .find(|p| p.is_absolute() && p.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
+        let base = scratch_base();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())

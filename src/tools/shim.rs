@@ -57,6 +57,11 @@ pub const CANNOT_EXECUTE: i32 = 126;
 const TICK: Duration = Duration::from_millis(20);
 /// How often it counts the tool's descendants (a /proc scan).
 const SCAN_EVERY: u32 = 5;
+/// RLIMIT_NPROC counts threads as well as processes: a tool's headroom
+/// under it is this many tasks per allowed process, so that a
+/// multi-threaded program (a JVM, a Go binary) can start its threads while
+/// a fork bomb still meets a hard stop.
+const NPROC_PER_PROCESS: u64 = 8;
 /// Rounds of kill-and-reap before the shim gives up on a process that
 /// will not go (one in uninterruptible sleep); each round waits a little.
 const KILL_ROUNDS: u32 = 500;
@@ -305,8 +310,9 @@ fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::
 }
 
 /// The limits of the child, set after `fork`. RLIMIT_NPROC counts every
-/// task of the user, so it is the user's count at the start plus the
-/// tool's share; the shim's own count of descendants is the precise bound.
+/// task (thread) of the user, so it is the user's count at the start plus
+/// the tool's share; the shim's own count of descendants is the precise
+/// bound.
 fn apply_limits(limits: &Limits, nproc: u64) -> std::io::Result<()> {
     set_limit(libc::RLIMIT_AS, limits.address_space, limits.address_space)?;
     set_limit(libc::RLIMIT_NOFILE, limits.open_files, limits.open_files)?;
@@ -428,7 +434,9 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
         }
     };
     let limits = policy.limits;
-    let nproc = limits.map(|l| user_tasks() + l.processes).unwrap_or(0);
+    let nproc = limits
+        .map(|l| user_tasks() + l.processes.saturating_mul(NPROC_PER_PROCESS))
+        .unwrap_or(0);
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0);
     // SAFETY: the shim is single-threaded, so the child may allocate; each
