@@ -155,6 +155,10 @@ pub fn describe(tools: &[ToolConfig]) -> String {
     let mut s = format!(
         "tool confinement: {fs}; subreaper kills every descendant; no_new_privs; rlimits (address space, open files, processes, file size, CPU)"
     );
+    if nix::unistd::getuid().is_root() {
+        // The kernel exempts root from RLIMIT_NPROC: say what is left.
+        s.push_str("; running as root: RLIMIT_NPROC does not apply, so max_processes is enforced only by the shim's count every 100 ms (run the service as its own user)");
+    }
     if !unconfined.is_empty() {
         s.push_str(&format!(
             "; unconfined by configuration: {}",
