@@ -619,7 +619,7 @@ impl axum::serve::Listener for LimitedListener {
                 Ok(pair) => pair,
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(error = %e, "accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

@@ -487,7 +487,7 @@ impl Process {
             tokio::select! {
                 _ = self.until_stop() => session = Some((cancel, waiting)),
                 r = &mut waiting => match r {
-                    Ok(reason) => tracing::info!(?reason, "stdio client went away"),
+                    Ok(reason) => tracing::info!(?reason, "stdio client went away ({reason:?})"),
                     Err(e) => tracing::warn!(error = %e, "stdio service ended with an error: {e}"),
                 },
             }

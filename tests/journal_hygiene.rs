@@ -60,3 +60,57 @@ fn start_and_ready_messages_carry_their_values_in_the_text() {
     // plain-text log.
     assert!(!log.contains("message_id"), "{log}");
 }
+
+/// `journalctl` shows a message's text, not its fields: an event at info
+/// or above that carries an error or a path as a field must also carry it
+/// in its text. A scan of the source, so that a new event cannot forget.
+#[test]
+fn events_that_carry_an_error_or_a_path_say_it_in_their_text() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![src];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for macro_ in ["tracing::info!(", "tracing::warn!(", "tracing::error!("] {
+            for (at, _) in text.match_indices(macro_) {
+                // The event's arguments: up to the matching parenthesis.
+                let rest = &text[at + macro_.len()..];
+                let mut depth = 1;
+                let end = rest
+                    .char_indices()
+                    .find(|(_, c)| {
+                        match c {
+                            '(' => depth += 1,
+                            ')' => depth -= 1,
+                            _ => {}
+                        }
+                        depth == 0
+                    })
+                    .map(|(i, _)| i)
+                    .unwrap_or(rest.len());
+                let args = &rest[..end];
+                let carries = ["error = %", "socket = %", "dest = %", "path = %"]
+                    .iter()
+                    .any(|f| args.contains(f));
+                let message = args.rsplit_once('"').and_then(|(head, _)| head.rsplit_once('"'));
+                let said = message.is_some_and(|(_, m)| m.contains('{')) || args.contains("\"{");
+                if carries && !said {
+                    let line = text[..at].lines().count() + 1;
+                    bad.push(format!("{}:{line}", f.display()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "values only in fields, not in the text: {bad:?}");
+}

@@ -77,7 +77,7 @@ impl Admin {
         match bind_socket(&path) {
             Ok((listener, socket)) => {
                 if let Err(e) = lock.record_admin(Some(&path)) {
-                    tracing::warn!(error = %e, "cannot record the admin socket in the lock file; `taskgate status` needs --socket");
+                    tracing::warn!(error = %e, "cannot record the admin socket in the lock file ({e}); `taskgate status` needs --socket");
                 }
                 tracing::info!(socket = %path.display(), "admin socket at {}", path.display());
                 Admin {
@@ -112,7 +112,7 @@ impl Admin {
         let listener = match UnixListener::from_std(bound.listener) {
             Ok(l) => l,
             Err(e) => {
-                tracing::error!(error = %e, "cannot serve the admin socket");
+                tracing::error!(error = %e, "cannot serve the admin socket: {e}");
                 remove_socket(&bound.socket);
                 return;
             }
@@ -197,7 +197,7 @@ fn bind_socket(path: &Path) -> io::Result<(StdListener, Socket)> {
                 }
                 Err(_) => {
                     fs::remove_file(path)?;
-                    tracing::info!(socket = %path.display(), "replaced the stale admin socket of a daemon that did not stop cleanly");
+                    tracing::info!(socket = %path.display(), "replaced the stale admin socket {} of a daemon that did not stop cleanly", path.display());
                 }
             }
         }
@@ -277,7 +277,7 @@ async fn accept_loop(
                 }
             },
             Err(e) => {
-                tracing::warn!(error = %e, "admin socket: accept failed");
+                tracing::warn!(error = %e, "admin socket: accept failed: {e}");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
@@ -319,7 +319,7 @@ async fn serve(
             return;
         }
         Err(e) => {
-            tracing::warn!(error = %e, "admin connection without peer credentials; closed");
+            tracing::warn!(error = %e, "admin connection without peer credentials ({e}); closed");
             return;
         }
     }
@@ -533,7 +533,7 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
     let discard = |dest: &Path| {
         // Ours alone: made above, private, never handed out.
         if let Err(e) = fs::remove_dir_all(dest) {
-            tracing::warn!(dest = %dest.display(), error = %e, "cannot remove an unfinished snapshot");
+            tracing::warn!(dest = %dest.display(), error = %e, "cannot remove the unfinished snapshot {}: {e}", dest.display());
         }
     };
     let started = Instant::now();

@@ -77,7 +77,7 @@ pub fn detailed(r: &TaskRecord) -> DetailedTask {
 /// A tool result in the protocol's shape.
 pub fn tool_result(v: Value) -> Result<CallToolResult, ErrorData> {
     serde_json::from_value::<CallToolResult>(v).map_err(|e| {
-        tracing::error!(error = %e, "a tool result does not have the protocol's shape");
+        tracing::error!(error = %e, "a tool result does not have the protocol's shape: {e}");
         from_code(
             wire::INTERNAL,
             "the tool's result could not be encoded",

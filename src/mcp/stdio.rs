@@ -110,7 +110,7 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
         let refusal = match next_line(&mut input, max).await {
             Ok(Line::End) => break,
             Err(e) => {
-                tracing::warn!(error = %e, "reading stdin failed");
+                tracing::warn!(error = %e, "reading stdin failed: {e}");
                 break;
             }
             Ok(Line::TooLong) => Refusal {

@@ -375,7 +375,7 @@ impl Worker {
                 batches = report.batches_between,
                 "online snapshot of the database written"
             ),
-            Err(e) => tracing::warn!(error = %e, "online snapshot failed"),
+            Err(e) => tracing::warn!(error = %e, "online snapshot failed: {e}"),
         });
         let _ = reply.send(outcome.map(|()| report));
         if disconnected {
