@@ -53,7 +53,7 @@ fi
 work="$repo/target/nspawn"
 base="$work/bookworm-base"
 suite=bookworm
-includes=systemd,systemd-sysv,dbus,adduser
+includes=systemd,systemd-sysv,dbus,adduser,procps # procps: the package depends on it (/bin/kill), and the container has no network for apt
 cache_key="debootstrap --variant=minbase --include=$includes $suite (v1)"
 mkdir -p "$work"
 log="$work/system-test.log"
