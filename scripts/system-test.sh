@@ -383,10 +383,12 @@ boot_container() {
   cp "$deb1" "$rootfs/root/pkgs/install.deb"
   cp "$deb2" "$rootfs/root/pkgs/upgrade.deb"
   local t0=$(date +%s.%N)
+  # nspawn's own seccomp filter knows nothing of Landlock; without these
+  # three calls every tool in the container would look unconfinable (78).
   ROOTFS="$rootfs" MACHINE="taskgate-systest-$$" CONSOLE_LOG="$run_dir/console.log" \
     unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /run && \
       SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 exec script -qfc \
-      "systemd-nspawn -D \"\$ROOTFS\" -M \"\$MACHINE\" --private-network --register=no --keep-unit --capability=all --system-call-filter=bpf --boot" \
+      "systemd-nspawn -D \"\$ROOTFS\" -M \"\$MACHINE\" --private-network --register=no --keep-unit --capability=all --system-call-filter=bpf --system-call-filter=landlock_create_ruleset --system-call-filter=landlock_add_rule --system-call-filter=landlock_restrict_self --boot" \
       "$CONSOLE_LOG"' </dev/null >/dev/null 2>>"$log" &
   boot_pid=$!
   local i
