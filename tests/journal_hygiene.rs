@@ -103,7 +103,9 @@ fn events_that_carry_an_error_or_a_path_say_it_in_their_text() {
                 let carries = ["error = %", "socket = %", "dest = %", "path = %"]
                     .iter()
                     .any(|f| args.contains(f));
-                let message = args.rsplit_once('"').and_then(|(head, _)| head.rsplit_once('"'));
+                let message = args
+                    .rsplit_once('"')
+                    .and_then(|(head, _)| head.rsplit_once('"'));
                 let said = message.is_some_and(|(_, m)| m.contains('{')) || args.contains("\"{");
                 if carries && !said {
                     let line = text[..at].lines().count() + 1;
@@ -112,5 +114,8 @@ fn events_that_carry_an_error_or_a_path_say_it_in_their_text() {
             }
         }
     }
-    assert!(bad.is_empty(), "values only in fields, not in the text: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "values only in fields, not in the text: {bad:?}"
+    );
 }
