@@ -48,6 +48,16 @@ type = "number"
     p
 }
 
+/// A daemon serving [`config`] with `extra` from a fresh private directory
+/// (its state and log inside), which the returned guard keeps.
+fn limits_daemon(extra: &str) -> (tempfile::TempDir, Daemon) {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(root.path(), extra);
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    (root, daemon)
+}
+
 /// Where the `hold` tool says it has started (made by `Fifo::new`).
 fn started_fifo(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("started")
@@ -102,10 +112,7 @@ fn healthz(port: u16) -> String {
 
 #[test]
 fn connections_past_the_bound_get_a_clear_503() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(root.path(), "[server]\nmax_connections = 2\n");
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) = limits_daemon("[server]\nmax_connections = 2\n");
     let a = held_connection(daemon.port);
     let b = held_connection(daemon.port);
     let mut c = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
@@ -134,13 +141,9 @@ fn connections_past_the_bound_get_a_clear_503() {
 
 #[test]
 fn concurrent_requests_and_running_tasks_are_bounded() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
+    let (root, daemon) = limits_daemon(
         "[server]\nmax_concurrent_requests = 1\n[tasks]\nmax_running = 1\npoll_interval_ms = 50\n",
     );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let rt = runtime();
     rt.block_on(async {
         // One slow synchronous call holds the only request slot.
@@ -447,13 +450,8 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<String> {
 
 #[test]
 fn silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
-        "[server]\nmax_connections = 3\nheader_read_timeout_ms = 500\n",
-    );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) =
+        limits_daemon("[server]\nmax_connections = 3\nheader_read_timeout_ms = 500\n");
     // The connection limit filled three ways: a connection that sends
     // nothing, one that stops half-way through its request head, and a
     // keep-alive connection idle after its first answer.
@@ -525,13 +523,9 @@ fn dribbling_post(port: u16) -> TcpStream {
 /// JSON-RPC 408 after `server.body_read_timeout_ms` and is closed.
 #[test]
 fn dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_timeout() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
+    let (_root, daemon) = limits_daemon(
         "[server]\nmax_concurrent_requests = 2\nreserved_control_requests = 2\nbody_read_timeout_ms = 1500\n",
     );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     // Twice as many dribblers as there are request slots of both kinds.
     let mut dribblers: Vec<TcpStream> = (0..8).map(|_| dribbling_post(daemon.port)).collect();
     let ready = http_get(daemon.port, "/readyz");
@@ -573,13 +567,8 @@ fn dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_time
 /// whole request. Connections that have sent requests are never displaced.
 #[test]
 fn a_newcomer_at_the_limit_displaces_the_oldest_connection_that_sent_nothing() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
-        "[server]\nmax_connections = 4\nheader_read_timeout_ms = 60000\n",
-    );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) =
+        limits_daemon("[server]\nmax_connections = 4\nheader_read_timeout_ms = 60000\n");
     let silent = |port| {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -706,13 +695,9 @@ fn keep_alive_post(s: &mut std::io::BufReader<TcpStream>, body: &str) -> (String
 #[test]
 fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
     const SESSIONS: u64 = 2000;
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
-        &format!("[server]\nmax_sessions = {SESSIONS}\nsession_idle_secs = 1\n"),
-    );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) = limits_daemon(&format!(
+        "[server]\nmax_sessions = {SESSIONS}\nsession_idle_secs = 1\n"
+    ));
     let before = rss_kib(&daemon);
     let mut s = std::io::BufReader::new(TcpStream::connect(("127.0.0.1", daemon.port)).unwrap());
     s.get_ref()
@@ -765,10 +750,7 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
 /// JSON-RPC 503, never the protocol library's plain-text 500.
 #[test]
 fn initializes_racing_for_the_last_session_slot_get_one_session_and_clean_refusals() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(root.path(), "[server]\nmax_sessions = 1\n");
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) = limits_daemon("[server]\nmax_sessions = 1\n");
     let port = daemon.port;
     for round in 0..20u64 {
         let racers: Vec<_> = (0..16u64)
@@ -810,13 +792,7 @@ fn initializes_racing_for_the_last_session_slot_get_one_session_and_clean_refusa
 
 #[test]
 fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = config(
-        root.path(),
-        "[server]\nmax_sessions = 2\nsession_idle_secs = 1\n",
-    );
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let (_root, daemon) = limits_daemon("[server]\nmax_sessions = 2\nsession_idle_secs = 1\n");
     for id in 1..=2 {
         let (status, session, body) = legacy_initialize(daemon.port, id);
         assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
