@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod artifacts;
+pub mod auth;
 pub mod backup;
 pub mod bench;
 pub mod cli;

@@ -13,7 +13,14 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["http", "mcp"],
     &["tasks"],
-    &["tools", "store", "artifacts", "state_dir", "testhooks"],
+    &[
+        "tools",
+        "store",
+        "artifacts",
+        "state_dir",
+        "testhooks",
+        "auth",
+    ],
     &["config", "wire", "exit", "events"],
 ];
 
@@ -49,16 +56,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "main",
         &[
-            "admin", "backup", "bench", "cli", "client", "config", "exit", "logging", "service",
-            "startup", "store", "tools",
+            "admin", "auth", "backup", "bench", "cli", "client", "config", "exit", "logging",
+            "service", "startup", "store", "tools",
         ],
     ),
     ("cli", &["client", "config"]),
     (
         "service",
         &[
-            "admin", "config", "events", "exit", "http", "mcp", "startup", "store", "tasks",
-            "tools",
+            "admin", "auth", "config", "events", "exit", "http", "mcp", "startup", "store",
+            "tasks", "tools",
         ],
     ),
     (
@@ -67,7 +74,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "startup",
-        &["artifacts", "config", "exit", "state_dir", "store", "tools"],
+        &[
+            "artifacts",
+            "auth",
+            "config",
+            "exit",
+            "state_dir",
+            "store",
+            "tools",
+        ],
     ),
     ("backup", &["config", "exit", "state_dir", "store"]),
     (
@@ -76,10 +91,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("client", &["exit", "wire"]),
     ("logging", &["config", "events"]),
-    ("http", &["config", "mcp", "tasks", "wire"]),
-    ("mcp", &["config", "store", "tasks", "tools", "wire"]),
-    ("tasks", &["artifacts", "config", "store", "tools", "wire"]),
+    ("http", &["auth", "config", "mcp", "tasks", "wire"]),
+    (
+        "mcp",
+        &["auth", "config", "store", "tasks", "tools", "wire"],
+    ),
+    (
+        "tasks",
+        &["artifacts", "auth", "config", "store", "tools", "wire"],
+    ),
     ("tools", &["config", "exit", "wire"]),
+    ("auth", &["config", "exit"]),
     ("store", &["config", "events", "exit", "testhooks", "wire"]),
     ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
     ("state_dir", &["exit"]),
