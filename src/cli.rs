@@ -64,6 +64,21 @@ pub enum Command {
     /// directory (or it did not answer); 76 permission denied or the
     /// answer was not understood.
     Status(StatusArgs),
+    /// Ask the daemon serving the state directory to re-read its
+    /// configuration, exactly as SIGHUP does, wait until it is done and
+    /// print what changed (`systemctl reload taskgate` runs this).
+    ///
+    /// Tools and the keys marked "on reload" apply to new calls; a changed
+    /// startup-only key is named and keeps its running value until a
+    /// restart. Running tasks are never interrupted.
+    ///
+    /// Exit status: 0 the reload was applied (startup-only keys that were
+    /// kept are listed); 78 the new configuration is invalid and was
+    /// refused, with the reason: the daemon goes on with its previous
+    /// settings; 69 no daemon serves the state directory, it did not
+    /// answer in time, or it is stopping; 76 permission denied or the
+    /// answer was not understood.
+    Reload(ReloadArgs),
     /// Copy a stopped daemon's state directory to a new private directory,
     /// with a sha256 manifest, and verify the copy. Refused while a daemon
     /// holds the directory's lock. With --online, the running daemon writes
@@ -128,6 +143,16 @@ pub struct StatusArgs {
     /// Print the status as a JSON object (for scripts).
     #[arg(long)]
     pub json: bool,
+    /// The admin socket to use (default: the one the daemon serving the
+    /// state directory recorded in its tasks.lock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// The admin socket to use (default: the one the daemon serving the
     /// state directory recorded in its tasks.lock).
     #[arg(long, value_name = "PATH")]

@@ -7,12 +7,17 @@
 //! SIGHUP during startup (whose default would end the process) is a reload
 //! once serving begins.
 //!
-//! Reload (SIGHUP): RELOADING=1; the file is read and validated by the
-//! same function as at startup ([`startup::effective`]); an invalid one
-//! changes nothing (logged at error); a changed startup-only key is kept at
-//! its started value (one warning naming it); tools and the reloadable keys
-//! are swapped in for calls admitted afterwards (`TaskService::reload`);
-//! READY=1. Nothing that runs is stopped or altered.
+//! Reload (SIGHUP, or a `reload` request on the admin socket, which is
+//! what `taskgate reload` and the unit's `ExecReload=` send; both run the
+//! one `Process::reload_configuration`, one at a time): RELOADING=1; the
+//! file is read and validated by the same function as at startup
+//! ([`startup::effective`]); an invalid one changes nothing (logged at
+//! error); a changed startup-only key is kept at its started value (one
+//! warning naming it); tools and the reloadable keys are swapped in for
+//! calls admitted afterwards (`TaskService::reload`); READY=1. Nothing that
+//! runs is stopped or altered. The admin socket's caller gets the outcome
+//! (what changed, what was kept, or why the file was refused) once READY=1
+//! went out, so `systemctl reload` ends when the new settings apply.
 //!
 //! Shutdown: stop admitting (a call is refused with `TG_SERVER_STOPPING`,
 //! polls and cancels are still answered), then STOPPING=1; every
@@ -27,10 +32,12 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::server::Admin;
+use crate::admin::{AdminError, ReloadReply, Reloaded};
 use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::{self, BoundedSessions, LimitedListener};
@@ -55,6 +62,9 @@ const MEMORY_CHORE_INTERVAL: Duration = Duration::from_secs(10);
 const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// How long the server gets to close its connections after that.
 const HTTP_CLOSE_LIMIT: Duration = Duration::from_secs(5);
+/// Reload requests from the admin socket waiting for the serving process:
+/// one per admin connection at most.
+const RELOAD_QUEUE: usize = crate::admin::MAX_CONNECTIONS;
 
 /// Sends states to the service manager; a no-op without `NOTIFY_SOCKET`.
 pub fn notify(states: &[NotifyState<'_>]) {
@@ -123,6 +133,10 @@ struct Reload {
     overrides: Overrides,
     builtins: Vec<Arc<dyn Runner>>,
     started: Config,
+    /// The configuration the last applied reload read (at first the one
+    /// the daemon started with): reloadable keys and tools are reported as
+    /// changed against it.
+    applied: Config,
     /// Reloads so far; numbered on the STATUS line, so that a reader can
     /// tell one reload's outcome from the previous one's.
     count: u64,
@@ -157,6 +171,7 @@ pub fn serve(
         overrides: overrides.clone(),
         builtins,
         started: config.clone(),
+        applied: config.clone(),
         count: 0,
         last: Arc::default(),
     };
@@ -223,11 +238,14 @@ pub fn serve(
         },
     );
     let state_dir = serving.claimed.dir.path().display().to_string();
+    let (reload_sender, reload_requests) = mpsc::channel(RELOAD_QUEUE);
     let result = runtime.block_on(async {
         let mut process = Process {
             svc,
             signals,
             reload,
+            reload_sender,
+            reload_requests,
             describe: None,
             chores: TaskTracker::new(),
             chores_stop: CancellationToken::new(),
@@ -264,6 +282,10 @@ struct Process {
     svc: Arc<TaskService>,
     signals: StopSignals,
     reload: Reload,
+    /// Given to the admin socket, whose `reload` requests come in on
+    /// `reload_requests`.
+    reload_sender: mpsc::Sender<ReloadReply>,
+    reload_requests: mpsc::Receiver<ReloadReply>,
     /// Where the daemon serves, for STATUS= (set once ready).
     describe: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     /// Status refresh, watchdog, artifact sweep.
@@ -300,21 +322,38 @@ impl Process {
         self.spawn_chores(describe);
     }
 
-    /// Serves reloads until a stop signal comes.
+    /// Serves reloads, signalled or asked for on the admin socket, until a
+    /// stop signal comes.
     async fn until_stop(&mut self) {
-        while let Heard::Reload = self.signals.recv().await {
-            self.reload_configuration().await;
+        loop {
+            tokio::select! {
+                heard = self.signals.recv() => match heard {
+                    Heard::Stop => return,
+                    Heard::Reload => {
+                        // The outcome is in the log and on the STATUS line.
+                        let _ = self.reload_configuration().await;
+                    }
+                },
+                Some(reply) = self.reload_requests.recv() => {
+                    let outcome = self.reload_configuration().await;
+                    // A caller that went away has missed nothing the log
+                    // does not say.
+                    let _ = reply.send(outcome);
+                }
+            }
         }
     }
 
     /// One reload, between RELOADING=1 and READY=1 (systemd's reload
-    /// protocol: MONOTONIC_USEC ties the two to this SIGHUP).
-    async fn reload_configuration(&mut self) {
+    /// protocol: MONOTONIC_USEC ties the two to this reload). The one code
+    /// path for SIGHUP and `taskgate reload`.
+    async fn reload_configuration(&mut self) -> Result<Reloaded, AdminError> {
         match NotifyState::monotonic_usec_now() {
             Ok(now) => notify(&[NotifyState::Reloading, now]),
             Err(_) => notify(&[NotifyState::Reloading]),
         }
         self.reload.count += 1;
+        let number = self.reload.count;
         let outcome = match startup::effective(&self.reload.overrides, self.reload.builtins.clone())
         {
             Err(refusal) => {
@@ -322,23 +361,40 @@ impl Process {
                     "configuration reload refused: {}; still running on the previous configuration",
                     refusal.message
                 );
-                "refused (invalid configuration; see the log)".to_string()
+                Err(AdminError::new(
+                    refusal.class,
+                    format!(
+                        "reload {number} refused: {}; the daemon goes on with its previous configuration",
+                        refusal.message
+                    ),
+                ))
             }
-            Ok(new) => self.apply(new),
+            Ok(new) => Ok(self.apply(number, new)),
         };
-        *lock(&self.reload.last) = Some(format!("reload {} {outcome}", self.reload.count));
+        let summary = match &outcome {
+            Err(_) => "refused (invalid configuration; see the log)".to_string(),
+            Ok(done) if done.kept.is_empty() => "applied".to_string(),
+            Ok(done) => format!(
+                "applied, except startup-only {} (restart to apply)",
+                done.kept.join(", ")
+            ),
+        };
+        *lock(&self.reload.last) = Some(format!("reload {number} {summary}"));
         let describe = self.describe.clone();
         let status = match describe {
             Some(describe) => status_line(&self.svc, &describe()).await,
             None => String::new(),
         };
         notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        outcome
     }
 
     /// Applies a validated configuration: the reloadable parts go to new
     /// calls, a changed startup-only key is named and left as it started.
-    fn apply(&self, new: startup::Effective) -> String {
+    /// Returns what changed, for the caller of `taskgate reload`.
+    fn apply(&mut self, number: u64, new: startup::Effective) -> Reloaded {
         let mut kept = Vec::new();
+        let mut kept_lines = Vec::new();
         for change in self.reload.started.changes(&new.config) {
             if change.key.is_startup_only() {
                 tracing::warn!(
@@ -348,9 +404,24 @@ impl Process {
                     change.new,
                     change.old
                 );
+                kept_lines.push(format!(
+                    "not applied: {} = {} applies at start only; the daemon keeps {} until a restart",
+                    change.key.dotted(),
+                    change.new,
+                    change.old
+                ));
                 kept.push(change.key.dotted());
             }
         }
+        // Reloadable keys, against what the previous reload applied.
+        let mut changed: Vec<String> = self
+            .reload
+            .applied
+            .changes(&new.config)
+            .into_iter()
+            .filter(|c| !c.key.is_startup_only())
+            .map(|c| format!("changed: {} {} -> {}", c.key.dotted(), c.old, c.new))
+            .collect();
         let names = |r: &Registry| -> std::collections::BTreeSet<String> {
             r.specs().map(|s| s.name.clone()).collect()
         };
@@ -358,24 +429,60 @@ impl Process {
         let after = names(&new.tools);
         let added: Vec<&String> = after.difference(&before).collect();
         let removed: Vec<&String> = before.difference(&after).collect();
+        // A tool of the same name whose definition differs in the file.
+        let redefined: Vec<&String> = new
+            .config
+            .tools
+            .iter()
+            .filter(|t| {
+                self.reload
+                    .applied
+                    .tools
+                    .iter()
+                    .any(|old| old.name == t.name && *old != **t)
+            })
+            .map(|t| &t.name)
+            .collect();
+        if !(added.is_empty() && removed.is_empty() && redefined.is_empty()) {
+            changed.push(format!(
+                "changed: tools (added: {}; removed: {}; redefined: {})",
+                list(&added),
+                list(&removed),
+                list(&redefined)
+            ));
+        }
         let poll_interval = new.config.tasks.poll_interval;
-        self.svc.reload(new.tools, poll_interval);
         tracing::info!(
             tools = after.len(),
-            "configuration reloaded: {} tools (added: {}; removed: {}), {} = {} ms; running tasks keep the tools they started with",
+            "configuration reloaded: {} tools (added: {}; removed: {}; redefined: {}), {} = {} ms; running tasks keep the tools they started with",
             after.len(),
             list(&added),
             list(&removed),
+            list(&redefined),
             keys::TASKS_POLL_INTERVAL_MS.dotted(),
             poll_interval.as_millis()
         );
-        if kept.is_empty() {
-            "applied".to_string()
+        self.svc.reload(new.tools, poll_interval);
+        self.reload.applied = new.config;
+
+        let mut lines = vec![if kept.is_empty() {
+            format!("reload {number}: applied")
         } else {
             format!(
-                "applied, except startup-only {} (restart to apply)",
+                "reload {number}: applied, except startup-only {} (restart to apply)",
                 kept.join(", ")
             )
+        }];
+        if changed.is_empty() {
+            lines.push("no reloadable setting or tool changed".to_string());
+        }
+        lines.extend(changed);
+        lines.extend(kept_lines);
+        lines.push("running tasks keep the tool definitions they started with".to_string());
+        Reloaded {
+            number,
+            kept,
+            lines,
         }
     }
 
@@ -411,8 +518,12 @@ impl Process {
             listen = %local,
             "serving MCP over HTTP at http://{local}/mcp"
         );
-        self.admin
-            .start(self.svc.clone(), local.to_string(), Some(sessions));
+        self.admin.start(
+            self.svc.clone(),
+            local.to_string(),
+            Some(sessions),
+            self.reload_sender.clone(),
+        );
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
         }))
@@ -451,7 +562,12 @@ impl Process {
             listen = "stdio",
             "serving MCP over stdio"
         );
-        self.admin.start(self.svc.clone(), "stdio".into(), None);
+        self.admin.start(
+            self.svc.clone(),
+            "stdio".into(),
+            None,
+            self.reload_sender.clone(),
+        );
         // Ready as soon as stdin is read: the client speaks first.
         self.ready(Arc::new(move || {
             format!("serving on stdio; state {state_dir}")
@@ -508,10 +624,14 @@ impl Process {
         Ok(())
     }
 
-    fn begin_stopping(&self) {
+    fn begin_stopping(&mut self) {
         // Admission ends before STOPPING=1 goes out: a call that arrives once
         // stopping has been announced is refused, never started.
         self.svc.stop_admitting();
+        // Reloads asked for and not yet run: their callers hear at once
+        // that nothing was reloaded (their reply is dropped).
+        self.reload_requests.close();
+        while self.reload_requests.try_recv().is_ok() {}
         notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
         tracing::info!("stopping: no new calls are admitted");
     }

@@ -1,8 +1,10 @@
-//! `systemctl reload taskgate`: SIGHUP to a real daemon. The reload
-//! protocol (RELOADING=1, then READY=1) comes through the harness's notify
-//! socket; what the reload did is seen through MCP (tools/list, calls, a
-//! running task) and, for the refusals that are the behaviour under test,
-//! in the log line that names them.
+//! Reloads of a real daemon: SIGHUP sent by hand, and `taskgate reload`
+//! (what the unit's `ExecReload=` runs) over the real admin socket, which
+//! waits for the outcome and exits with it. The reload protocol
+//! (RELOADING=1, then READY=1) comes through the harness's notify socket;
+//! what the reload did is seen through MCP (tools/list, calls, a running
+//! task), in what `taskgate reload` prints and, for the refusals that are
+//! the behaviour under test, in the log line that names them.
 
 mod common;
 
@@ -266,4 +268,172 @@ fn a_changed_startup_only_key_is_refused_by_name_and_the_rest_applied() {
     assert!(reload(&mut d).contains("; reload 2 applied, except startup-only"));
     assert_eq!(refused(&d.log_text()), 2, "{}", d.log_text());
     assert!(d.stop().success());
+}
+
+/// `taskgate reload --config … --state-dir …`, as the unit runs it.
+fn reload_command(f: &Fixture) -> std::process::Output {
+    taskgate(
+        &[
+            "reload",
+            "--config",
+            f.config.to_str().unwrap(),
+            "--state-dir",
+            f.state.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// What a call of `echo` prints, and the poll interval its task was given.
+fn echo(rt: &tokio::runtime::Runtime, d: &Daemon, text: &str) -> (String, Value) {
+    let client = d.client(true);
+    let task = rt
+        .block_on(client.call_tool("echo", json!({ "text": text }), None))
+        .unwrap();
+    let interval = task["pollIntervalMs"].clone();
+    let done = rt
+        .block_on(client.wait_task(task["taskId"].as_str().unwrap(), &task))
+        .unwrap();
+    assert_eq!(status(&done), "completed", "{done}");
+    (done.to_string(), interval)
+}
+
+/// `taskgate reload` returns once the daemon has applied the file, and
+/// says what changed: a redefined tool answers with its new definition at
+/// once, the new poll interval is given to new tasks, and the reload went
+/// through the same protocol as SIGHUP (RELOADING=1 … READY=1, numbered).
+#[test]
+fn taskgate_reload_applies_a_changed_tool_and_says_what_changed() {
+    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{ECHO_TOOL}"));
+    let mut d = f.start();
+    let rt = runtime();
+    let (before, interval) = echo(&rt, &d, "one");
+    assert!(before.contains("one") && !before.contains("v2"), "{before}");
+    assert_eq!(interval, 200);
+
+    f.rewrite(&format!(
+        "[tasks]\npoll_interval_ms = 300\n{}",
+        ECHO_TOOL.replace(
+            r#"argv = ["/bin/echo", "{text}"]"#,
+            r#"argv = ["/bin/echo", "v2", "{text}"]"#
+        )
+    ));
+    let out = reload_command(&f);
+    let printed = stdout(&out);
+    assert!(out.status.success(), "{out:?}");
+    assert!(printed.starts_with("reload 1: applied\n"), "{printed}");
+    assert!(
+        printed.contains("changed: tasks.poll_interval_ms 200 -> 300"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("changed: tools (added: none; removed: none; redefined: echo)"),
+        "{printed}"
+    );
+    assert!(!printed.contains("startup-only"), "{printed}");
+    // Applied before the command returned: no waiting, no retry.
+    let (after, interval) = echo(&rt, &d, "two");
+    assert!(after.contains("v2 two"), "{after}");
+    assert_eq!(interval, 300);
+    // The same reload protocol as SIGHUP, and the STATUS line numbers it.
+    d.wait_for("RELOADING=1", STEP);
+    let ready = d.wait_for("READY=1", STEP);
+    assert!(ready.contains("; reload 1 applied"), "{ready}");
+
+    // Nothing changed: said so, still exit 0; a SIGHUP by hand is the
+    // same reload, numbered after it.
+    let out = reload_command(&f);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("no reloadable setting or tool changed"),
+        "{out:?}"
+    );
+    assert!(d.wait_for("READY=1", STEP).contains("; reload 2 applied"));
+    let line = reload(&mut d);
+    assert!(line.contains("; reload 3 applied"), "{line}");
+    assert!(d.stop().success());
+}
+
+/// An invalid file: `taskgate reload` exits 78 with one line naming the
+/// key, the file and that the daemon goes on with its previous settings,
+/// which it does: the old tool and the old poll interval are served.
+#[test]
+fn taskgate_reload_of_an_invalid_file_exits_78_and_the_daemon_keeps_its_settings() {
+    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{ECHO_TOOL}"));
+    let d = f.start();
+    let rt = runtime();
+
+    f.rewrite(&format!("[tasks]\npoll_interval_ms = 7\n{HOLD_TOOL}"));
+    let out = reload_command(&f);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let line = one_line_stderr(&out);
+    assert!(
+        line.contains("invalid configuration (exit 78)")
+            && line.contains("reload 1 refused")
+            && line.contains("tasks.poll_interval_ms = 7")
+            && line.contains(f.config.to_str().unwrap())
+            && line.contains("goes on with its previous configuration"),
+        "{line}"
+    );
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    let (text, interval) = echo(&rt, &d, "still here");
+    assert!(text.contains("still here"), "{text}");
+    assert_eq!(interval, 200);
+
+    // A file that does not parse at all is refused the same way (the
+    // client itself cannot read it, and asks the daemon named by
+    // --state-dir anyway).
+    f.rewrite("[tasks\n");
+    let out = reload_command(&f);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let line = one_line_stderr(&out);
+    assert!(line.contains("reload 2 refused"), "{line}");
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    assert!(d.stop().success());
+}
+
+/// A changed startup-only key is named with both values and kept; the
+/// rest of the file applies and the command exits 0.
+#[test]
+fn taskgate_reload_names_a_kept_startup_only_key_and_applies_the_rest() {
+    let f = Fixture::new("[server]\nmax_connections = 64\n");
+    let d = f.start();
+    let rt = runtime();
+
+    f.rewrite(&format!("[server]\nmax_connections = 100\n{ECHO_TOOL}"));
+    let out = reload_command(&f);
+    assert!(out.status.success(), "{out:?}");
+    let printed = stdout(&out);
+    assert!(
+        printed.starts_with(
+            "reload 1: applied, except startup-only server.max_connections (restart to apply)\n"
+        ),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(
+            "not applied: server.max_connections = 100 applies at start only; the daemon keeps 64 until a restart"
+        ),
+        "{printed}"
+    );
+    assert!(printed.contains("added: echo"), "{printed}");
+    assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
+    assert!(d.stop().success());
+}
+
+/// No daemon: 69, and one line saying so.
+#[test]
+fn taskgate_reload_without_a_daemon_exits_69() {
+    let f = Fixture::new(ECHO_TOOL);
+    let out = reload_command(&f);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("no daemon is serving"),
+        "{out:?}"
+    );
 }

@@ -1,5 +1,5 @@
-//! The operator's side of the admin socket: `taskgate status` and
-//! `taskgate backup --online`.
+//! The operator's side of the admin socket: `taskgate status`,
+//! `taskgate backup --online` and `taskgate reload`.
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
@@ -14,6 +14,9 @@ use crate::state_dir;
 
 /// How long `status` waits for its answer.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `reload` waits for the daemon's outcome: reading the file and
+/// compiling its tools, possibly behind another reload.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest answer line read (a status is well under 4 KiB).
 const MAX_ANSWER_BYTES: u64 = 1 << 20;
 /// Names of the snapshots `--into` makes: `taskgate-<UTC time>`, which sort
@@ -36,6 +39,18 @@ pub struct Target {
 /// given; else the path that daemon recorded in `tasks.lock`; else where
 /// `serve` would put it with this environment.
 pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Refusal> {
+    locate_with(overrides, socket, false)
+}
+
+/// [`locate`]; with `lenient`, a configuration that does not load (the
+/// very file a reload is about) still finds the daemon when the state
+/// directory is known without it: `--state-dir`, systemd's
+/// `$STATE_DIRECTORY` under the unit, or the packaged service's.
+fn locate_with(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    lenient: bool,
+) -> Result<Target, Refusal> {
     if let Some(s) = socket {
         return Ok(Target {
             socket: s.to_path_buf(),
@@ -52,8 +67,22 @@ pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Re
     {
         overrides.config_path = Some(crate::config::PACKAGE_CONFIG_PATH.into());
     }
-    let config = Config::load(&overrides)?;
-    let dir = fs::canonicalize(&config.state_dir).unwrap_or(config.state_dir.clone());
+    let state_dir = match Config::load(&overrides) {
+        Ok(config) => config.state_dir,
+        Err(e) if lenient => match state_dir_without_config(&overrides) {
+            Some(dir) => dir,
+            None => {
+                return Err(Refusal::new(
+                    ExitClass::Config,
+                    format!(
+                        "{e}; no daemon was asked, as its state directory comes from this file (name it with --state-dir or --socket to ask the daemon anyway)"
+                    ),
+                ));
+            }
+        },
+        Err(e) => return Err(e.into()),
+    };
+    let dir = fs::canonicalize(&state_dir).unwrap_or(state_dir);
     let socket = match state_dir::recorded_admin_socket(&dir) {
         Ok(Some(s)) => s,
         Ok(None) => super::socket_path(&dir),
@@ -72,6 +101,25 @@ pub fn locate(overrides: &Overrides, socket: Option<&Path>) -> Result<Target, Re
         socket,
         state_dir: Some(dir),
     })
+}
+
+/// The state directory as `serve` would resolve it before the file:
+/// the flag, then systemd's `$STATE_DIRECTORY` (its first entry); for the
+/// packaged configuration, the packaged service's directory (its unit's
+/// `StateDirectory=`, which the conffile may only repeat).
+fn state_dir_without_config(overrides: &Overrides) -> Option<PathBuf> {
+    let packaged =
+        overrides.config_path.as_deref() == Some(Path::new(crate::config::PACKAGE_CONFIG_PATH));
+    overrides
+        .state_dir
+        .clone()
+        .or_else(|| {
+            std::env::var("STATE_DIRECTORY")
+                .ok()
+                .and_then(|v| v.split(':').next().map(PathBuf::from))
+        })
+        .or_else(|| packaged.then(|| PathBuf::from(crate::config::PACKAGE_STATE_DIR)))
+        .filter(|p| p.is_absolute())
 }
 
 fn unreachable(target: &Target, why: &str) -> Refusal {
@@ -205,6 +253,32 @@ fn check_same_dir(target: &Target, served: &Path) -> Result<(), Refusal> {
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// `taskgate reload`: asks the daemon serving the state directory to
+/// re-read its configuration (exactly as SIGHUP does) and returns what it
+/// did, line by line. A refused file is a refusal of the class the daemon
+/// refused it with (78 for an invalid configuration); the daemon goes on
+/// with its previous settings.
+pub fn reload(overrides: &Overrides, socket: Option<&Path>) -> Result<Vec<String>, Refusal> {
+    let target = locate_with(overrides, socket, true)?;
+    // Its own status first: the right daemon.
+    match ask(&target, &Request::Status, Some(STATUS_TIMEOUT))? {
+        Answer::Status(s) => check_same_dir(&target, &s.state_dir)?,
+        _ => {
+            return Err(Refusal::new(
+                ExitClass::Protocol,
+                "the daemon answered something else than a status",
+            ));
+        }
+    }
+    match ask(&target, &Request::Reload, Some(RELOAD_TIMEOUT))? {
+        Answer::Reload(done) => Ok(done.lines),
+        _ => Err(Refusal::new(
+            ExitClass::Protocol,
+            "the daemon answered something else than a reload",
+        )),
     }
 }
 

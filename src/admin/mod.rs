@@ -1,4 +1,5 @@
-//! The private admin socket: `taskgate status` and online snapshots.
+//! The private admin socket: `taskgate status`, online snapshots and
+//! `taskgate reload`.
 //!
 //! The serving daemon listens on a Unix socket, `admin.sock`, in systemd's
 //! `$RUNTIME_DIRECTORY` when it is set (the unit's `RuntimeDirectory=`,
@@ -66,6 +67,9 @@ pub enum Request {
     Snapshot {
         to: PathBuf,
     },
+    /// Re-read the configuration, as SIGHUP does, and answer with what
+    /// the reload did once it is done.
+    Reload,
 }
 
 /// One answer line.
@@ -74,6 +78,7 @@ pub enum Request {
 pub enum Answer {
     Status(Box<Status>),
     Snapshot(SnapshotDone),
+    Reload(Reloaded),
     Error(AdminError),
 }
 
@@ -170,3 +175,21 @@ pub struct SnapshotDone {
     /// What `backup` prints, line by line.
     pub lines: Vec<String>,
 }
+
+/// A reload that was applied (a refused one is an [`AdminError`] of the
+/// class the file was refused with, 78 for an invalid configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reloaded {
+    /// The daemon's reload count, as its STATUS= line numbers them.
+    pub number: u64,
+    /// Startup-only keys that differ in the file and keep their running
+    /// value until a restart, by dotted name.
+    pub kept: Vec<String>,
+    /// What `taskgate reload` prints, line by line: what changed, what was
+    /// kept.
+    pub lines: Vec<String>,
+}
+
+/// How the admin socket asks the serving process for a reload: the
+/// process runs it (the same code as for SIGHUP) and answers here.
+pub type ReloadReply = tokio::sync::oneshot::Sender<Result<Reloaded, AdminError>>;

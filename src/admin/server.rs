@@ -11,13 +11,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{
     ANSWER_WRITE_TIMEOUT, AdminError, Answer, Fallbacks, MAX_CONNECTIONS, MAX_REQUEST_BYTES, Queue,
-    REQUEST_READ_TIMEOUT, Request, SnapshotDone, Status, TaskCounts,
+    REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone, Status, TaskCounts,
 };
 use crate::backup::{self, BackupError};
 use crate::exit::{Classify, ExitClass};
@@ -99,12 +99,14 @@ impl Admin {
         }
     }
 
-    /// Starts serving the socket (inside the runtime).
+    /// Starts serving the socket (inside the runtime). A `reload` request
+    /// is passed to the serving process through `reloads`.
     pub fn start(
         &mut self,
         svc: Arc<TaskService>,
         listen: String,
         sessions: Option<Arc<BoundedSessions>>,
+        reloads: mpsc::Sender<ReloadReply>,
     ) {
         let Some(bound) = self.bound.take() else {
             return;
@@ -128,6 +130,7 @@ impl Admin {
             started_mono: Instant::now(),
             snapshot_running: AtomicBool::new(false),
             euid: nix::unistd::geteuid().as_raw(),
+            reloads,
         });
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -240,6 +243,8 @@ struct Context {
     started_mono: Instant,
     snapshot_running: AtomicBool,
     euid: u32,
+    /// To the serving process, which runs reloads one at a time.
+    reloads: mpsc::Sender<ReloadReply>,
 }
 
 impl Context {
@@ -343,6 +348,7 @@ async fn serve(
         Ok(Ok(line)) => match serde_json::from_slice::<Request>(&line) {
             Ok(Request::Status) => Answer::Status(Box::new(status(&ctx).await)),
             Ok(Request::Snapshot { to }) => snapshot(&ctx, to).await,
+            Ok(Request::Reload) => reload(&ctx, &stop).await,
             Err(e) => Answer::Error(AdminError::new(
                 ExitClass::Protocol,
                 format!("malformed request: {e}"),
@@ -455,6 +461,33 @@ async fn status(ctx: &Context) -> Status {
         },
         legacy_sessions,
         snapshot_running: ctx.snapshot_running.load(Ordering::Relaxed),
+    }
+}
+
+/// Asks the serving process for a reload and waits for its outcome. The
+/// process runs one reload at a time, SIGHUP's and these alike; once it
+/// stops, a request still waiting is answered that nothing was reloaded.
+async fn reload(ctx: &Context, stop: &CancellationToken) -> Answer {
+    let stopping = || {
+        Answer::Error(AdminError::new(
+            ExitClass::Unreachable,
+            "the daemon is stopping; nothing was reloaded (a start reads the file anyway)",
+        ))
+    };
+    if ctx.svc.is_stopping() {
+        return stopping();
+    }
+    let (reply, outcome) = oneshot::channel();
+    if ctx.reloads.send(reply).await.is_err() {
+        return stopping();
+    }
+    tokio::select! {
+        _ = stop.cancelled() => stopping(),
+        outcome = outcome => match outcome {
+            Ok(Ok(done)) => Answer::Reload(done),
+            Ok(Err(refused)) => Answer::Error(refused),
+            Err(_) => stopping(),
+        },
     }
 }
 

@@ -237,7 +237,7 @@ pub enum TaskMode {
 }
 
 /// A command tool, validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ToolConfig {
     pub name: String,
     pub description: String,
