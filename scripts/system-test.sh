@@ -82,6 +82,7 @@ CHECKS=(
   config-check-while-serving
   reload-applies-tools-keeps-running-task
   reload-refuses-invalid-conffile
+  reload-applies-log-filter
   watchdog-restarts-hung-daemon
   backup-restore
   backup-refuses-bad-destination-before-stopping
@@ -743,6 +744,43 @@ check_reload_invalid() {
   INFO="systemctl reload exited $rc, taskgate reload exited 78 naming the key, MainPID $pid kept, probe answers"
 }
 run_check reload-refuses-invalid-conffile check_reload_invalid
+
+# Log filter reload: `[log] filter` made verbose in the conffile and applied
+# by `systemctl reload` lets taskgate's debug events into the journal (a
+# task's creation is one), without a restart; an invalid filter fails the
+# reload and the verbose one stays; then back to the packaged filter.
+debug_events() { cx journalctl -u taskgate.service --no-pager -o cat | grep -c 'task created; starting it'; }
+check_reload_log_filter() {
+  local pid n0 n1 i rc
+  pid=$(unit_prop MainPID)
+  n0=$(debug_events)
+  run_cx sh -c 'sed -i "s/^filter = .*/filter = \"info,taskgate=debug\"/" /etc/taskgate/taskgate.toml && grep -q "^filter = \"info,taskgate=debug\"\$" /etc/taskgate/taskgate.toml'
+  [ "$RC" -eq 0 ] || { WHY="cannot set [log] filter in the conffile: $(oneline "$OUT")"; return 1; }
+  run_cx systemctl reload taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="systemctl reload with a verbose filter exited $RC: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate call probe --args '{"text": "verbose"}' --task --wait
+  [ "$RC" -eq 0 ] || { WHY="probe as a task failed after the filter reload (exit $RC): $(oneline "$OUT")"; return 1; }
+  # The event is asserted, not waited for: journald may take a moment to
+  # store what it received.
+  for i in $(seq 1 50); do
+    n1=$(debug_events)
+    [ "$n1" -gt "$n0" ] && break
+    sleep 0.1
+  done
+  [ "$n1" -gt "$n0" ] || { WHY="no debug event in the journal after reloading [log] filter = info,taskgate=debug ($n0 before, $n1 after)"; return 1; }
+  run_cx sh -c 'sed -i "s/^filter = .*/filter = \"info,taskgate=loud\"/" /etc/taskgate/taskgate.toml'
+  run_cx systemctl reload taskgate.service
+  rc=$RC
+  cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml || { WHY="cannot restore the conffile"; return 1; }
+  [ "$rc" -ne 0 ] || { WHY="systemctl reload with an invalid filter exited 0"; return 1; }
+  cx journalctl -u taskgate.service --no-pager -o cat | grep 'configuration reload refused' | grep -q 'log.filter' \
+    || { WHY="the journal does not name log.filter in the refused reload"; return 1; }
+  run_cx systemctl reload taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="systemctl reload back to the packaged filter exited $RC"; return 1; }
+  [ "$(unit_prop MainPID)" = "$pid" ] || { WHY="MainPID changed $pid -> $(unit_prop MainPID)"; return 1; }
+  INFO="debug events $n0 -> $n1 after the filter reload; invalid filter refused by systemctl reload (exit $rc); MainPID $pid throughout"
+}
+run_check reload-applies-log-filter check_reload_log_filter
 
 watchdog_timeouts() { cx journalctl -b -u taskgate.service --no-pager -o cat 2>/dev/null | grep -ci 'watchdog timeout'; }
 

@@ -1,5 +1,13 @@
 //! Logging: structured fields to journald when stderr is the journal,
-//! plain lines on stderr otherwise. `TASKGATE_LOG` sets the filter.
+//! plain lines on stderr otherwise.
+//!
+//! The filter is the `log.filter` key. The logger starts before any
+//! configuration is read, with `TASKGATE_LOG` (that key's variable) or the
+//! default, so that startup itself is logged as asked; `serve` then applies
+//! the configured filter ([`apply_filter`]) as soon as its configuration is
+//! validated, and again on every reload. The filter sits behind a reload
+//! layer; the cap on the protocol libraries ([`CAPPED_TARGETS`]) is a layer
+//! of its own that no filter lifts.
 //!
 //! Journal hygiene: every message's text carries its values (an address,
 //! a path, counts), because `journalctl` shows only the text unless asked
@@ -10,15 +18,18 @@
 //! got wrong is the client's error, never a warning in our journal.
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use thiserror::Error;
 
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::reload;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::ENV_LOG;
+use crate::config::{DEFAULT_LOG_FILTER, ENV_LOG};
 use crate::events as ids;
 
 /// systemd sets `JOURNAL_STREAM=dev:ino` for a stderr connected to the
@@ -40,16 +51,81 @@ fn stderr_is_journal() -> bool {
     }
 }
 
-/// The default filter: taskgate's own events at info; the protocol
-/// libraries only when something is wrong (rmcp reports every finished
-/// stateless request at info, which would flood the journal).
-pub const DEFAULT_FILTER: &str = "info,rmcp=warn,hyper=warn,axum=warn,tower=warn";
+/// The default filter (`log.filter`'s default): taskgate's own events at
+/// info; the protocol libraries only when something is wrong.
+pub const DEFAULT_FILTER: &str = DEFAULT_LOG_FILTER;
+
+#[derive(Debug, Error)]
+pub enum LogError {
+    #[error("{filter:?} is not a log filter: {reason}")]
+    Invalid { filter: String, reason: String },
+    #[error("the logger was not installed; the filter cannot change")]
+    NotInstalled,
+    #[error("the log filter could not be replaced: {0}")]
+    Reload(String),
+}
+
+/// The installed filter's reload handle, and the text it was built from.
+struct Filter {
+    handle: reload::Handle<EnvFilter, tracing_subscriber::Registry>,
+    text: Mutex<String>,
+}
+
+/// Set once by [`init`] when its subscriber was installed.
+static FILTER: OnceLock<Filter> = OnceLock::new();
+
+fn parse(text: &str) -> Result<EnvFilter, LogError> {
+    EnvFilter::builder()
+        .parse(text)
+        .map_err(|e| LogError::Invalid {
+            filter: text.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// The filter before any configuration is read: `TASKGATE_LOG` if it is
+/// set and valid, else the default. An invalid variable is refused when
+/// the configuration is loaded (exit 78); until then the default applies.
+fn initial() -> (EnvFilter, String) {
+    if let Ok(text) = std::env::var(ENV_LOG)
+        && let Ok(filter) = parse(&text)
+    {
+        return (filter, text);
+    }
+    let filter = parse(DEFAULT_FILTER).unwrap_or_else(|_| EnvFilter::new("info"));
+    (filter, DEFAULT_FILTER.to_string())
+}
+
+/// Replaces the filter with `text` (already validated by the
+/// configuration, and parsed again here). Returns whether it changed; an
+/// invalid filter leaves the old one in place.
+pub fn apply_filter(text: &str) -> Result<bool, LogError> {
+    let installed = FILTER.get().ok_or(LogError::NotInstalled)?;
+    let mut current = installed.text.lock().unwrap_or_else(|p| p.into_inner());
+    if *current == text {
+        return Ok(false);
+    }
+    let filter = parse(text)?;
+    installed
+        .handle
+        .reload(filter)
+        .map_err(|e| LogError::Reload(e.to_string()))?;
+    *current = text.to_string();
+    Ok(true)
+}
+
+/// The filter in force now.
+pub fn current_filter() -> Option<String> {
+    FILTER
+        .get()
+        .map(|f| f.text.lock().unwrap_or_else(|p| p.into_inner()).clone())
+}
 
 /// Libraries whose debug and trace events carry request and response
 /// bodies (rmcp logs every received request with its tool arguments, and
 /// every result) or raw protocol bytes. Raw arguments, results, tokens and
 /// operation references never reach the log at any level, so these are
-/// held at warn whatever `TASKGATE_LOG` asks for.
+/// held at warn whatever `log.filter` asks for.
 pub const CAPPED_TARGETS: &[&str] = &[
     "rmcp",
     "hyper",
@@ -130,8 +206,14 @@ pub fn refused(line: &str, exit_status: u8) {
 }
 
 pub fn init() {
-    let filter =
-        || EnvFilter::try_from_env(ENV_LOG).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let (filter, text) = initial();
+    let (filter, handle) = reload::Layer::new(filter);
+    let installed = || {
+        let _ = FILTER.set(Filter {
+            handle,
+            text: Mutex::new(text),
+        });
+    };
     if stderr_is_journal()
         && let Ok(layer) = tracing_journald::layer()
     {
@@ -142,13 +224,14 @@ pub fn init() {
             .with_syslog_identifier("taskgate".into())
             .with_field_prefix(None);
         if tracing_subscriber::registry()
-            .with(filter())
+            .with(filter)
             .with(cap())
             .with(layer)
             .try_init()
             .is_ok()
         {
             let _ = TO_JOURNAL.set(true);
+            installed();
         }
         return;
     }
@@ -167,8 +250,8 @@ pub fn init() {
             write!(w, "{sep}{}={value:?}", field.name())
         }
     });
-    let _ = tracing_subscriber::registry()
-        .with(filter())
+    if tracing_subscriber::registry()
+        .with(filter)
         .with(cap())
         .with(
             tracing_subscriber::fmt::layer()
@@ -177,7 +260,11 @@ pub fn init() {
                 .with_target(false)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
-        .try_init();
+        .try_init()
+        .is_ok()
+    {
+        installed();
+    }
 }
 
 #[cfg(test)]

@@ -472,7 +472,7 @@ fn exit_status_section(command: Option<&str>) -> String {
 const ENVIRONMENT_SECTION: &str = r#".SH ENVIRONMENT
 .TP
 .B TASKGATE_LOG
-A tracing filter for taskgate's own events (default info; for example debug).
+The log filter, the configuration key [log] filter (default info for taskgate's own events; for example debug); it overrides the file.
 .TP
 .BI TASKGATE_ SECTION _ KEY
 Any configuration key, for example TASKGATE_STORE_QUEUE_DEPTH=256; it overrides the file, and flags override it.

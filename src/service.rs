@@ -167,6 +167,9 @@ pub fn serve(
         tracing::warn!(tool = %b.spec().name, "serving a built-in test tool: {}", b.spec().name);
     }
     let startup::Effective { config, tools } = startup::effective(overrides, builtins.clone())?;
+    // From here on the configured filter applies (the logger started with
+    // `TASKGATE_LOG` or the default, before any configuration was read).
+    set_log_filter(&config.log.filter);
     let reload = Reload {
         overrides: overrides.clone(),
         builtins,
@@ -463,6 +466,7 @@ impl Process {
             poll_interval.as_millis()
         );
         self.svc.reload(new.tools, poll_interval);
+        set_log_filter(&new.config.log.filter);
         self.reload.applied = new.config;
 
         let mut lines = vec![if kept.is_empty() {
@@ -648,6 +652,17 @@ impl Process {
             Ok(()) => tracing::info!("stopped cleanly"),
             Err(e) => tracing::warn!(error = %e, "store shutdown incomplete: {e}"),
         }
+    }
+}
+
+/// Applies a validated log filter. It parsed when the configuration was
+/// loaded, so a failure here is a logger that was never installed (the
+/// filter stays as it was, and says so).
+fn set_log_filter(filter: &str) {
+    match crate::logging::apply_filter(filter) {
+        Ok(true) => tracing::info!(filter, "log filter {}: {filter}", keys::LOG_FILTER.dotted()),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "log filter unchanged: {e}"),
     }
 }
 

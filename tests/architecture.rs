@@ -32,6 +32,9 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("service", "startup"),
     // The serving process hosts the admin socket.
     ("service", "admin"),
+    // The serving process applies the configured log filter, at start and
+    // on reload.
+    ("service", "logging"),
     // An online snapshot has the offline backup's format and checks.
     ("admin", "backup"),
     // The benchmark drives a daemon with the operator client.
@@ -64,8 +67,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "service",
         &[
-            "admin", "auth", "config", "events", "exit", "http", "mcp", "startup", "store",
-            "tasks", "tools",
+            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "startup",
+            "store", "tasks", "tools",
         ],
     ),
     (

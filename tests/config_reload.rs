@@ -437,3 +437,105 @@ fn taskgate_reload_without_a_daemon_exits_69() {
         "{out:?}"
     );
 }
+
+/// The debug event a created task logs; absent at info.
+const DEBUG_EVENT: &str = "task created; starting it";
+
+fn debug_events(d: &Daemon) -> usize {
+    d.log_text().matches(DEBUG_EVENT).count()
+}
+
+/// `[log] filter` is applied on reload: after `taskgate reload` with a more
+/// verbose filter a debug event appears in the log (the daemon's stderr),
+/// where before it did not. An invalid filter is refused (78, naming the
+/// key) by the reload, which keeps the filter in force, and by `check`.
+#[test]
+fn a_reload_applies_a_more_verbose_log_filter_and_refuses_an_invalid_one() {
+    let f = Fixture::new(&format!("[log]\nfilter = \"info\"\n{ECHO_TOOL}"));
+    let d = f.start();
+    let rt = runtime();
+    echo(&rt, &d, "quiet");
+    assert_eq!(debug_events(&d), 0, "{}", d.log_text());
+
+    f.rewrite(&format!(
+        "[log]\nfilter = \"info,taskgate=debug\"\n{ECHO_TOOL}"
+    ));
+    let out = reload_command(&f);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("changed: log.filter info -> info,taskgate=debug"),
+        "{out:?}"
+    );
+    echo(&rt, &d, "verbose");
+    assert_eq!(debug_events(&d), 1, "{}", d.log_text());
+
+    // An invalid filter: refused by name, and the verbose one stays.
+    f.rewrite(&format!(
+        "[log]\nfilter = \"info,taskgate=loud\"\n{ECHO_TOOL}"
+    ));
+    let out = reload_command(&f);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let line = one_line_stderr(&out);
+    assert!(
+        line.contains("log.filter = \"info,taskgate=loud\" is not a log filter"),
+        "{line}"
+    );
+    let check = taskgate(
+        &[
+            "check",
+            "--config-only",
+            "--config",
+            f.config.to_str().unwrap(),
+            "--state-dir",
+            f.state.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(check.status.code(), Some(78), "{check:?}");
+    assert!(one_line_stderr(&check).contains("log.filter"), "{check:?}");
+    echo(&rt, &d, "still verbose");
+    assert_eq!(debug_events(&d), 2, "{}", d.log_text());
+    assert!(d.stop().success());
+}
+
+/// `TASKGATE_LOG` overrides the file, as every key's variable does: with it
+/// set, a changed filter in the file is not a change, and no debug event
+/// appears; an invalid `TASKGATE_LOG` refuses the start with 78.
+#[test]
+fn taskgate_log_in_the_environment_overrides_the_file_filter() {
+    let f = Fixture::new(&format!("[log]\nfilter = \"info\"\n{ECHO_TOOL}"));
+    let d = Daemon::builder()
+        .config(&f.config)
+        .state_dir(&f.state)
+        .env("TASKGATE_LOG", "info")
+        .start();
+    let rt = runtime();
+    f.rewrite(&format!("[log]\nfilter = \"debug\"\n{ECHO_TOOL}"));
+    let out = reload_command(&f);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("no reloadable setting or tool changed"),
+        "{out:?}"
+    );
+    echo(&rt, &d, "quiet");
+    assert_eq!(debug_events(&d), 0, "{}", d.log_text());
+    assert!(d.stop().success());
+
+    let out = taskgate(
+        &[
+            "check",
+            "--config-only",
+            "--config",
+            f.config.to_str().unwrap(),
+            "--state-dir",
+            f.state.to_str().unwrap(),
+        ],
+        &[("TASKGATE_LOG", "info,=nonsense=")],
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    let line = one_line_stderr(&out);
+    assert!(
+        line.contains("environment variable TASKGATE_LOG") && line.contains("log.filter"),
+        "{line}"
+    );
+}

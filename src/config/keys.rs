@@ -16,6 +16,7 @@ pub enum Section {
     Server,
     Store,
     Tasks,
+    Log,
     /// Keys of each `[[tool]]` table; not settable from the environment.
     Tool,
 }
@@ -26,12 +27,18 @@ impl Section {
             Section::Server => "server",
             Section::Store => "store",
             Section::Tasks => "tasks",
+            Section::Log => "log",
             Section::Tool => "tool",
         }
     }
 
     /// The sections that hold settings, in the order they are documented.
-    pub const SETTINGS: [Section; 3] = [Section::Server, Section::Store, Section::Tasks];
+    pub const SETTINGS: [Section; 4] = [
+        Section::Server,
+        Section::Store,
+        Section::Tasks,
+        Section::Log,
+    ];
 }
 
 /// What an integer counts, for rendering its values.
@@ -72,6 +79,11 @@ pub enum Kind {
     /// own precedence, see [`super::StateDirSource`]).
     Path,
     Int(IntSpec),
+    /// A tracing filter (`info,taskgate::tasks=debug`), checked as the
+    /// logger would read it.
+    Filter {
+        default: &'static str,
+    },
 }
 
 /// When a changed value takes effect.
@@ -108,6 +120,9 @@ pub struct KeySpec {
     /// The command-line flag that overrides the key, if any.
     pub flag: Option<&'static str>,
     pub applies: Applies,
+    /// The environment variable, when it is not `TASKGATE_SECTION_NAME`
+    /// (a name operators knew before the key existed).
+    pub env: Option<&'static str>,
 }
 
 impl KeySpec {
@@ -116,8 +131,12 @@ impl KeySpec {
         format!("{}.{}", self.section.name(), self.name)
     }
 
-    /// `TASKGATE_SECTION_NAME`; tool keys have none.
+    /// `TASKGATE_SECTION_NAME` unless the key names another; tool keys
+    /// have none.
     pub fn env_var(&self) -> Option<String> {
+        if let Some(var) = self.env {
+            return Some(var.to_string());
+        }
         (self.section != Section::Tool).then(|| {
             format!(
                 "TASKGATE_{}_{}",
@@ -170,6 +189,7 @@ const fn int(
         doc,
         flag: None,
         applies: Applies::AtStart,
+        env: None,
     }
 }
 
@@ -187,6 +207,7 @@ pub const SERVER_LISTEN: KeySpec = KeySpec {
     doc: "Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused until authentication is configured.",
     flag: Some("--listen"),
     applies: Applies::AtStart,
+    env: None,
 };
 pub const SERVER_MAX_CONNECTIONS: KeySpec = int(
     Section::Server,
@@ -260,6 +281,7 @@ pub const STORE_DIRECTORY: KeySpec = KeySpec {
     doc: "Private state directory: an absolute path, mode 0700, owned by the service user. `--state-dir` and systemd's `$STATE_DIRECTORY` take precedence; without any, `$XDG_STATE_HOME/taskgate`, created on first start.",
     flag: Some("--state-dir"),
     applies: Applies::AtStart,
+    env: None,
 };
 pub const STORE_QUEUE_DEPTH: KeySpec = int(
     Section::Store,
@@ -449,7 +471,25 @@ pub const TOOL_MAX_CPU_SECS: KeySpec = KeySpec {
     )
 };
 
-/// The settings of `[server]`, `[store]` and `[tasks]`, in documented order.
+/// The log filter: taskgate's own events at info; the protocol libraries
+/// only when something is wrong (rmcp reports every finished stateless
+/// request at info, which would flood the journal). Its environment
+/// variable is `TASKGATE_LOG`, the name it had before it was a key; like
+/// every key's variable it overrides the file.
+pub const LOG_FILTER: KeySpec = KeySpec {
+    section: Section::Log,
+    name: "filter",
+    kind: Kind::Filter {
+        default: "info,rmcp=warn,hyper=warn,axum=warn,tower=warn",
+    },
+    doc: "Which events are logged, as a tracing filter: a default level, then `target=level` pairs, e.g. `info,taskgate::tasks=debug`. The protocol libraries stay at warn or above whatever it says (their debug events carry request bodies). `TASKGATE_LOG` in the environment overrides it (the variable takes precedence, as for every key); a reload applies a changed file only when the variable is not set. An invalid filter is refused (78); a reload that meets one keeps the filter in force.",
+    flag: None,
+    applies: Applies::Reload,
+    env: Some("TASKGATE_LOG"),
+};
+
+/// The settings of `[server]`, `[store]`, `[tasks]` and `[log]`, in
+/// documented order.
 pub static KEYS: &[KeySpec] = &[
     SERVER_LISTEN,
     SERVER_MAX_CONNECTIONS,
@@ -471,6 +511,7 @@ pub static KEYS: &[KeySpec] = &[
     TASKS_CANCEL_GRACE_MS,
     TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
     TASKS_ARTIFACT_MAX_BYTES,
+    LOG_FILTER,
 ];
 
 /// The bounded keys of each `[[tool]]` table (the others are described in
@@ -526,7 +567,7 @@ fn value_text(spec: &IntSpec, v: u64) -> String {
 
 fn default_text(key: &KeySpec) -> String {
     match key.kind {
-        Kind::Address { default } => default.to_string(),
+        Kind::Address { default } | Kind::Filter { default } => default.to_string(),
         Kind::Path => "none".to_string(),
         Kind::Int(spec) => value_text(&spec, spec.default),
     }
@@ -537,6 +578,7 @@ fn range_text(key: &KeySpec, medium: Medium) -> String {
     match key.kind {
         Kind::Address { .. } => "loopback address".to_string(),
         Kind::Path => "absolute path".to_string(),
+        Kind::Filter { .. } => "tracing filter".to_string(),
         Kind::Int(spec) => {
             let mut s = format!(
                 "{}{dash}{}",
@@ -616,7 +658,8 @@ pub fn starter_config(directory: Option<&str>) -> String {
 # reload\" to new calls, and refuses, naming it in the log, a change to any
 # other key until a restart. Test the file with `taskgate check --config-only`.
 # Any key can also be set in the environment as TASKGATE_<SECTION>_<KEY>, e.g.
-# TASKGATE_STORE_QUEUE_DEPTH=256; command-line flags override both. See
+# TASKGATE_STORE_QUEUE_DEPTH=256 (log.filter is TASKGATE_LOG); the environment
+# overrides this file and command-line flags override both. See
 # taskgate.toml(5).
 ",
     );
@@ -633,7 +676,9 @@ pub fn starter_config(directory: Option<&str>) -> String {
             let _ = write!(doc, " {}", key.applies_text());
             wrap_comment(&doc, &mut s);
             let _ = match key.kind {
-                Kind::Address { default } => writeln!(s, "{} = {default:?}", key.name),
+                Kind::Address { default } | Kind::Filter { default } => {
+                    writeln!(s, "{} = {default:?}", key.name)
+                }
                 Kind::Path => match directory {
                     Some(d) => writeln!(s, "{} = {d:?}", key.name),
                     None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
@@ -746,19 +791,18 @@ taskgate.toml \- configuration of the taskgate MCP Tasks daemon
 A TOML file read by
 .BR taskgate (1)
 at startup. Every key is optional; the embedded defaults apply to keys left out.
-On SIGHUP
-.RB ( "systemctl reload taskgate" )
-the daemon reads the file again: it applies the tools and the keys marked
+On
+.B systemctl reload taskgate
+(which runs
+.BR "taskgate reload" ,
+waiting for the outcome) or SIGHUP the daemon reads the file again: it applies the tools and the keys marked
 \(lqApplied on reload\(rq to new calls (a running call keeps the tool it started with),
 refuses a change to any other key with one log line naming it (that key keeps its
 old value until a restart), and keeps every old setting when the new file is invalid.
 .B taskgate check \-\-config\-only
 tests a file without touching the state directory, also while the daemon serves.
-Any key can also be given in the environment as
-.BI TASKGATE_ SECTION _ KEY\fR,
-for example
-.BR TASKGATE_STORE_QUEUE_DEPTH=256 ,
-and command\-line flags override both. Unknown keys, relative paths and values out of
+Any key can also be given in the environment (see ENVIRONMENT), which overrides
+the file; command\-line flags override both. Unknown keys, relative paths and values out of
 range refuse the start with exit status 78, naming the key.
 .B taskgate init
 prints a commented file with every key and its default.
@@ -796,7 +840,37 @@ The bounded keys:
         roff_key(key, &mut s);
     }
     s.push_str(
-        r#".SH FILES
+        r#".SH ENVIRONMENT
+.TP
+.BI TASKGATE_ SECTION _ KEY
+Any key of [server], [store] and [tasks], for example
+.BR TASKGATE_STORE_QUEUE_DEPTH=256 .
+It overrides the file; a command\-line flag overrides it. A variable with this prefix
+that names no key refuses the start (78). [[tool]] keys have no variables.
+.TP
+.B TASKGATE_LOG
+The log filter,
+.BR "[log] filter" .
+Set, it overrides the file, also on reload: a changed filter in the file is then
+not applied.
+.TP
+.B TASKGATE_CONFIG
+The configuration file, when
+.B \-\-config
+is not given.
+.TP
+.B STATE_DIRECTORY
+Set by systemd's StateDirectory=: the state directory, ahead of
+.BR "[store] directory" ,
+which must then name the same directory or be left out.
+.TP
+.B XDG_STATE_HOME
+Without any other choice the state directory is $XDG_STATE_HOME/taskgate
+(~/.local/state/taskgate), created 0700.
+.TP
+.B RUNTIME_DIRECTORY
+Set by systemd's RuntimeDirectory=: where the admin socket is made.
+.SH FILES
 .TP
 .I /var/lib/taskgate
 The state directory: tasks.db, its \-wal and \-shm files, tasks.lock and artifacts/.
@@ -839,6 +913,9 @@ mod tests {
             by_env_var("TASKGATE_STORE_QUEUE_DEPTH"),
             Some(&STORE_QUEUE_DEPTH)
         );
+        // The log filter keeps the variable it had before it was a key.
+        assert_eq!(by_env_var("TASKGATE_LOG"), Some(&LOG_FILTER));
+        assert_eq!(by_env_var("TASKGATE_LOG_FILTER"), None);
     }
 
     #[test]

@@ -29,7 +29,17 @@ pub use keys::{PACKAGE_STATE_DIR, starter_config};
 
 /// Environment variables with the `TASKGATE_` prefix that are not settings.
 pub const ENV_CONFIG_PATH: &str = "TASKGATE_CONFIG";
-pub const ENV_LOG: &str = "TASKGATE_LOG";
+/// The variable of `log.filter` (read by the logger before any
+/// configuration is, so that startup itself is logged as asked).
+pub const ENV_LOG: &str = match keys::LOG_FILTER.env {
+    Some(var) => var,
+    None => panic!("log.filter has its own variable"),
+};
+/// `log.filter`'s default.
+pub const DEFAULT_LOG_FILTER: &str = match keys::LOG_FILTER.kind {
+    Kind::Filter { default } => default,
+    _ => panic!("log.filter is a filter"),
+};
 const ENV_PREFIX: &str = "TASKGATE_";
 const ENV_RESERVED_PREFIX: &str = "TASKGATE_TEST_";
 
@@ -209,6 +219,12 @@ pub struct ServerSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct LogSettings {
+    /// A tracing filter, already known to parse.
+    pub filter: String,
+}
+
+#[derive(Debug, Clone)]
 pub struct TaskSettings {
     pub default_ttl: Duration,
     pub poll_interval: Duration,
@@ -302,6 +318,7 @@ pub struct Config {
     pub server: ServerSettings,
     pub store: StoreSettings,
     pub tasks: TaskSettings,
+    pub log: LogSettings,
     pub tools: Vec<ToolConfig>,
     /// Every setting's effective value as text, by dotted key: what a
     /// reload compares to find the keys that changed.
@@ -416,6 +433,31 @@ impl Layers {
         }
     }
 
+    /// A tracing filter key, parsed the way the logger parses it, so that
+    /// a filter the logger would refuse (or half ignore) refuses the start
+    /// or the reload instead.
+    fn filter(&self, key: &KeySpec) -> Result<String, ConfigError> {
+        let Kind::Filter { default } = key.kind else {
+            return Err(ConfigError::Invalid {
+                origin: EMBEDDED.into(),
+                message: format!("{} is not a filter key", key.dotted()),
+            });
+        };
+        let Some((text, origin)) = self.text(key)? else {
+            return Ok(default.to_string());
+        };
+        match tracing_subscriber::EnvFilter::builder().parse(&text) {
+            Ok(_) => Ok(text),
+            Err(e) => Err(ConfigError::Invalid {
+                origin,
+                message: format!(
+                    "{} = {text:?} is not a log filter ({e}); write a level, then target=level pairs, e.g. \"info,taskgate::tasks=debug\"",
+                    key.dotted()
+                ),
+            }),
+        }
+    }
+
     fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
         self.int(key).map(Duration::from_secs)
     }
@@ -486,6 +528,9 @@ impl Config {
             artifacts_max_total_bytes: layers.int(&keys::TASKS_ARTIFACTS_MAX_TOTAL_BYTES)?,
             artifact_max_bytes: layers.int(&keys::TASKS_ARTIFACT_MAX_BYTES)?,
         };
+        let log = LogSettings {
+            filter: layers.filter(&keys::LOG_FILTER)?,
+        };
         let tools = tool_settings(raw_tools, tools_origin)?;
 
         let mut values = BTreeMap::new();
@@ -496,6 +541,7 @@ impl Config {
                 // are the ones resolved above (flags and precedence included).
                 Kind::Address { .. } => listen.to_string(),
                 Kind::Path => state_dir.display().to_string(),
+                Kind::Filter { .. } => log.filter.clone(),
             };
             values.insert(key.dotted(), value);
         }
@@ -508,6 +554,7 @@ impl Config {
             server,
             store,
             tasks,
+            log,
             tools,
         })
     }
@@ -687,7 +734,6 @@ fn env_layer(layers: &mut Layers, env: &HashMap<String, String>) -> Result<(), C
     for name in names {
         if !name.starts_with(ENV_PREFIX)
             || name == ENV_CONFIG_PATH
-            || name == ENV_LOG
             || name.starts_with(ENV_RESERVED_PREFIX)
         {
             continue;
@@ -1198,6 +1244,7 @@ mod tests {
                 Kind::Address { .. } => "not an address".to_string(),
                 Kind::Path => "relative/path".to_string(),
                 Kind::Int(spec) => (spec.max + 1).to_string(),
+                Kind::Filter { .. } => "info,taskgate=loud".to_string(),
             };
             let var = key.env_var().unwrap();
             let e = Config::load_from(
