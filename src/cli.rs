@@ -79,6 +79,15 @@ pub enum Command {
     /// answer in time, or it is stopping; 76 permission denied or the
     /// answer was not understood.
     Reload(ReloadArgs),
+    /// Manage the static API tokens of [auth] tokens_file: create one (its
+    /// secret is printed once and never stored), list them, revoke one.
+    ///
+    /// `new` writes nothing: it prints the secret, then the [[token]]
+    /// stanza (holding only the secret's sha256) to add to the tokens file.
+    /// `list` never shows a hash or a secret. `revoke` rewrites the tokens
+    /// file in place (mode and owner kept); `systemctl reload taskgate`
+    /// then applies it without a restart.
+    Token(TokenArgs),
     /// Copy a stopped daemon's state directory to a new private directory,
     /// with a sha256 manifest, and verify the copy. Refused while a daemon
     /// holds the directory's lock. With --online, the running daemon writes
@@ -278,6 +287,64 @@ pub struct TaskRef {
     pub wait: bool,
     #[command(flatten)]
     pub endpoint: Endpoint,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub action: TokenAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Create a token: print its secret once, then the [[token]] stanza
+    /// to add to the tokens file.
+    New(TokenNewArgs),
+    /// List the tokens file's entries: id, tenant, subject, scopes,
+    /// expiry, revoked.
+    List(TokenFileArgs),
+    /// Mark a token revoked in the tokens file.
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenNewArgs {
+    /// The token's id: a label for logs and revocation (A-Z a-z 0-9 _ - . @).
+    #[arg(long, value_name = "ID")]
+    pub id: String,
+    /// The tenant the token acts in.
+    #[arg(long, value_name = "TENANT")]
+    pub tenant: String,
+    /// The subject (who holds the token).
+    #[arg(long, value_name = "SUBJECT")]
+    pub subject: String,
+    /// A scope granted (repeat for several), e.g. tools:call, tasks:read,
+    /// tasks:cancel, taskgate:effect:idempotent-write, admin.
+    #[arg(long = "scope", value_name = "SCOPE")]
+    pub scopes: Vec<String>,
+    /// When the token stops working, an RFC 3339 time such as
+    /// 2027-06-01T00:00:00Z. Default: never.
+    #[arg(long, value_name = "RFC3339")]
+    pub expires: Option<String>,
+    /// The issuer recorded for the token's owner (default taskgate:static).
+    #[arg(long, value_name = "ISSUER")]
+    pub issuer: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenFileArgs {
+    /// The configuration whose [auth] tokens_file to use: --config, else
+    /// $TASKGATE_CONFIG, else /etc/taskgate/taskgate.toml.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenRevokeArgs {
+    /// The id of the token to revoke.
+    pub id: String,
+    #[command(flatten)]
+    pub file: TokenFileArgs,
 }
 
 #[derive(Debug, Args)]

@@ -29,14 +29,19 @@ pub struct Effective {
 
 /// Step 1: the configuration layered and checked key by key (a listen
 /// address that is not loopback included, from any layer), the rules
-/// between keys, and the tools compiled. Touches nothing but the
-/// configuration file. `builtins` are the tools served beside the
+/// between keys, the credential files of `[auth]`, and the tools compiled.
+/// Reads only the configuration file and the files it names; writes
+/// nothing. `builtins` are the tools served beside the
 /// configured ones (the benchmark's no-op).
 pub fn effective(
     overrides: &Overrides,
     builtins: Vec<Arc<dyn Runner>>,
 ) -> Result<Effective, Refusal> {
     let config = Config::load(overrides)?;
+    // The credential files are configuration too: a start, `check` and a
+    // reload read and validate them the same way (78 for content, 77 for
+    // permissions) before anything is served.
+    crate::auth::Authenticator::from_config(&config)?;
     let protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
     let tools = Registry::build(&config.tools, &protected, builtins)?;
     Ok(Effective { config, tools })

@@ -17,8 +17,13 @@ pub enum Section {
     Store,
     Tasks,
     Log,
+    /// Authentication: who may call, and with which credentials.
+    Auth,
     /// Keys of each `[[tool]]` table; not settable from the environment.
     Tool,
+    /// Keys of each `[[auth.jwt]]` table (a trusted JWT issuer); not
+    /// settable from the environment either.
+    AuthJwt,
 }
 
 impl Section {
@@ -28,17 +33,25 @@ impl Section {
             Section::Store => "store",
             Section::Tasks => "tasks",
             Section::Log => "log",
+            Section::Auth => "auth",
             Section::Tool => "tool",
+            Section::AuthJwt => "auth.jwt",
         }
     }
 
     /// The sections that hold settings, in the order they are documented.
-    pub const SETTINGS: [Section; 4] = [
+    pub const SETTINGS: [Section; 5] = [
         Section::Server,
         Section::Store,
         Section::Tasks,
         Section::Log,
+        Section::Auth,
     ];
+
+    /// Sections of repeated tables, whose keys have no environment variable.
+    const fn repeated(self) -> bool {
+        matches!(self, Section::Tool | Section::AuthJwt)
+    }
 }
 
 /// What an integer counts, for rendering its values.
@@ -84,6 +97,78 @@ pub enum Kind {
     Filter {
         default: &'static str,
     },
+    /// One word out of a fixed list.
+    Choice {
+        default: &'static str,
+        choices: &'static [&'static str],
+    },
+    /// Free text checked by a rule; `example` is what the starter file
+    /// shows when there is no default.
+    Text {
+        default: Option<&'static str>,
+        example: &'static str,
+        rule: TextRule,
+    },
+    /// An absolute path to a file the daemon reads; no default.
+    File {
+        example: &'static str,
+    },
+}
+
+/// What a text key must look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextRule {
+    /// An absolute `https://` or `http://` URI without a fragment (RFC 8707
+    /// resource indicators).
+    Uri,
+    /// Text that can stand inside a quoted HTTP header parameter: printable
+    /// ASCII without `"` or `\`, 1–64 characters.
+    Realm,
+}
+
+impl TextRule {
+    /// Why `value` breaks the rule, if it does.
+    pub fn check(self, value: &str) -> Result<(), &'static str> {
+        match self {
+            TextRule::Uri => {
+                let rest = value
+                    .strip_prefix("https://")
+                    .or_else(|| value.strip_prefix("http://"));
+                match rest {
+                    None => Err("must be an absolute http:// or https:// URI"),
+                    Some(r) if r.is_empty() || r.starts_with('/') => Err("must name a host"),
+                    Some(_) if value.contains('#') => Err("must not have a fragment (RFC 8707)"),
+                    Some(_)
+                        if value.len() > 2048 || value.chars().any(|c| !c.is_ascii_graphic()) =>
+                    {
+                        Err("must be at most 2048 printable ASCII characters without spaces")
+                    }
+                    Some(_) => Ok(()),
+                }
+            }
+            TextRule::Realm => {
+                if value.is_empty()
+                    || value.len() > 64
+                    || value
+                        .chars()
+                        .any(|c| !(c == ' ' || c.is_ascii_graphic()) || c == '"' || c == '\\')
+                {
+                    Err(
+                        "must be 1-64 printable ASCII characters without a double quote or backslash",
+                    )
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    const fn label(self) -> &'static str {
+        match self {
+            TextRule::Uri => "absolute http(s) URI",
+            TextRule::Realm => "1–64 printable characters",
+        }
+    }
 }
 
 /// When a changed value takes effect.
@@ -137,7 +222,7 @@ impl KeySpec {
         if let Some(var) = self.env {
             return Some(var.to_string());
         }
-        (self.section != Section::Tool).then(|| {
+        (!self.section.repeated()).then(|| {
             format!(
                 "TASKGATE_{}_{}",
                 self.section.name().to_ascii_uppercase(),
@@ -488,7 +573,91 @@ pub const LOG_FILTER: KeySpec = KeySpec {
     env: Some("TASKGATE_LOG"),
 };
 
-/// The settings of `[server]`, `[store]`, `[tasks]` and `[log]`, in
+pub const AUTH_LOCAL_OWNER: KeySpec = KeySpec {
+    section: Section::Auth,
+    name: "local_owner",
+    kind: Kind::Choice {
+        default: "loopback",
+        choices: &["loopback", "never"],
+    },
+    doc: "Who may call without a credential once credentials are configured: `loopback` lets HTTP requests from a loopback address that carry no `Authorization` header act as the one local owner with every scope, as before authentication was configured; `never` makes loopback requests present a credential too.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+};
+pub const AUTH_RESOURCE: KeySpec = KeySpec {
+    section: Section::Auth,
+    name: "resource",
+    kind: Kind::Text {
+        default: None,
+        example: "https://tasks.example.internal/mcp",
+        rule: TextRule::Uri,
+    },
+    doc: "Canonical URI of this server's MCP endpoint (RFC 8707): the audience a JWT must name unless its issuer lists `audiences`, and the `resource` of the protected resource metadata. Required when a `[[auth.jwt]]` issuer is configured.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+};
+pub const AUTH_REALM: KeySpec = KeySpec {
+    section: Section::Auth,
+    name: "realm",
+    kind: Kind::Text {
+        default: Some("taskgate"),
+        example: "taskgate",
+        rule: TextRule::Realm,
+    },
+    doc: "The `realm` of the `WWW-Authenticate: Bearer` challenge.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+};
+pub const AUTH_TOKENS_FILE: KeySpec = KeySpec {
+    section: Section::Auth,
+    name: "tokens_file",
+    kind: Kind::File {
+        example: "/etc/taskgate/tokens.toml",
+    },
+    doc: "Static API tokens, as `[[token]]` tables holding only the `sha256:` hash of each secret (`taskgate token new` prints one). Must not be readable by other users (0640 root:taskgate). Setting it, or declaring an `[[auth.jwt]]` issuer, turns authentication on; turning it on or off takes a restart, while a reload re-reads the file.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+};
+pub const AUTH_REVOCATIONS_FILE: KeySpec = KeySpec {
+    section: Section::Auth,
+    name: "revocations_file",
+    kind: Kind::File {
+        example: "/etc/taskgate/revocations.toml",
+    },
+    doc: "Revoked credentials, as `[[revoke]]` tables: a static token by `token` id, a JWT by `issuer` and `jti`, or everything an `issuer` gave a `subject` before `issued_before`. Re-read on reload, so a revocation needs no restart.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+};
+
+pub const JWT_MAX_TOKEN_LIFETIME_SECS: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::AuthJwt,
+        "max_token_lifetime_secs",
+        3600,
+        (60, 7 * DAY),
+        Unit::Seconds,
+        "Longest lifetime a token of this issuer may have, `exp` minus `iat` (or minus now, without `iat`); a longer-lived token is refused.",
+    )
+};
+pub const JWT_LEEWAY_SECS: KeySpec = KeySpec {
+    applies: Applies::Reload,
+    ..int(
+        Section::AuthJwt,
+        "leeway_secs",
+        30,
+        (0, 300),
+        Unit::Seconds,
+        "Clock skew allowed when checking `exp`, `nbf` and `iat`.",
+    )
+};
+
+/// The settings of `[server]`, `[store]`, `[tasks]`, `[log]` and `[auth]`, in
 /// documented order.
 pub static KEYS: &[KeySpec] = &[
     SERVER_LISTEN,
@@ -512,6 +681,11 @@ pub static KEYS: &[KeySpec] = &[
     TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
     TASKS_ARTIFACT_MAX_BYTES,
     LOG_FILTER,
+    AUTH_LOCAL_OWNER,
+    AUTH_RESOURCE,
+    AUTH_REALM,
+    AUTH_TOKENS_FILE,
+    AUTH_REVOCATIONS_FILE,
 ];
 
 /// The bounded keys of each `[[tool]]` table (the others are described in
@@ -526,6 +700,10 @@ pub static TOOL_KEYS: &[KeySpec] = &[
     TOOL_MAX_FILE_BYTES,
     TOOL_MAX_CPU_SECS,
 ];
+
+/// The bounded keys of each `[[auth.jwt]]` table (the others are described
+/// in the man page's prose).
+pub static JWT_KEYS: &[KeySpec] = &[JWT_MAX_TOKEN_LIFETIME_SECS, JWT_LEEWAY_SECS];
 
 /// The setting `section.name`, if there is one.
 pub fn find(section: &str, name: &str) -> Option<&'static KeySpec> {
@@ -568,8 +746,10 @@ fn value_text(spec: &IntSpec, v: u64) -> String {
 fn default_text(key: &KeySpec) -> String {
     match key.kind {
         Kind::Address { default } | Kind::Filter { default } => default.to_string(),
-        Kind::Path => "none".to_string(),
+        Kind::Path | Kind::File { .. } => "none".to_string(),
         Kind::Int(spec) => value_text(&spec, spec.default),
+        Kind::Choice { default, .. } => default.to_string(),
+        Kind::Text { default, .. } => default.unwrap_or("none").to_string(),
     }
 }
 
@@ -577,8 +757,10 @@ fn range_text(key: &KeySpec, medium: Medium) -> String {
     let dash = if medium == Medium::Toml { "-" } else { "–" };
     match key.kind {
         Kind::Address { .. } => "loopback address".to_string(),
-        Kind::Path => "absolute path".to_string(),
+        Kind::Path | Kind::File { .. } => "absolute path".to_string(),
         Kind::Filter { .. } => "tracing filter".to_string(),
+        Kind::Choice { choices, .. } => choices.join(", "),
+        Kind::Text { rule, .. } => rule.label().replace('–', dash),
         Kind::Int(spec) => {
             let mut s = format!(
                 "{}{dash}{}",
@@ -684,9 +866,33 @@ pub fn starter_config(directory: Option<&str>) -> String {
                     None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
                 },
                 Kind::Int(spec) => writeln!(s, "{} = {}", key.name, spec.default),
+                Kind::Choice { default, .. }
+                | Kind::Text {
+                    default: Some(default),
+                    ..
+                } => writeln!(s, "{} = {default:?}", key.name),
+                Kind::Text {
+                    default: None,
+                    example,
+                    ..
+                }
+                | Kind::File { example } => writeln!(s, "# {} = {example:?}", key.name),
             };
         }
     }
+    s.push_str(
+        r#"
+# A trusted issuer of JWT access tokens (RFC 9068), checked offline against
+# its keys in a local JWKS file; see taskgate.toml(5) for every key.
+#
+# [[auth.jwt]]
+# issuer = "https://idp.example.com/realms/acme"   # the exact `iss`
+# jwks_file = "/etc/taskgate/jwks/acme.json"
+# algorithms = ["EdDSA", "ES256", "RS256"]
+# tenant_claim = "tid"          # or a fixed tenant = "acme"
+# scope_claim = "scope"         # scope (space-separated) | scp (array)
+"#,
+    );
     s.push_str(
         r#"
 # Tools are commands. This one would run `/usr/bin/date -u +FORMAT` as a
@@ -719,6 +925,7 @@ pub const REFERENCE_BEGIN: &str =
 pub const REFERENCE_END: &str = "<!-- end of configuration keys -->";
 
 fn markdown_rows(keys: &[KeySpec], out: &mut String) {
+    // Keys of repeated tables are named without their section.
     let _ = writeln!(out, "| key | default | range | applied | meaning |");
     let _ = writeln!(out, "|---|---|---|---|---|");
     for key in keys {
@@ -726,7 +933,7 @@ fn markdown_rows(keys: &[KeySpec], out: &mut String) {
         if let Some(flag) = key.flag {
             let _ = write!(meaning, " Flag: `{flag}`.");
         }
-        let name = if key.section == Section::Tool {
+        let name = if key.section.repeated() {
             key.name.to_string()
         } else {
             key.dotted()
@@ -748,6 +955,8 @@ pub fn reference_markdown() -> String {
     markdown_rows(KEYS, &mut s);
     s.push_str("\nBounded keys of each `[[tool]]` table (see *Tools* below):\n\n");
     markdown_rows(TOOL_KEYS, &mut s);
+    s.push_str("\nBounded keys of each `[[auth.jwt]]` table (see *Credentials* below):\n\n");
+    markdown_rows(JWT_KEYS, &mut s);
     s.push_str(REFERENCE_END);
     s.push('\n');
     s
@@ -758,12 +967,22 @@ fn roff_key(key: &KeySpec, out: &mut String) {
     let _ = writeln!(out, ".B {}", key.name);
     let mut text = doc_text(key.doc, Medium::Roff);
     let _ = write!(text, " Default {}", roff_escape(&default_text(key)));
-    if let Kind::Int(_) = key.kind {
-        let _ = write!(
-            text,
-            "; range {}",
-            roff_escape(&range_text(key, Medium::Roff))
-        );
+    match key.kind {
+        Kind::Int(_) => {
+            let _ = write!(
+                text,
+                "; range {}",
+                roff_escape(&range_text(key, Medium::Roff))
+            );
+        }
+        Kind::Choice { .. } => {
+            let _ = write!(
+                text,
+                "; one of {}",
+                roff_escape(&range_text(key, Medium::Roff))
+            );
+        }
+        _ => {}
     }
     text.push('.');
     let _ = write!(text, " {}", key.applies_text());
@@ -840,13 +1059,52 @@ The bounded keys:
         roff_key(key, &mut s);
     }
     s.push_str(
+        r#".SH "[[auth.jwt]]"
+Each table trusts one issuer of JWT access tokens, checked offline:
+.B issuer
+(the exact
+.B iss
+claim; required),
+.B jwks_file
+(absolute path of the issuer's public keys as a JWKS document),
+.B hmac_secret_file
+(absolute path of a shared secret; the only way to allow HS256, HS384 or HS512),
+.B audiences
+(accepted
+.B aud
+values; default the
+.B resource
+of [auth]),
+.B algorithms
+(allow\-list among EdDSA, ES256, ES384, RS256, RS384, RS512, PS256, PS384, PS512 and, with a secret, HS256, HS384, HS512; default EdDSA, ES256, RS256;
+.B none
+is never accepted),
+.B require_typ
+(the header's
+.BR typ ,
+default at+jwt as RFC 9068 asks; an empty string accepts any),
+.B tenant_claim
+or
+.B tenant
+(the claim naming the tenant, or one fixed tenant; exactly one is required),
+.B scope_claim
+(scope, a space\-separated string, the default; or scp, an array) and
+.B advertise
+(list the issuer as an authorization server in the protected resource metadata; default false).
+The bounded keys:
+"#,
+    );
+    for key in JWT_KEYS {
+        roff_key(key, &mut s);
+    }
+    s.push_str(
         r#".SH ENVIRONMENT
 .TP
 .BI TASKGATE_ SECTION _ KEY
-Any key of [server], [store] and [tasks], for example
+Any key of [server], [store], [tasks] and [auth], for example
 .BR TASKGATE_STORE_QUEUE_DEPTH=256 .
 It overrides the file; a command\-line flag overrides it. A variable with this prefix
-that names no key refuses the start (78). [[tool]] keys have no variables.
+that names no key refuses the start (78). [[tool]] and [[auth.jwt]] keys have no variables.
 .TP
 .B TASKGATE_LOG
 The log filter,
@@ -890,7 +1148,7 @@ mod tests {
 
     #[test]
     fn keys_are_unique_and_defaults_in_range() {
-        let all: Vec<&KeySpec> = KEYS.iter().chain(TOOL_KEYS).collect();
+        let all: Vec<&KeySpec> = KEYS.iter().chain(TOOL_KEYS).chain(JWT_KEYS).collect();
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
                 assert!(a.dotted() != b.dotted(), "{} twice", a.dotted());
@@ -921,7 +1179,7 @@ mod tests {
     #[test]
     fn man_page_names_every_key_and_has_no_stray_requests() {
         let page = man_page();
-        for key in KEYS.iter().chain(TOOL_KEYS) {
+        for key in KEYS.iter().chain(TOOL_KEYS).chain(JWT_KEYS) {
             assert!(page.contains(&format!(".B {}\n", key.name)), "{}", key.name);
         }
         for line in page.lines() {

@@ -25,6 +25,11 @@ use thiserror::Error;
 use crate::exit::{Classify, ExitClass};
 use keys::{KeySpec, Kind, Section};
 
+mod auth;
+pub use auth::{
+    AuthSettings, JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource,
+};
+
 pub use keys::{PACKAGE_STATE_DIR, starter_config};
 
 /// Environment variables with the `TASKGATE_` prefix that are not settings.
@@ -320,6 +325,9 @@ pub struct Config {
     pub tasks: TaskSettings,
     pub log: LogSettings,
     pub tools: Vec<ToolConfig>,
+    /// `[auth]`, present only when credentials are configured (a tokens
+    /// file or a JWT issuer): see [`Config::auth_enabled`].
+    pub auth: Option<AuthSettings>,
     /// Every setting's effective value as text, by dotted key: what a
     /// reload compares to find the keys that changed.
     values: BTreeMap<String, String>,
@@ -458,6 +466,59 @@ impl Layers {
         }
     }
 
+    /// A `Choice` key: its value, or the default.
+    fn choice(&self, key: &KeySpec) -> Result<&'static str, ConfigError> {
+        let Kind::Choice { default, choices } = key.kind else {
+            return Ok("");
+        };
+        match self.text(key)? {
+            None => Ok(default),
+            Some((value, origin)) => {
+                choices
+                    .iter()
+                    .find(|c| **c == value)
+                    .copied()
+                    .ok_or_else(|| ConfigError::Invalid {
+                        origin,
+                        message: format!(
+                            "{} = {value:?} is not one of {}",
+                            key.dotted(),
+                            choices.join(", ")
+                        ),
+                    })
+            }
+        }
+    }
+
+    /// A `Text` key, checked by its rule: its value, or the default.
+    fn checked_text(&self, key: &KeySpec) -> Result<Option<String>, ConfigError> {
+        let Kind::Text { default, rule, .. } = key.kind else {
+            return Ok(None);
+        };
+        match self.text(key)? {
+            None => Ok(default.map(str::to_string)),
+            Some((value, origin)) => match rule.check(&value) {
+                Ok(()) => Ok(Some(value)),
+                Err(why) => Err(ConfigError::Invalid {
+                    origin,
+                    message: format!("{} = {value:?} {why}", key.dotted()),
+                }),
+            },
+        }
+    }
+
+    /// A `File` key: an absolute path, if set.
+    fn file(&self, key: &KeySpec) -> Result<Option<PathBuf>, ConfigError> {
+        match self.text(key)? {
+            None => Ok(None),
+            Some((value, origin)) => {
+                let path = PathBuf::from(value);
+                require_absolute(key.dotted(), &path, origin)?;
+                Ok(Some(path))
+            }
+        }
+    }
+
     fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
         self.int(key).map(Duration::from_secs)
     }
@@ -490,6 +551,7 @@ impl Config {
             file: config_file,
             raw_tools,
             tools_origin,
+            raw_jwt,
         } = Layered::read(overrides, env)?;
         let listen = layers.listen(overrides)?;
 
@@ -531,7 +593,8 @@ impl Config {
         let log = LogSettings {
             filter: layers.filter(&keys::LOG_FILTER)?,
         };
-        let tools = tool_settings(raw_tools, tools_origin)?;
+        let tools = tool_settings(raw_tools, tools_origin.clone())?;
+        let auth = auth::settings(&layers, raw_jwt, &tools_origin)?;
 
         let mut values = BTreeMap::new();
         for key in keys::KEYS {
@@ -542,6 +605,12 @@ impl Config {
                 Kind::Address { .. } => listen.to_string(),
                 Kind::Path => state_dir.display().to_string(),
                 Kind::Filter { .. } => log.filter.clone(),
+                Kind::Choice { .. } => layers.choice(key)?.to_string(),
+                Kind::Text { .. } => layers.checked_text(key)?.unwrap_or_default(),
+                Kind::File { .. } => layers
+                    .file(key)?
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
             };
             values.insert(key.dotted(), value);
         }
@@ -556,7 +625,15 @@ impl Config {
             tasks,
             log,
             tools,
+            auth,
         })
+    }
+
+    /// Whether callers must authenticate: true when `[auth]` configures
+    /// credentials (a tokens file or a JWT issuer). Without, every caller
+    /// is the one local owner, as before authentication existed.
+    pub fn auth_enabled(&self) -> bool {
+        self.auth.is_some()
     }
 }
 
@@ -566,6 +643,7 @@ struct Layered {
     file: Option<PathBuf>,
     raw_tools: Vec<RawTool>,
     tools_origin: String,
+    raw_jwt: Vec<auth::RawJwt>,
 }
 
 impl Layered {
@@ -577,6 +655,7 @@ impl Layered {
             .or_else(|| env.get(ENV_CONFIG_PATH).map(PathBuf::from));
         let mut raw_tools = Vec::new();
         let mut tools_origin = EMBEDDED.to_string();
+        let mut raw_jwt = Vec::new();
         if let Some(path) = &file {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.clone(),
@@ -584,6 +663,7 @@ impl Layered {
             })?;
             let origin = path.display().to_string();
             raw_tools = file_layer(&mut layers, &origin, &text)?;
+            raw_jwt = auth::raw_issuers(&origin, &text)?;
             tools_origin = origin;
         }
         env_layer(&mut layers, env)?;
@@ -592,6 +672,7 @@ impl Layered {
             file,
             raw_tools,
             tools_origin,
+            raw_jwt,
         })
     }
 }
@@ -637,6 +718,15 @@ impl Layers {
 pub fn configured_listen(overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
     let env: HashMap<String, String> = std::env::vars().collect();
     Layered::read(overrides, &env)?.layers.listen(overrides)
+}
+
+/// The `[auth]` settings of a configuration, for the operator's `taskgate
+/// token` commands, which need no state directory. The file and the
+/// environment are checked key by key as for `serve`.
+pub fn configured_auth(overrides: &Overrides) -> Result<Option<AuthSettings>, ConfigError> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let layered = Layered::read(overrides, &env)?;
+    auth::settings(&layered.layers, layered.raw_jwt, &layered.tools_origin)
 }
 
 /// One setting that differs between two configurations.
@@ -689,7 +779,7 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTo
             return Err(ConfigError::Invalid {
                 origin: at,
                 message: format!(
-                    "unknown section `{top}`; the sections are {} and [[tool]]",
+                    "unknown section `{top}`; the sections are {}, [[tool]] and [[auth.jwt]]",
                     sections()
                 ),
             });
@@ -701,6 +791,10 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTo
             });
         };
         for (name, value) in inner {
+            // `[[auth.jwt]]` tables are read apart, like `[[tool]]`.
+            if *section == Section::Auth && name == "jwt" {
+                continue;
+            }
             let at = line_origin(origin, text, &[&top, &name]);
             let Some(key) = keys::find(section.name(), &name) else {
                 let known: Vec<&str> = keys::KEYS
@@ -1242,9 +1336,11 @@ mod tests {
         for key in keys::KEYS {
             let bad = match key.kind {
                 Kind::Address { .. } => "not an address".to_string(),
-                Kind::Path => "relative/path".to_string(),
+                Kind::Path | Kind::File { .. } => "relative/path".to_string(),
                 Kind::Int(spec) => (spec.max + 1).to_string(),
                 Kind::Filter { .. } => "info,taskgate=loud".to_string(),
+                Kind::Choice { .. } => "sometimes".to_string(),
+                Kind::Text { .. } => "\"quoted\" #fragment".to_string(),
             };
             let var = key.env_var().unwrap();
             let e = Config::load_from(
