@@ -457,7 +457,19 @@ fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
         config.state_dir.display(),
         config.state_dir_source
     ))?;
+    auth_report(&config)?;
     tool_report(&config, &tools)
+}
+
+/// What `[auth]` admits. `effective` has read and validated the credential
+/// files already; this reads them again for the counts.
+fn auth_report(config: &config::Config) -> Result<(), Refusal> {
+    match taskgate::auth::Authenticator::from_config(config)? {
+        None => out(
+            "authentication: off (no [auth] tokens_file and no [[auth.jwt]] issuer): every caller is the local owner",
+        ),
+        Some(auth) => out(format!("authentication: on: {}", auth.summary())),
+    }
 }
 
 /// The confinement in force for tools, and the tools' warnings.
@@ -472,6 +484,7 @@ fn tool_report(config: &config::Config, tools: &taskgate::tools::Registry) -> Re
 fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     let (source, outcome) = startup::check(overrides)?;
     let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
+    auth_report(&config)?;
     tool_report(&config, &tools)?;
     match outcome {
         CheckOutcome::NotCreatedYet(dir) => out(format!(

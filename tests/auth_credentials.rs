@@ -568,6 +568,12 @@ fn a_reload_with_a_broken_file_keeps_the_old_set_and_a_good_one_revokes() {
     write(&site.path("revocations.toml"), "", 0o644);
     write(&site.path("ed.json"), "{\"keys\": []}", 0o644);
     assert!(auth.reload(&load(&site.config())).is_err());
+    // A JWKS holding a private key is refused: it would be a leak.
+    let mut private: Value = serde_json::from_str(&site.keys.ed_jwks()).unwrap();
+    private["keys"][0]["d"] = json!(b64(site.keys.ed.as_bytes()));
+    write(&site.path("ed.json"), &private.to_string(), 0o644);
+    let e = auth.reload(&load(&site.config())).unwrap_err();
+    assert!(e.to_string().contains("private key"), "{e}");
     write(&site.path("ed.json"), &site.keys.ed_jwks(), 0o644);
     assert!(auth.authenticate_at(&a, NOW_MS).is_ok());
 
@@ -618,6 +624,13 @@ fn check_and_serve_refuse_bad_credential_files() {
     };
     let out = run(&["check", "--config-only"]);
     assert!(out.status.success(), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains(
+            "authentication: on: 1 static tokens, 2 JWT issuers with 2 keys, 0 revocations"
+        ),
+        "{report}"
+    );
 
     let tokens = site.path("tokens.toml");
     let good = std::fs::read_to_string(&tokens).unwrap();

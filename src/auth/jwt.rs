@@ -24,6 +24,8 @@ use crate::config::{JwtAlgorithm, JwtIssuer, ScopeClaim, TenantSource};
 pub const MAX_KEYS: usize = 64;
 /// Shortest shared secret for HS*: as long as the hash (RFC 7518 §3.2).
 const MIN_SECRET_BYTES: usize = 32;
+/// JWK members that only a private or symmetric key has (RFC 7518 §6).
+const PRIVATE_MEMBERS: [&str; 7] = ["d", "p", "q", "dp", "dq", "qi", "k"];
 /// Longest token looked at; a bigger one is refused before decoding.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
@@ -70,6 +72,20 @@ impl Issuer {
             };
             let set: JwkSet = serde_json::from_str(&text)
                 .map_err(|e| invalid(format!("not a JWKS document ({{\"keys\": [...]}}): {e}")))?;
+            // The JWK type drops members it does not know, private ones
+            // included: look for them in the raw document. A private key
+            // in a world-readable file is a leak to stop at once.
+            if let Ok(raw) = serde_json::from_str::<Value>(&text)
+                && let Some(keys) = raw.get("keys").and_then(Value::as_array)
+                && let Some(i) = keys
+                    .iter()
+                    .position(|k| PRIVATE_MEMBERS.iter().any(|m| k.get(m).is_some()))
+            {
+                return Err(invalid(format!(
+                    "key {} holds private key material; give the issuer's public keys only (and replace the leaked key)",
+                    i + 1
+                )));
+            }
             if set.keys.is_empty() {
                 return Err(invalid("holds no key".into()));
             }
