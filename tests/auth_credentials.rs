@@ -68,6 +68,8 @@ struct Keys {
     ed: ed25519_dalek::SigningKey,
     /// A second Ed25519 key the issuer's JWKS does not hold.
     stranger: ed25519_dalek::SigningKey,
+    /// An ES256 key in the same JWKS as `ed`.
+    ec: p256::ecdsa::SigningKey,
     rsa: rsa::PrivateKey,
 }
 
@@ -78,20 +80,43 @@ impl Keys {
             getrandom::fill(&mut seed).unwrap();
             ed25519_dalek::SigningKey::from_bytes(&seed)
         };
+        let ec = loop {
+            let mut scalar = [0u8; 32];
+            getrandom::fill(&mut scalar).unwrap();
+            // Almost every 32-byte string is a valid scalar; retry if not.
+            if let Ok(key) = p256::ecdsa::SigningKey::from_slice(&scalar) {
+                break key;
+            }
+        };
         use rsa::Generate as _;
         Keys {
             ed: ed_key(),
             stranger: ed_key(),
+            ec,
             rsa: rsa::PrivateKey::generate(),
         }
     }
 
+    /// The Ed25519 issuer's keys: its Ed25519 key and a P-256 key.
     fn ed_jwks(&self) -> String {
+        let point = self.ec.verifying_key().to_sec1_point(false);
+        let xy = &point.as_bytes()[1..];
         json!({"keys": [{
             "kty": "OKP", "crv": "Ed25519", "kid": "ed1", "alg": "EdDSA", "use": "sig",
             "x": b64(self.ed.verifying_key().as_bytes()),
+        }, {
+            "kty": "EC", "crv": "P-256", "kid": "ec1", "use": "sig",
+            "x": b64(&xy[..32]), "y": b64(&xy[32..]),
         }]})
         .to_string()
+    }
+
+    fn sign_ec(&self, header: &Value, claims: &Value) -> String {
+        use p256::ecdsa::signature::Signer as _;
+        jws(header, claims, |m| {
+            let sig: p256::ecdsa::Signature = self.ec.sign(m);
+            sig.to_bytes().to_vec()
+        })
     }
 
     fn rsa_jwks(&self) -> String {
@@ -175,7 +200,7 @@ revocations_file = "{}"
 [[auth.jwt]]
 issuer = "{ED_ISSUER}"
 jwks_file = "{}"
-algorithms = ["EdDSA"]
+algorithms = ["EdDSA", "ES256"]
 tenant_claim = "tid"
 max_token_lifetime_secs = 3600
 leeway_secs = 30
@@ -304,6 +329,27 @@ fn a_good_jwt_of_each_issuer_gives_its_principal() {
     );
     assert_eq!(p.expires_ms, Some((NOW + 600) * 1000));
 
+    // The issuer's P-256 key, by kid; and without a kid, the one key of
+    // the issuer that fits the header's algorithm.
+    let es = json!({"alg": "ES256", "typ": "at+jwt", "kid": "ec1"});
+    let p = auth
+        .authenticate_at(&site.keys.sign_ec(&es, &claims()), NOW_MS)
+        .unwrap();
+    assert_eq!(
+        (p.issuer.as_str(), p.subject.as_str()),
+        (ED_ISSUER, "agent-7")
+    );
+    let es = json!({"alg": "ES256", "typ": "at+jwt"});
+    assert!(
+        auth.authenticate_at(&site.keys.sign_ec(&es, &claims()), NOW_MS)
+            .is_ok()
+    );
+    let ed = json!({"alg": "EdDSA", "typ": "at+jwt"});
+    assert!(
+        auth.authenticate_at(&site.keys.sign_ed_with(&ed, &claims()), NOW_MS)
+            .is_ok()
+    );
+
     let rsa_claims = json!({
         "iss": RSA_ISSUER, "sub": "svc", "aud": [RESOURCE, "other"], "iat": NOW,
         "exp": NOW + 60, "scp": ["tasks:cancel"],
@@ -414,6 +460,14 @@ fn every_bad_jwt_is_refused_for_its_own_reason() {
         ),
         Rejection::UnknownKey,
         "unknown kid",
+    );
+    check(
+        k.sign_ec(
+            &json!({"alg": "ES256", "typ": "at+jwt", "kid": "ed1"}),
+            &claims(),
+        ),
+        Rejection::UnknownKey,
+        "a kid whose key does not fit the algorithm",
     );
     {
         use ed25519_dalek::Signer as _;
@@ -627,7 +681,7 @@ fn check_and_serve_refuse_bad_credential_files() {
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(
         report.contains(
-            "authentication: on: 1 static tokens, 2 JWT issuers with 2 keys, 0 revocations"
+            "authentication: on: 1 static tokens, 2 JWT issuers with 3 keys, 0 revocations"
         ),
         "{report}"
     );
