@@ -648,7 +648,10 @@ impl Process {
         // Answered until here, so `status` shows the stop; a snapshot being
         // written finishes first (bounded), then the socket file goes.
         self.admin.stop().await;
-        match self.svc.store().shutdown().await {
+        let closed = self.svc.store().shutdown().await;
+        // A snapshot the closing store abandoned removes its copy first.
+        self.admin.after_store_closed().await;
+        match closed {
             Ok(()) => tracing::info!("stopped cleanly"),
             Err(e) => tracing::warn!(error = %e, "store shutdown incomplete: {e}"),
         }

@@ -536,3 +536,184 @@ fn the_store_copies_itself_while_creates_go_on() {
         }
     });
 }
+
+/// A database larger than one snapshot step (256 pages of 4 KiB), so that
+/// a stop can meet the copy between steps: `n` completed tasks with 4 KiB
+/// results, created by concurrent writers (group commit) to keep the
+/// set-up short.
+fn populate_large(dir: &Path, n: usize) {
+    use taskgate::store::{Outcome, Store, StoreOptions, TaskStatus};
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, _) = Store::open(StoreOptions::new(dir.join("tasks.db"))).unwrap();
+        let writers: Vec<_> = (0..16)
+            .map(|w| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in (w..n).step_by(16) {
+                        let created = store.create(new_task(86_400_000)).await.unwrap();
+                        let text = format!("result {i} {}", "x".repeat(4096));
+                        store
+                            .finish(
+                                &created.record().id,
+                                TaskStatus::Completed,
+                                Some(Outcome::Result(
+                                    json!({"content":[{"type":"text","text": text}]}),
+                                )),
+                            )
+                            .await
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.unwrap();
+        }
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// Polls `status --json` (the daemon's own account, over its socket) until
+/// it says an online snapshot is being written.
+fn wait_for_snapshot_running(state: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if status_json(state)["snapshot_running"] == json!(true) {
+            return;
+        }
+    }
+    panic!("no snapshot running after {limit:?}");
+}
+
+/// A stop that meets an online snapshot still being written. The store
+/// thread is held by the test hook's stall file (checked before each step
+/// of the copy), then SIGTERM comes.
+///
+/// Without `past_the_admin_limit` the operator's `taskgate backup --online`
+/// is in flight, and the hold ends as soon as stopping began: the snapshot
+/// finishes inside the stop's wait for admin connections, and must be
+/// complete. With it, the hold lasts until the stop has given up waiting
+/// (its 10 s limit) and closes the store, which abandons the copy between
+/// two steps. Here the request goes over the socket directly, right after
+/// the store thread answered a status and went back to waiting, so that
+/// the held store thread is inside the copy (it takes the request, stalls
+/// before the first step, and meets the shutdown after it).
+///
+/// Either way the daemon stops cleanly (exit 0, its store checks), and
+/// DEST is a complete snapshot that verifies, or is absent: never a
+/// partial copy.
+fn stop_during_an_online_snapshot(past_the_admin_limit: bool) {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate_large(&state, 1200);
+    let stall = root.path().join("stall");
+    let log = root.path().join("daemon.log");
+    let mut d = Daemon::builder()
+        .config(&config(root.path()))
+        .state_dir(&state)
+        .log(&log)
+        .env("TASKGATE_TEST_STALL_FILE", &stall)
+        .start();
+    let db_bytes = std::fs::metadata(state.join("tasks.db")).unwrap().len();
+    assert!(
+        db_bytes > 2 * 256 * 4096,
+        "the database ({db_bytes} bytes) must take several snapshot steps"
+    );
+
+    let dest = root.path().join("snapshot");
+    let backup = if past_the_admin_limit {
+        // The store thread has just answered this status's count.
+        assert!(status_json(&state)["tasks"]["retained"].as_u64() == Some(1200));
+        std::fs::write(&stall, b"").unwrap();
+        let mut socket = UnixStream::connect(state.join("admin.sock")).unwrap();
+        let request = json!({"op": "snapshot", "to": dest});
+        socket.write_all(format!("{request}\n").as_bytes()).unwrap();
+        std::thread::spawn(move || read_to_close(&mut socket, Duration::from_secs(60)).0)
+    } else {
+        std::fs::write(&stall, b"").unwrap();
+        let (state, dest) = (state.clone(), dest.clone());
+        std::thread::spawn(move || {
+            let out = taskgate(
+                &[
+                    "backup",
+                    "--online",
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                    "--to",
+                    dest.to_str().unwrap(),
+                ],
+                &[],
+            );
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).to_string()
+        })
+    };
+    wait_for_snapshot_running(&state, Duration::from_secs(30));
+    assert!(dest.join("tasks.db").exists(), "the snapshot has begun");
+
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.wait_for("STOPPING=1", Duration::from_secs(15));
+    if past_the_admin_limit {
+        // The behaviour under test: the stop gave up waiting for the
+        // snapshot's connection, and goes on to close the store.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !d.log_text().contains("admin connections still open after") {
+            assert!(
+                Instant::now() < deadline,
+                "the stop never gave up on the admin connection:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    std::fs::remove_file(&stall).unwrap();
+    let status = d.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status}; log:\n{}", d.log_text());
+    let answer = backup.join().expect("the backup thread");
+
+    if past_the_admin_limit {
+        // Abandoned: nothing is kept, and a caller still connected is told
+        // the snapshot did not happen (or hears nothing: the daemon ended).
+        assert!(
+            !dest.exists(),
+            "a partial snapshot was left: {:?}; answer {answer:?}; log:\n{}",
+            std::fs::read_dir(&dest).map(|r| r
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()),
+            d.log_text()
+        );
+        assert!(
+            answer.is_empty() || answer.contains("nothing was kept"),
+            "{answer}"
+        );
+    } else {
+        assert!(answer.contains("copy verified"), "{answer}");
+        let verified = taskgate(
+            &[
+                "restore",
+                "--verify-only",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--from",
+                dest.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(verified.status.success(), "{verified:?}");
+    }
+    // The daemon's own files are as a clean stop leaves them.
+    let check = taskgate(&["check", "--state-dir", state.to_str().unwrap()], &[]);
+    assert!(check.status.success(), "{check:?}");
+}
+
+#[test]
+fn a_snapshot_that_finishes_while_the_daemon_stops_is_complete() {
+    stop_during_an_online_snapshot(false);
+}
+
+#[test]
+fn a_snapshot_still_running_past_the_stop_limit_leaves_no_partial_copy() {
+    stop_during_an_online_snapshot(true);
+}

@@ -30,6 +30,11 @@ const SUN_PATH_MAX: usize = 108;
 /// How long a stop waits for admin connections (a snapshot being sealed)
 /// before it goes on without them.
 const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// How long, once the store has closed, the connections still open get to
+/// end: a snapshot the closing store abandoned removes its unfinished copy
+/// and tells its caller, which takes moments; the runtime must not end
+/// before, or the copy would stay behind half-written.
+const ABANDON_LIMIT: Duration = Duration::from_secs(5);
 /// How long `status` waits for the store's counts before showing none.
 const STATS_LIMIT: Duration = Duration::from_secs(1);
 /// Pause after a failed accept (out of file descriptors), so the loop does
@@ -44,6 +49,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Admin {
     bound: Option<Bound>,
     running: Option<Running>,
+    /// Connections still served when [`Admin::stop`] gave up waiting.
+    leftover: Option<TaskTracker>,
 }
 
 struct Bound {
@@ -88,6 +95,7 @@ impl Admin {
                         max_db_pages,
                     }),
                     running: None,
+                    leftover: None,
                 }
             }
             Err(e) => {
@@ -143,7 +151,9 @@ impl Admin {
     }
 
     /// Stops accepting, waits (bounded) for the connections being served,
-    /// and removes the socket file.
+    /// and removes the socket file. A connection still served after
+    /// [`STOP_LIMIT`] (a snapshot still copying) is left to
+    /// [`Admin::after_store_closed`].
     pub async fn stop(&mut self) {
         if let Some(bound) = self.bound.take() {
             remove_socket(&bound.socket);
@@ -157,9 +167,30 @@ impl Admin {
             .await
             .is_err()
         {
-            tracing::warn!("admin connections still open after {STOP_LIMIT:?}; closing anyway");
+            tracing::warn!(
+                "admin connections still open after {STOP_LIMIT:?}; closing anyway (a snapshot still being written is abandoned and its copy removed)"
+            );
+            self.leftover = Some(running.tracker);
         }
         remove_socket(&running.socket);
+    }
+
+    /// Once the store has closed, a snapshot still being written has been
+    /// abandoned by it: waits (bounded) for its connection to remove the
+    /// unfinished copy and answer, so that no half-written snapshot is
+    /// left when the process ends.
+    pub async fn after_store_closed(&mut self) {
+        let Some(tracker) = self.leftover.take() else {
+            return;
+        };
+        if tokio::time::timeout(ABANDON_LIMIT, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "an admin connection did not end {ABANDON_LIMIT:?} after the store closed; a snapshot destination may be left unfinished (it has no manifest: restore refuses it)"
+            );
+        }
     }
 }
 
