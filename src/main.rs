@@ -458,7 +458,7 @@ fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
         config.state_dir_source
     ))?;
     auth_report(&config)?;
-    tool_report(&config, &tools)
+    tool_report(&tools)
 }
 
 /// What `[auth]` admits. `effective` has read and validated the credential
@@ -473,8 +473,10 @@ fn auth_report(config: &config::Config) -> Result<(), Refusal> {
 }
 
 /// The confinement in force for tools, and the tools' warnings.
-fn tool_report(config: &config::Config, tools: &taskgate::tools::Registry) -> Result<(), Refusal> {
-    out(taskgate::tools::confine::describe(&config.tools))?;
+fn tool_report(tools: &taskgate::tools::Registry) -> Result<(), Refusal> {
+    for line in tools.confinement().lines() {
+        out(line)?;
+    }
     for w in tools.warnings() {
         out(format!("warning: {w}"))?;
     }
@@ -485,7 +487,7 @@ fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     let (source, outcome) = startup::check(overrides)?;
     let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
     auth_report(&config)?;
-    tool_report(&config, &tools)?;
+    tool_report(&tools)?;
     match outcome {
         CheckOutcome::NotCreatedYet(dir) => out(format!(
             "state directory {} does not exist yet; `taskgate serve` creates it",

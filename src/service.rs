@@ -208,6 +208,7 @@ pub fn serve(
         report.unexpired,
         config.tools.len(),
     );
+    tools.log_confinement();
     if report.recovered > 0 {
         // Enough IDs to find the affected tasks, never an unbounded line.
         let shown: Vec<&str> = report
@@ -465,6 +466,7 @@ impl Process {
             keys::TASKS_POLL_INTERVAL_MS.dotted(),
             poll_interval.as_millis()
         );
+        new.tools.log_confinement();
         self.svc.reload(new.tools, poll_interval);
         set_log_filter(&new.config.log.filter);
         self.reload.applied = new.config;

@@ -73,7 +73,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "admin",
-        &["backup", "config", "exit", "http", "state_dir", "tasks"],
+        &[
+            "backup",
+            "config",
+            "exit",
+            "http",
+            "state_dir",
+            "tasks",
+            "tools",
+        ],
     ),
     (
         "startup",

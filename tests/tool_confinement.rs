@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -158,7 +159,21 @@ fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
     let fx = Fixture::new();
     let (grand, child) = (98_502, 98_402);
     let fifo = Fifo::new(&fx.io.join("spawn"));
-    let daemon = fx.daemon(&spawner(&fx, "spawn", grand, child));
+    // The runs' scratch directories go in a directory of this test's own:
+    // in the shared /tmp another test's daemon, starting meanwhile, would
+    // sweep the killed run's directory before this test looks for it.
+    let run = fx.root.path().join("run");
+    std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
+    let cfg = fx.config(&spawner(&fx, "spawn", grand, child));
+    let start = |log: &str| {
+        Daemon::builder()
+            .config(&cfg)
+            .state_dir(&fx.state)
+            .log(&fx.root.path().join(log))
+            .env("XDG_RUNTIME_DIR", &run)
+            .start()
+    };
+    let daemon = start("log");
     runtime().block_on(async {
         let task = daemon
             .client(true)
@@ -171,11 +186,10 @@ fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
     let pid = daemon.pid().as_raw();
     daemon.kill();
     assert_gone([grand, child], "the daemon's SIGKILL");
-    // The killed daemon could not remove the run's scratch directory (the
-    // harness gives the daemon no runtime directory: it is under /tmp);
-    // the next start does.
+    // The killed daemon could not remove the run's scratch directory; the
+    // next start does.
     let scratch = || -> Vec<PathBuf> {
-        std::fs::read_dir(std::env::temp_dir())
+        std::fs::read_dir(&run)
             .map(|d| {
                 d.flatten()
                     .map(|e| e.path())
@@ -193,11 +207,7 @@ fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
         1,
         "the killed run's scratch directory is left"
     );
-    let again = Daemon::start(
-        &fx.root.path().join("taskgate.toml"),
-        &fx.state,
-        &fx.root.path().join("log2"),
-    );
+    let again = start("log2");
     assert!(
         scratch().is_empty(),
         "{:?} outlived the next start",
@@ -589,4 +599,219 @@ type = "string"
             "{line}"
         );
     }
+}
+
+/// A `[tools]` limit applies to every tool that does not set its own, and
+/// a tool's own value overrides it: with `tools.max_file_bytes` at 1 MiB a
+/// 2 MiB write ends the tool that leaves the key out (`TG_TOOL_LIMIT`
+/// naming it), while the tool that sets 4 MiB writes the same file.
+#[test]
+fn tools_section_limits_apply_unless_a_tool_overrides_them() {
+    let fx = Fixture::new();
+    let write = r#"["/bin/sh", "-c", "exec head -c 2097152 /dev/zero > f"]"#;
+    let daemon = fx.daemon(&format!(
+        "[tools]\nmax_file_bytes = 1048576\n{}{}",
+        limited_tool("inherits", write, ""),
+        limited_tool("overrides", write, "max_file_bytes = 4194304"),
+    ));
+    let client = daemon.client(false);
+    let got = runtime().block_on(client.call_tool("inherits", json!({}), None));
+    let err = match got {
+        Err(taskgate::client::ClientError::Rpc { error, .. }) => error,
+        other => panic!("inherits: expected TG_TOOL_LIMIT, got {other:?}"),
+    };
+    assert_eq!(err["code"], wire::TOOL_LIMIT.code, "{err}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.contains("max_file_bytes"), "{message}");
+    let got = runtime()
+        .block_on(client.call_tool("overrides", json!({}), None))
+        .unwrap_or_else(|e| panic!("overrides: the 2 MiB write under its own 4 MiB limit: {e:?}"));
+    assert_eq!(got["isError"], false, "{got}");
+    assert!(daemon.stop().success());
+}
+
+/// `[tools]` values are checked like every setting: out of range, from the
+/// file or the environment, or a relative path, refuses the start with 78
+/// naming the key; a default path that overlaps the state directory is
+/// refused for the tools that inherit it.
+#[test]
+fn tools_section_values_out_of_range_are_refused_naming_the_key() {
+    let fx = Fixture::new();
+    let state_s = fx.state.display().to_string();
+    let tool = limited_tool("plain", r#"["/bin/true"]"#, "");
+    // (file text, environment, what the refusal names)
+    type Case<'a> = (String, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
+        (
+            format!("[tools]\nmax_processes = 0\n{tool}"),
+            &[],
+            "tools.max_processes",
+        ),
+        (
+            format!("[tools]\nmax_address_space_bytes = 1024\n{tool}"),
+            &[],
+            "tools.max_address_space_bytes",
+        ),
+        (
+            tool.clone(),
+            &[("TASKGATE_TOOLS_MAX_CPU_SECS", "0")],
+            "TASKGATE_TOOLS_MAX_CPU_SECS",
+        ),
+        (
+            format!("[tools]\nread_paths = [\"opt/x\"]\n{tool}"),
+            &[],
+            "tools.read_paths",
+        ),
+        (
+            format!(
+                "[tools]\nread_paths = [{:?}]\n{tool}",
+                fx.state.display().to_string()
+            ),
+            &[],
+            "no tool may reach",
+        ),
+    ];
+    for (text, env, named) in cases {
+        let cfg = fx.config(&text);
+        for command in ["check", "serve"] {
+            let out = taskgate(
+                &[
+                    command,
+                    "--config",
+                    &cfg.display().to_string(),
+                    "--state-dir",
+                    &state_s,
+                ],
+                env,
+            );
+            assert_eq!(out.status.code(), Some(78), "{command} {text}: {out:?}");
+            let line = one_line_stderr(&out);
+            assert!(line.contains(named), "{command}: {named} in {line}");
+        }
+    }
+    // In range: accepted, and the tool that inherits it shows it.
+    let cfg = fx.config(&format!("[tools]\nmax_processes = 7\n{tool}"));
+    let out = taskgate(
+        &[
+            "check",
+            "--config-only",
+            "--config",
+            &cfg.display().to_string(),
+            "--state-dir",
+            &fx.state.display().to_string(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("tool \"plain\": confined (Landlock);") && text.contains("max_processes 7,"),
+        "{text}"
+    );
+}
+
+/// `taskgate check`, `taskgate status` (text and `--json`) and the serve
+/// log all say which confinement is in force: the kernel's Landlock ABI,
+/// each tool's sandbox and limits (a `[tools]` default and a tool's own
+/// value), the subreaper; the option-injection warning reaches the log at
+/// warn level as well as `check`.
+#[test]
+fn check_status_and_the_log_say_which_confinement_is_in_force() {
+    let fx = Fixture::new();
+    let tools = r#"
+[tools]
+max_processes = 7
+
+[[tool]]
+name = "boxed"
+argv = ["/bin/ls", "-l", "{path}"]
+effect = "read_only"
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.path]
+type = "string"
+
+[[tool]]
+name = "loose"
+argv = ["/bin/true"]
+effect = "read_only"
+sandbox = "unconfined"
+max_processes = 3
+"#;
+    let boxed = "tool \"boxed\": confined (Landlock); max_address_space_bytes 4294967296, max_open_files 1024, max_processes 7,";
+    let loose = "tool \"loose\": unconfined (sandbox = \"unconfined\"";
+    let cfg = fx.config(tools);
+    let out = taskgate(
+        &[
+            "check",
+            "--config-only",
+            "--config",
+            &cfg.display().to_string(),
+            "--state-dir",
+            &fx.state.display().to_string(),
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let first = text
+        .lines()
+        .find(|l| l.starts_with("tool confinement: Landlock ABI "))
+        .unwrap_or_else(|| panic!("no Landlock line (these kernels have ABI 7): {text}"));
+    assert!(
+        first.contains("subreaper kills every descendant"),
+        "{first}"
+    );
+    assert!(text.contains(boxed), "{text}");
+    assert!(
+        text.contains(loose) && text.contains("max_processes 3,"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warning: tool \"boxed\": argv element 2 starts with {path}"),
+        "{text}"
+    );
+
+    let daemon = fx.daemon(tools);
+    let state = fx.state.display().to_string();
+    let out = taskgate(&["status", "--json", "--state-dir", &state], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &status["confinement"];
+    let abi: i64 = first["tool confinement: Landlock ABI ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    assert_eq!(c["landlock_abi"], abi, "{c}");
+    assert_eq!(c["subreaper_kill"], true, "{c}");
+    assert_eq!(c["no_new_privs"], true, "{c}");
+    let by_name = |n: &str| {
+        c["tools"]
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["name"] == n))
+            .cloned()
+            .unwrap_or_else(|| panic!("{n} not in {c}"))
+    };
+    assert_eq!(by_name("boxed")["sandbox"], "confined");
+    assert_eq!(by_name("boxed")["max_processes"], 7);
+    assert_eq!(by_name("loose")["sandbox"], "unconfined");
+    assert_eq!(by_name("loose")["max_processes"], 3);
+    let out = taskgate(&["status", "--state-dir", &state], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(first) && text.contains(boxed) && text.contains(loose),
+        "{text}"
+    );
+
+    let log = daemon.log_text();
+    assert!(daemon.stop().success());
+    assert!(log.contains(first), "{log}");
+    let warned = log
+        .lines()
+        .any(|l| l.contains(" WARN ") && l.contains("argv element 2 starts with {path}"));
+    assert!(
+        warned,
+        "the option-injection warning at warn level in the log: {log}"
+    );
 }

@@ -357,6 +357,9 @@ pub fn render(s: &Status) -> Vec<String> {
     if s.snapshot_running {
         lines.push("snapshot         an online snapshot is being written".into());
     }
+    if let Some(c) = &s.confinement {
+        lines.extend(c.lines());
+    }
     lines
 }
 

@@ -142,6 +142,10 @@ pub struct Status {
     pub legacy_sessions: Option<usize>,
     /// Whether an online snapshot is being written now.
     pub snapshot_running: bool,
+    /// The confinement the tools of new calls get (absent from a daemon
+    /// older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<crate::tools::confine::Confinement>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -492,6 +492,7 @@ async fn status(ctx: &Context) -> Status {
         },
         legacy_sessions,
         snapshot_running: ctx.snapshot_running.load(Ordering::Relaxed),
+        confinement: Some(svc.tools().confinement()),
     }
 }
 

@@ -19,6 +19,8 @@ pub enum Section {
     Log,
     /// Authentication: who may call, and with which credentials.
     Auth,
+    /// Defaults for every `[[tool]]` table.
+    Tools,
     /// Keys of each `[[tool]]` table; not settable from the environment.
     Tool,
     /// Keys of each `[[auth.jwt]]` table (a trusted JWT issuer); not
@@ -34,16 +36,18 @@ impl Section {
             Section::Tasks => "tasks",
             Section::Log => "log",
             Section::Auth => "auth",
+            Section::Tools => "tools",
             Section::Tool => "tool",
             Section::AuthJwt => "auth.jwt",
         }
     }
 
     /// The sections that hold settings, in the order they are documented.
-    pub const SETTINGS: [Section; 5] = [
+    pub const SETTINGS: [Section; 6] = [
         Section::Server,
         Section::Store,
         Section::Tasks,
+        Section::Tools,
         Section::Log,
         Section::Auth,
     ];
@@ -91,6 +95,9 @@ pub enum Kind {
     /// An absolute path; no embedded default (the state directory has its
     /// own precedence, see [`super::StateDirSource`]).
     Path,
+    /// A list of absolute paths, empty by default; in the environment the
+    /// paths are joined with `:`.
+    Paths,
     Int(IntSpec),
     /// A tracing filter (`info,taskgate::tasks=debug`), checked as the
     /// logger would read it.
@@ -208,6 +215,9 @@ pub struct KeySpec {
     /// The environment variable, when it is not `TASKGATE_SECTION_NAME`
     /// (a name operators knew before the key existed).
     pub env: Option<&'static str>,
+    /// For a `[[tool]]` key: the `[tools]` setting that gives its default
+    /// (`tools.max_processes`), so the docs name it instead of a number.
+    pub default_from: Option<&'static str>,
 }
 
 impl KeySpec {
@@ -275,6 +285,7 @@ const fn int(
         flag: None,
         applies: Applies::AtStart,
         env: None,
+        default_from: None,
     }
 }
 
@@ -293,6 +304,7 @@ pub const SERVER_LISTEN: KeySpec = KeySpec {
     flag: Some("--listen"),
     applies: Applies::AtStart,
     env: None,
+    default_from: None,
 };
 pub const SERVER_MAX_CONNECTIONS: KeySpec = int(
     Section::Server,
@@ -367,6 +379,7 @@ pub const STORE_DIRECTORY: KeySpec = KeySpec {
     flag: Some("--state-dir"),
     applies: Applies::AtStart,
     env: None,
+    default_from: None,
 };
 pub const STORE_QUEUE_DEPTH: KeySpec = int(
     Section::Store,
@@ -499,60 +512,75 @@ pub const TOOL_MAX_STDERR_BYTES: KeySpec = KeySpec {
 };
 
 // A tool's confinement limits, per process of the tool (`setrlimit(2)`),
-// except `max_processes`, which counts all of its processes.
-pub const TOOL_MAX_ADDRESS_SPACE_BYTES: KeySpec = KeySpec {
+// except `max_processes`, which counts all of its processes. Each is set
+// once in `[tools]` and may be overridden by a `[[tool]]` table, whose key
+// has the same range; the defaults below are the `[tools]` ones.
+
+/// `[tools] read_paths`: what every confined tool may read beside the
+/// built-in set, unless its own table says otherwise.
+pub const TOOLS_READ_PATHS: KeySpec = KeySpec {
+    section: Section::Tools,
+    name: "read_paths",
+    kind: Kind::Paths,
+    doc: "Absolute paths every confined tool may read and execute beside the built-in set (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and a few devices) and its working directory; a tool's own `read_paths` replaces this list. A path that overlaps the state directory or the configuration file refuses the start.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+    default_from: None,
+};
+pub const TOOLS_MAX_ADDRESS_SPACE_BYTES: KeySpec = KeySpec {
     applies: Applies::Reload,
     ..int(
-        Section::Tool,
+        Section::Tools,
         "max_address_space_bytes",
         4 * GIB,
         (16 * MIB, 1024 * GIB),
         Unit::Bytes,
-        "Virtual memory of each of the tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).",
+        "Virtual memory of each of a tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).",
     )
 };
-pub const TOOL_MAX_OPEN_FILES: KeySpec = KeySpec {
+pub const TOOLS_MAX_OPEN_FILES: KeySpec = KeySpec {
     applies: Applies::Reload,
     ..int(
-        Section::Tool,
+        Section::Tools,
         "max_open_files",
         1024,
         (16, 1_048_576),
         Unit::Count,
-        "Open file descriptors of each of the tool's processes (RLIMIT_NOFILE).",
+        "Open file descriptors of each of a tool's processes (RLIMIT_NOFILE).",
     )
 };
-pub const TOOL_MAX_PROCESSES: KeySpec = KeySpec {
+pub const TOOLS_MAX_PROCESSES: KeySpec = KeySpec {
     applies: Applies::Reload,
     ..int(
-        Section::Tool,
+        Section::Tools,
         "max_processes",
         128,
         (1, 65_536),
         Unit::Count,
-        "Processes the tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).",
+        "Processes a tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).",
     )
 };
-pub const TOOL_MAX_FILE_BYTES: KeySpec = KeySpec {
+pub const TOOLS_MAX_FILE_BYTES: KeySpec = KeySpec {
     applies: Applies::Reload,
     ..int(
-        Section::Tool,
+        Section::Tools,
         "max_file_bytes",
         GIB,
         (KIB, 1024 * GIB),
         Unit::Bytes,
-        "Largest file the tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.",
+        "Largest file a tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.",
     )
 };
-pub const TOOL_MAX_CPU_SECS: KeySpec = KeySpec {
+pub const TOOLS_MAX_CPU_SECS: KeySpec = KeySpec {
     applies: Applies::Reload,
     ..int(
-        Section::Tool,
+        Section::Tools,
         "max_cpu_secs",
         300,
         (1, 7 * DAY),
         Unit::Seconds,
-        "CPU seconds of each of the tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.",
+        "CPU seconds of each of a tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.",
     )
 };
 
@@ -571,6 +599,7 @@ pub const LOG_FILTER: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: Some("TASKGATE_LOG"),
+    default_from: None,
 };
 
 pub const AUTH_LOCAL_OWNER: KeySpec = KeySpec {
@@ -584,6 +613,7 @@ pub const AUTH_LOCAL_OWNER: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: None,
+    default_from: None,
 };
 pub const AUTH_RESOURCE: KeySpec = KeySpec {
     section: Section::Auth,
@@ -597,6 +627,7 @@ pub const AUTH_RESOURCE: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: None,
+    default_from: None,
 };
 pub const AUTH_REALM: KeySpec = KeySpec {
     section: Section::Auth,
@@ -610,6 +641,7 @@ pub const AUTH_REALM: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: None,
+    default_from: None,
 };
 pub const AUTH_TOKENS_FILE: KeySpec = KeySpec {
     section: Section::Auth,
@@ -621,6 +653,7 @@ pub const AUTH_TOKENS_FILE: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: None,
+    default_from: None,
 };
 pub const AUTH_REVOCATIONS_FILE: KeySpec = KeySpec {
     section: Section::Auth,
@@ -632,6 +665,7 @@ pub const AUTH_REVOCATIONS_FILE: KeySpec = KeySpec {
     flag: None,
     applies: Applies::Reload,
     env: None,
+    default_from: None,
 };
 
 pub const JWT_MAX_TOKEN_LIFETIME_SECS: KeySpec = KeySpec {
@@ -657,8 +691,45 @@ pub const JWT_LEEWAY_SECS: KeySpec = KeySpec {
     )
 };
 
-/// The settings of `[server]`, `[store]`, `[tasks]`, `[log]` and `[auth]`, in
-/// documented order.
+/// The `[[tool]]` key that overrides a `[tools]` limit: the same range,
+/// its default taken from that setting.
+const fn per_tool(defaults: KeySpec, doc: &'static str, dotted: &'static str) -> KeySpec {
+    KeySpec {
+        section: Section::Tool,
+        doc,
+        default_from: Some(dotted),
+        ..defaults
+    }
+}
+
+pub const TOOL_MAX_ADDRESS_SPACE_BYTES: KeySpec = per_tool(
+    TOOLS_MAX_ADDRESS_SPACE_BYTES,
+    "Overrides `tools.max_address_space_bytes` for this tool.",
+    "tools.max_address_space_bytes",
+);
+pub const TOOL_MAX_OPEN_FILES: KeySpec = per_tool(
+    TOOLS_MAX_OPEN_FILES,
+    "Overrides `tools.max_open_files` for this tool.",
+    "tools.max_open_files",
+);
+pub const TOOL_MAX_PROCESSES: KeySpec = per_tool(
+    TOOLS_MAX_PROCESSES,
+    "Overrides `tools.max_processes` for this tool.",
+    "tools.max_processes",
+);
+pub const TOOL_MAX_FILE_BYTES: KeySpec = per_tool(
+    TOOLS_MAX_FILE_BYTES,
+    "Overrides `tools.max_file_bytes` for this tool.",
+    "tools.max_file_bytes",
+);
+pub const TOOL_MAX_CPU_SECS: KeySpec = per_tool(
+    TOOLS_MAX_CPU_SECS,
+    "Overrides `tools.max_cpu_secs` for this tool.",
+    "tools.max_cpu_secs",
+);
+
+/// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]` and
+/// `[auth]`, in documented order.
 pub static KEYS: &[KeySpec] = &[
     SERVER_LISTEN,
     SERVER_MAX_CONNECTIONS,
@@ -680,6 +751,12 @@ pub static KEYS: &[KeySpec] = &[
     TASKS_CANCEL_GRACE_MS,
     TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
     TASKS_ARTIFACT_MAX_BYTES,
+    TOOLS_READ_PATHS,
+    TOOLS_MAX_ADDRESS_SPACE_BYTES,
+    TOOLS_MAX_OPEN_FILES,
+    TOOLS_MAX_PROCESSES,
+    TOOLS_MAX_FILE_BYTES,
+    TOOLS_MAX_CPU_SECS,
     LOG_FILTER,
     AUTH_LOCAL_OWNER,
     AUTH_RESOURCE,
@@ -743,13 +820,25 @@ fn value_text(spec: &IntSpec, v: u64) -> String {
     }
 }
 
-fn default_text(key: &KeySpec) -> String {
-    match key.kind {
+/// The default as a medium shows it (roff escaped).
+fn default_text(key: &KeySpec, medium: Medium) -> String {
+    if let Some(from) = key.default_from {
+        return match medium {
+            Medium::Markdown => format!("`{from}`"),
+            Medium::Roff => format!("\\fB{}\\fR", roff_escape(from)),
+            Medium::Toml => from.to_string(),
+        };
+    }
+    let text = match key.kind {
         Kind::Address { default } | Kind::Filter { default } => default.to_string(),
-        Kind::Path | Kind::File { .. } => "none".to_string(),
+        Kind::Path | Kind::Paths | Kind::File { .. } => "none".to_string(),
         Kind::Int(spec) => value_text(&spec, spec.default),
         Kind::Choice { default, .. } => default.to_string(),
         Kind::Text { default, .. } => default.unwrap_or("none").to_string(),
+    };
+    match medium {
+        Medium::Roff => roff_escape(&text),
+        _ => text,
     }
 }
 
@@ -761,6 +850,7 @@ fn range_text(key: &KeySpec, medium: Medium) -> String {
         Kind::Filter { .. } => "tracing filter".to_string(),
         Kind::Choice { choices, .. } => choices.join(", "),
         Kind::Text { rule, .. } => rule.label().replace('–', dash),
+        Kind::Paths => "absolute paths".to_string(),
         Kind::Int(spec) => {
             let mut s = format!(
                 "{}{dash}{}",
@@ -865,6 +955,7 @@ pub fn starter_config(directory: Option<&str>) -> String {
                     Some(d) => writeln!(s, "{} = {d:?}", key.name),
                     None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
                 },
+                Kind::Paths => writeln!(s, "{} = []", key.name),
                 Kind::Int(spec) => writeln!(s, "{} = {}", key.name, spec.default),
                 Kind::Choice { default, .. }
                 | Kind::Text {
@@ -941,7 +1032,7 @@ fn markdown_rows(keys: &[KeySpec], out: &mut String) {
         let _ = writeln!(
             out,
             "| `{name}` | {} | {} | {} | {meaning} |",
-            default_text(key),
+            default_text(key, Medium::Markdown),
             range_text(key, Medium::Markdown),
             key.applies.label(),
         );
@@ -966,7 +1057,7 @@ fn roff_key(key: &KeySpec, out: &mut String) {
     out.push_str(".TP\n");
     let _ = writeln!(out, ".B {}", key.name);
     let mut text = doc_text(key.doc, Medium::Roff);
-    let _ = write!(text, " Default {}", roff_escape(&default_text(key)));
+    let _ = write!(text, " Default {}", default_text(key, Medium::Roff));
     match key.kind {
         Kind::Int(_) => {
             let _ = write!(
@@ -1052,7 +1143,17 @@ placeholders filled from the call's arguments; never a shell),
 (read_only, idempotent_write or non_idempotent_write, the default) and
 .B task
 (never, the default, optional or required). A non_idempotent_write tool cannot run as a task.
-The bounded keys:
+Its confinement:
+.B read_paths
+(absolute paths it may read and execute beside the built\-in set; replaces
+.BR tools.read_paths ),
+.B write_paths
+(absolute paths it may also write, beside its working directory) and
+.B sandbox
+(landlock, the default, or unconfined: written for each tool that is to run without
+filesystem confinement, never a default). The bounded keys; a limit left out is the
+.B [tools]
+one:
 "#,
     );
     for key in TOOL_KEYS {

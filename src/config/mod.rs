@@ -328,6 +328,9 @@ pub struct Config {
     /// `[auth]`, present only when credentials are configured (a tokens
     /// file or a JWT issuer): see [`Config::auth_enabled`].
     pub auth: Option<AuthSettings>,
+    /// The `[tools]` defaults each tool started from (sandbox aside: it is
+    /// never a default).
+    pub tool_defaults: ToolConfinement,
     /// Every setting's effective value as text, by dotted key: what a
     /// reload compares to find the keys that changed.
     values: BTreeMap<String, String>,
@@ -519,6 +522,33 @@ impl Layers {
         }
     }
 
+    /// A list of absolute paths (an array of strings); every entry must be
+    /// absolute.
+    fn paths(&self, key: &KeySpec) -> Result<Vec<PathBuf>, ConfigError> {
+        let Some(set) = self.0.get(&key.dotted()) else {
+            return Ok(Vec::new());
+        };
+        // The environment's list arrives split already (see `env_layer`).
+        let texts: Option<Vec<String>> = match &set.value {
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect(),
+            _ => None,
+        };
+        let Some(texts) = texts else {
+            return Err(ConfigError::Invalid {
+                origin: set.origin.clone(),
+                message: format!("{} must be a list of absolute paths", key.dotted()),
+            });
+        };
+        let paths: Vec<PathBuf> = texts.into_iter().map(PathBuf::from).collect();
+        for p in &paths {
+            require_absolute(key.dotted(), p, set.origin.clone())?;
+        }
+        Ok(paths)
+    }
+
     fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
         self.int(key).map(Duration::from_secs)
     }
@@ -593,13 +623,25 @@ impl Config {
         let log = LogSettings {
             filter: layers.filter(&keys::LOG_FILTER)?,
         };
-        let tools = tool_settings(raw_tools, tools_origin.clone())?;
+        let tool_defaults = ToolConfinement {
+            sandbox: Sandbox::default(),
+            read_paths: layers.paths(&keys::TOOLS_READ_PATHS)?,
+            write_paths: Vec::new(),
+            max_address_space_bytes: layers.int(&keys::TOOLS_MAX_ADDRESS_SPACE_BYTES)?,
+            max_open_files: layers.int(&keys::TOOLS_MAX_OPEN_FILES)?,
+            max_processes: layers.int(&keys::TOOLS_MAX_PROCESSES)?,
+            max_file_bytes: layers.int(&keys::TOOLS_MAX_FILE_BYTES)?,
+            max_cpu_secs: layers.int(&keys::TOOLS_MAX_CPU_SECS)?,
+        };
+        let tools = tool_settings(raw_tools, tools_origin.clone(), &tool_defaults)?;
         let auth = auth::settings(&layers, raw_jwt, &tools_origin)?;
 
         let mut values = BTreeMap::new();
         for key in keys::KEYS {
             let value = match key.kind {
                 Kind::Int(_) => layers.int(key)?.to_string(),
+                // Debug form: exact for any path, `:` included.
+                Kind::Paths => format!("{:?}", layers.paths(key)?),
                 // One key of each of these kinds; their effective values
                 // are the ones resolved above (flags and precedence included).
                 Kind::Address { .. } => listen.to_string(),
@@ -626,6 +668,7 @@ impl Config {
             log,
             tools,
             auth,
+            tool_defaults,
         })
     }
 
@@ -838,12 +881,19 @@ fn env_layer(layers: &mut Layers, env: &HashMap<String, String>) -> Result<(), C
                 message: "not a setting; settings are named TASKGATE_<SECTION>_<KEY>, for example TASKGATE_STORE_QUEUE_DEPTH".into(),
             });
         };
-        // Text: paths need no quoting, and integers are parsed per key.
-        layers.set(
-            key,
-            toml::Value::String(env[name].clone()),
-            format!("environment variable {name}"),
-        );
+        // Text: paths need no quoting, and integers are parsed per key; a
+        // list of paths is joined with `:`, as in $PATH.
+        let value = match key.kind {
+            Kind::Paths => toml::Value::Array(
+                env[name]
+                    .split(':')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| toml::Value::String(p.to_string()))
+                    .collect(),
+            ),
+            _ => toml::Value::String(env[name].clone()),
+        };
+        layers.set(key, value, format!("environment variable {name}"));
     }
     Ok(())
 }
@@ -951,7 +1001,13 @@ fn valid_env_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-fn tool_settings(raw: Vec<RawTool>, origin: String) -> Result<Vec<ToolConfig>, ConfigError> {
+/// The `[[tool]]` tables validated; a key a table leaves out takes its
+/// value from `defaults` (the `[tools]` section).
+fn tool_settings(
+    raw: Vec<RawTool>,
+    origin: String,
+    defaults: &ToolConfinement,
+) -> Result<Vec<ToolConfig>, ConfigError> {
     if raw.len() > bounds::MAX_TOOLS {
         return Err(ConfigError::Invalid {
             origin,
@@ -1021,9 +1077,11 @@ fn tool_settings(raw: Vec<RawTool>, origin: String) -> Result<Vec<ToolConfig>, C
         }
         // A tool's bounds are per tool, so they are checked here rather
         // than through the settings' layers.
-        let range = |key: &KeySpec, v: Option<u64>| {
+        // A value left out is the `[tools]` one (checked there already) or
+        // the key's own default.
+        let range = |key: &KeySpec, v: Option<u64>, default: u64| {
             let spec = key.int();
-            let value = v.unwrap_or(spec.default);
+            let value = v.unwrap_or(default);
             if spec.range().contains(&value) {
                 Ok(value)
             } else {
@@ -1044,22 +1102,43 @@ fn tool_settings(raw: Vec<RawTool>, origin: String) -> Result<Vec<ToolConfig>, C
         }
         let confinement = ToolConfinement {
             sandbox: t.sandbox.unwrap_or_default(),
-            read_paths: t.read_paths.clone().unwrap_or_default(),
+            read_paths: t
+                .read_paths
+                .clone()
+                .unwrap_or_else(|| defaults.read_paths.clone()),
             write_paths: t.write_paths.clone().unwrap_or_default(),
             max_address_space_bytes: range(
                 &keys::TOOL_MAX_ADDRESS_SPACE_BYTES,
                 t.max_address_space_bytes,
+                defaults.max_address_space_bytes,
             )?,
-            max_open_files: range(&keys::TOOL_MAX_OPEN_FILES, t.max_open_files)?,
-            max_processes: range(&keys::TOOL_MAX_PROCESSES, t.max_processes)?,
-            max_file_bytes: range(&keys::TOOL_MAX_FILE_BYTES, t.max_file_bytes)?,
-            max_cpu_secs: range(&keys::TOOL_MAX_CPU_SECS, t.max_cpu_secs)?,
+            max_open_files: range(
+                &keys::TOOL_MAX_OPEN_FILES,
+                t.max_open_files,
+                defaults.max_open_files,
+            )?,
+            max_processes: range(
+                &keys::TOOL_MAX_PROCESSES,
+                t.max_processes,
+                defaults.max_processes,
+            )?,
+            max_file_bytes: range(
+                &keys::TOOL_MAX_FILE_BYTES,
+                t.max_file_bytes,
+                defaults.max_file_bytes,
+            )?,
+            max_cpu_secs: range(
+                &keys::TOOL_MAX_CPU_SECS,
+                t.max_cpu_secs,
+                defaults.max_cpu_secs,
+            )?,
         };
+        let own = |key: &KeySpec, v: Option<u64>| range(key, v, key.int().default);
         tools.push(ToolConfig {
             confinement,
-            timeout: Duration::from_secs(range(&keys::TOOL_TIMEOUT_SECS, t.timeout_secs)?),
-            max_stdout_bytes: range(&keys::TOOL_MAX_STDOUT_BYTES, t.max_stdout_bytes)?,
-            max_stderr_bytes: range(&keys::TOOL_MAX_STDERR_BYTES, t.max_stderr_bytes)?,
+            timeout: Duration::from_secs(own(&keys::TOOL_TIMEOUT_SECS, t.timeout_secs)?),
+            max_stdout_bytes: own(&keys::TOOL_MAX_STDOUT_BYTES, t.max_stdout_bytes)?,
+            max_stderr_bytes: own(&keys::TOOL_MAX_STDERR_BYTES, t.max_stderr_bytes)?,
             description: t.description.clone().unwrap_or_default(),
             name: t.name,
             argv: t.argv,
@@ -1336,7 +1415,7 @@ mod tests {
         for key in keys::KEYS {
             let bad = match key.kind {
                 Kind::Address { .. } => "not an address".to_string(),
-                Kind::Path | Kind::File { .. } => "relative/path".to_string(),
+                Kind::Path | Kind::Paths | Kind::File { .. } => "relative/path".to_string(),
                 Kind::Int(spec) => (spec.max + 1).to_string(),
                 Kind::Filter { .. } => "info,taskgate=loud".to_string(),
                 Kind::Choice { .. } => "sometimes".to_string(),
@@ -1373,6 +1452,68 @@ mod tests {
                 assert!(e.to_string().contains(&key.dotted()), "{e}");
             }
         }
+    }
+
+    /// `[tools]` gives every tool its limits and read paths; a tool's own
+    /// value overrides them, and each is checked against the same range.
+    #[test]
+    fn tools_defaults_apply_unless_a_tool_sets_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let write = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load_from(
+                &Overrides {
+                    config_path: Some(file.clone()),
+                    ..Default::default()
+                },
+                &env(&[("HOME", "/h")]),
+            )
+        };
+        let c = write(
+            "[tools]\nmax_processes = 16\nmax_cpu_secs = 9\nread_paths = [\"/opt/shared\"]\n\
+             [[tool]]\nname = \"a\"\nargv = [\"/bin/true\"]\n\
+             [[tool]]\nname = \"b\"\nargv = [\"/bin/true\"]\nmax_processes = 4\nread_paths = [\"/opt/b\"]\n",
+        )
+        .unwrap();
+        let (a, b) = (&c.tools[0].confinement, &c.tools[1].confinement);
+        assert_eq!((a.max_processes, a.max_cpu_secs), (16, 9));
+        assert_eq!(a.read_paths, [PathBuf::from("/opt/shared")]);
+        assert_eq!((b.max_processes, b.max_cpu_secs), (4, 9));
+        assert_eq!(b.read_paths, [PathBuf::from("/opt/b")]);
+        assert_eq!(
+            a.max_open_files,
+            keys::TOOLS_MAX_OPEN_FILES.int().default,
+            "untouched keys keep the table's default"
+        );
+        assert_eq!(c.tool_defaults.max_processes, 16);
+
+        let e = write("[tools]\nmax_processes = 0\n").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::OutOfRange { key, .. } if key == "tools.max_processes"),
+            "{e}"
+        );
+        assert_eq!(e.exit_class(), ExitClass::Config);
+        let e = write("[tools]\nread_paths = \"/opt\"\n").unwrap_err();
+        assert!(e.to_string().contains("tools.read_paths"), "{e}");
+        let e = write(
+            "[tools]\nmax_processes = 16\n[[tool]]\nname = \"a\"\nargv = [\"/bin/true\"]\nmax_processes = 0\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("tool.a.max_processes"), "{e}");
+        // The environment gives a `:`-joined list.
+        let c = Config::load_from(
+            &Overrides::default(),
+            &env(&[
+                ("HOME", "/h"),
+                ("TASKGATE_TOOLS_READ_PATHS", "/opt/x:/srv/y"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.tool_defaults.read_paths,
+            [PathBuf::from("/opt/x"), PathBuf::from("/srv/y")]
+        );
     }
 
     #[test]

@@ -306,6 +306,10 @@ impl Runner for CommandTool {
         CommandTool::warnings(self)
     }
 
+    fn confinement(&self) -> Option<confine::ToolState> {
+        Some(confine::ToolState::of(&self.config))
+    }
+
     fn validate(&self, args: &Value) -> Result<(), ArgumentError> {
         self.check(args)
     }

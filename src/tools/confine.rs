@@ -11,6 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use super::shim::{self, Limits, Paths};
 use crate::config::{Sandbox, ToolConfig};
 
@@ -135,37 +137,118 @@ pub fn landlock_abi() -> i32 {
     shim::landlock_abi()
 }
 
-/// One line for `taskgate check` and the log: the confinement in force.
-pub fn describe(tools: &[ToolConfig]) -> String {
-    let abi = landlock_abi();
-    let unconfined: Vec<&str> = tools
-        .iter()
-        .filter(|t| t.confinement.sandbox == Sandbox::Unconfined)
-        .map(|t| t.name.as_str())
-        .collect();
-    // Signal and abstract-socket scoping arrived with ABI 6; below it the
-    // ruleset confines the filesystem only.
-    let fs = if abi >= 6 {
-        format!("Landlock ABI {abi} (filesystem, signals, abstract sockets)")
-    } else if abi > 0 {
-        format!("Landlock ABI {abi} (filesystem)")
-    } else {
-        "no Landlock in this kernel".to_string()
-    };
-    let mut s = format!(
-        "tool confinement: {fs}; subreaper kills every descendant; no_new_privs; rlimits (address space, open files, processes, file size, CPU)"
-    );
-    if nix::unistd::getuid().is_root() {
-        // The kernel exempts root from RLIMIT_NPROC: say what is left.
-        s.push_str("; running as root: RLIMIT_NPROC does not apply, so max_processes is enforced only by the shim's count every 100 ms (run the service as its own user)");
+/// One tool's confinement as `taskgate check` and `taskgate status` show
+/// it; the limits carry their `[[tool]]` key names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolState {
+    pub name: String,
+    /// `confined` (Landlock) or `unconfined` (`sandbox = "unconfined"`).
+    pub sandbox: String,
+    pub max_address_space_bytes: u64,
+    pub max_open_files: u64,
+    pub max_processes: u64,
+    pub max_file_bytes: u64,
+    pub max_cpu_secs: u64,
+}
+
+impl ToolState {
+    pub fn of(tool: &ToolConfig) -> ToolState {
+        let c = &tool.confinement;
+        ToolState {
+            name: tool.name.clone(),
+            sandbox: match c.sandbox {
+                Sandbox::Landlock => "confined",
+                Sandbox::Unconfined => "unconfined",
+            }
+            .to_string(),
+            max_address_space_bytes: c.max_address_space_bytes,
+            max_open_files: c.max_open_files,
+            max_processes: c.max_processes,
+            max_file_bytes: c.max_file_bytes,
+            max_cpu_secs: c.max_cpu_secs,
+        }
     }
-    if !unconfined.is_empty() {
-        s.push_str(&format!(
-            "; unconfined by configuration: {}",
-            unconfined.join(", ")
-        ));
+}
+
+/// The confinement in force for the configured tools, on this kernel and
+/// for this process: what `taskgate check` prints, what `taskgate status`
+/// shows (and carries as fields in `--json`), and what `serve` logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confinement {
+    /// The kernel's Landlock ABI; 0 when it has none.
+    pub landlock_abi: i32,
+    /// What Landlock confines at that ABI, or `unavailable`.
+    pub landlock: String,
+    /// Every descendant of a tool is killed with its call: the shim is a
+    /// child subreaper. Per-tool cgroups are not used.
+    pub subreaper_kill: bool,
+    /// `PR_SET_NO_NEW_PRIVS` before the tool's program runs.
+    pub no_new_privs: bool,
+    /// The daemon runs as root, which RLIMIT_NPROC does not bind: a tool's
+    /// `max_processes` is then held only by the shim's count.
+    pub root_exempt_from_nproc: bool,
+    pub tools: Vec<ToolState>,
+}
+
+impl Confinement {
+    pub fn new(tools: Vec<ToolState>) -> Confinement {
+        let abi = landlock_abi();
+        // Signal and abstract-socket scoping arrived with ABI 6; below it
+        // the ruleset confines the filesystem only.
+        let landlock = if abi >= 6 {
+            "filesystem, signals, abstract sockets"
+        } else if abi > 0 {
+            "filesystem"
+        } else {
+            "unavailable"
+        };
+        Confinement {
+            landlock_abi: abi,
+            landlock: landlock.to_string(),
+            subreaper_kill: true,
+            no_new_privs: true,
+            root_exempt_from_nproc: nix::unistd::geteuid().is_root(),
+            tools,
+        }
     }
-    s
+
+    /// The report as lines: the first says what is in force for every
+    /// tool, then one line per tool with its sandbox and limits.
+    pub fn lines(&self) -> Vec<String> {
+        let fs = if self.landlock_abi > 0 {
+            format!("Landlock ABI {} ({})", self.landlock_abi, self.landlock)
+        } else {
+            "Landlock unavailable (this kernel has none)".to_string()
+        };
+        let mut first = format!("tool confinement: {fs}");
+        if self.subreaper_kill {
+            first.push_str("; subreaper kills every descendant (no per-tool cgroup)");
+        }
+        if self.no_new_privs {
+            first.push_str("; no_new_privs");
+        }
+        first.push_str("; rlimits (address space, open files, processes, file size, CPU)");
+        if self.root_exempt_from_nproc {
+            first.push_str("; running as root: RLIMIT_NPROC does not apply, so max_processes is enforced only by the shim's count every 100 ms (run the service as its own user)");
+        }
+        let mut out = vec![first];
+        for t in &self.tools {
+            let sandbox = match t.sandbox.as_str() {
+                "confined" => "confined (Landlock)",
+                _ => "unconfined (sandbox = \"unconfined\": no filesystem confinement)",
+            };
+            out.push(format!(
+                "tool {:?}: {sandbox}; max_address_space_bytes {}, max_open_files {}, max_processes {}, max_file_bytes {}, max_cpu_secs {}",
+                t.name,
+                t.max_address_space_bytes,
+                t.max_open_files,
+                t.max_processes,
+                t.max_file_bytes,
+                t.max_cpu_secs
+            ));
+        }
+        out
+    }
 }
 
 /// Makes the serving process not dumpable (`PR_SET_DUMPABLE` 0): its

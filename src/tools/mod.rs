@@ -76,6 +76,12 @@ pub trait Runner: Send + Sync + std::fmt::Debug {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// The confinement a run gets, for a runner that starts a tool's
+    /// process; `None` for built-ins that run inside the daemon.
+    fn confinement(&self) -> Option<confine::ToolState> {
+        None
+    }
 }
 
 /// A tool definition that cannot be served (exit 78 at startup).
@@ -237,5 +243,28 @@ impl Registry {
 
     pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
         self.tools.values().map(|r| r.spec())
+    }
+
+    /// The confinement in force for these tools on this kernel.
+    pub fn confinement(&self) -> confine::Confinement {
+        confine::Confinement::new(
+            self.tools
+                .values()
+                .filter_map(|r| r.confinement())
+                .collect(),
+        )
+    }
+
+    /// Logs what `taskgate check` prints about the tools: the confinement
+    /// in force (info) and each warning, such as an argv placeholder open
+    /// to option injection (warn), so that a daemon started without a
+    /// `check` still says it. Called at start and after each reload.
+    pub fn log_confinement(&self) {
+        for line in self.confinement().lines() {
+            tracing::info!("{line}");
+        }
+        for w in self.warnings() {
+            tracing::warn!("tool configuration: {w}");
+        }
     }
 }
