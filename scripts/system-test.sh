@@ -83,6 +83,7 @@ CHECKS=(
   reload-applies-tools-keeps-running-task
   reload-refuses-invalid-conffile
   reload-applies-log-filter
+  credentials-under-the-unit
   watchdog-restarts-hung-daemon
   backup-restore
   backup-refuses-bad-destination-before-stopping
@@ -781,6 +782,55 @@ check_reload_log_filter() {
   INFO="debug events $n0 -> $n1 after the filter reload; invalid filter refused by systemctl reload (exit $rc); MainPID $pid throughout"
 }
 run_check reload-applies-log-filter check_reload_log_filter
+
+# Credentials under the hardened unit (User=taskgate, PrivateUsers=yes): a
+# tokens file made from `taskgate token new`, root:taskgate 0640, is read
+# by the service when authentication is turned on (a restart); `taskgate
+# token revoke` keeps its mode and owner and `systemctl reload` applies it;
+# a tokens file other users may read fails the reload naming the file, and
+# the daemon keeps serving. The secret reaches no log. Afterwards the
+# packaged conffile is put back and the service restarted (turning
+# authentication off takes a restart).
+check_credentials() {
+  local pid rc byhand secret
+  run_cx sh -c 'umask 077 &&
+taskgate token new --id system-test --tenant test --subject system-test --scope tasks:read >/root/token.out &&
+sed -n "3,\$p" /root/token.out >/etc/taskgate/tokens.toml &&
+chown root:taskgate /etc/taskgate/tokens.toml && chmod 0640 /etc/taskgate/tokens.toml &&
+sed -i "s|^# tokens_file = .*|tokens_file = \"/etc/taskgate/tokens.toml\"|" /etc/taskgate/taskgate.toml &&
+grep -q "^tokens_file = \"/etc/taskgate/tokens.toml\"\$" /etc/taskgate/taskgate.toml &&
+systemctl restart taskgate.service'
+  [ "$RC" -eq 0 ] || { WHY="restart with a root:taskgate 0640 tokens file failed (exit $RC): $(oneline "$OUT") $(oneline "$(unit_prop StatusText)")"; return 1; }
+  [ "$(unit_prop ActiveState)/$(unit_prop SubState)" = active/running ] || { WHY="not active/running with the tokens file: $(oneline "$(unit_prop StatusText)")"; return 1; }
+  pid=$(unit_prop MainPID)
+  run_cx taskgate check --config-only --config /etc/taskgate/taskgate.toml
+  case $OUT in *"authentication: on: 1 static tokens"*) ;;
+    *) WHY="check --config-only does not report the token (exit $RC): $(oneline "$OUT")"; return 1 ;; esac
+  run_cx sh -c 'taskgate token revoke system-test --config /etc/taskgate/taskgate.toml && stat -c "mode %a %U:%G" /etc/taskgate/tokens.toml && grep -c "^revoked = true" /etc/taskgate/tokens.toml'
+  case $OUT in *"systemctl reload taskgate"*"mode 640 root:taskgate"*) ;;
+    *) WHY="taskgate token revoke (exit $RC): $(oneline "$OUT")"; return 1 ;; esac
+  run_cx systemctl reload taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="systemctl reload after the revocation exited $RC: $(oneline "$OUT")"; return 1; }
+  run_cx chmod 0644 /etc/taskgate/tokens.toml
+  run_cx systemctl reload taskgate.service
+  rc=$RC
+  run_cx taskgate reload --config /etc/taskgate/taskgate.toml
+  byhand="$RC $(oneline "$OUT")"
+  secret=$(cx head -n 1 /root/token.out)
+  cx cp -p "$CONF_SAVED" /etc/taskgate/taskgate.toml
+  cx rm -f /etc/taskgate/tokens.toml /root/token.out
+  [ "$rc" -ne 0 ] || { WHY="systemctl reload with a world-readable tokens file exited 0"; return 1; }
+  case $byhand in 7[78]" "*tokens.toml*) ;;
+    *) WHY="taskgate reload with a world-readable tokens file: want 77 or 78 naming the file, got: $byhand"; return 1 ;; esac
+  [ "$(unit_prop ActiveState)" = active ] && [ "$(unit_prop MainPID)" = "$pid" ] \
+    || { WHY="the daemon did not keep serving after the refused reload (MainPID $pid -> $(unit_prop MainPID))"; return 1; }
+  case $secret in tgk_*) ;; *) WHY="token new printed no secret on its first line"; return 1 ;; esac
+  if cx journalctl --no-pager -o cat | grep -qF "$secret"; then WHY="the token's secret is in the journal"; return 1; fi
+  run_cx systemctl restart taskgate.service
+  [ "$RC" -eq 0 ] && [ "$(unit_prop ActiveState)" = active ] || { WHY="restart on the packaged conffile failed (exit $RC): $(oneline "$OUT")"; return 1; }
+  INFO="service read the 0640 root:taskgate tokens file; revoke kept mode and owner and reloaded; world-readable file refused by reload ($byhand); MainPID $pid kept; secret not in the journal"
+}
+run_check credentials-under-the-unit check_credentials
 
 watchdog_timeouts() { cx journalctl -b -u taskgate.service --no-pager -o cat 2>/dev/null | grep -ci 'watchdog timeout'; }
 
