@@ -429,9 +429,14 @@ fn set_revoked(text: &str, id: &str) -> Option<String> {
         }
         // After the end of the line holding the id.
         let end = id_value.span().end;
-        let line_end = text[end..].find('\n').map(|i| end + i + 1)?;
+        // A file whose last line is the id has no newline to insert after.
+        let (line_end, newline) = match text[end..].find('\n') {
+            Some(i) => (end + i + 1, ""),
+            None => (text.len(), "\n"),
+        };
         let mut out = String::with_capacity(text.len() + 16);
         out.push_str(&text[..line_end]);
+        out.push_str(newline);
         out.push_str("revoked = true\n");
         out.push_str(&text[line_end..]);
         return Some(out);
@@ -528,5 +533,10 @@ mod tests {
         let b = set_revoked(text, "b").unwrap();
         assert!(b.ends_with("revoked = true\n"), "{b}");
         assert!(set_revoked(text, "c").is_none());
+        let last = "[[token]]\nscopes = []\nid = \"z\"";
+        assert_eq!(
+            set_revoked(last, "z").unwrap(),
+            "[[token]]\nscopes = []\nid = \"z\"\nrevoked = true\n"
+        );
     }
 }
