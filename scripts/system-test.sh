@@ -84,6 +84,12 @@ CHECKS=(
   reload-refuses-invalid-conffile
   reload-applies-log-filter
   credentials-under-the-unit
+  tool-confinement-in-force
+  tool-denied-state-directory
+  tool-grandchild-dies-with-cancel
+  tool-grandchild-dies-with-daemon-kill
+  tool-fork-bomb-bounded-healthz-answers
+  unit-exposure-running
   watchdog-restarts-hung-daemon
   backup-restore
   backup-refuses-bad-destination-before-stopping
@@ -831,6 +837,219 @@ systemctl restart taskgate.service'
   INFO="service read the 0640 root:taskgate tokens file; revoke kept mode and owner and reloaded; world-readable file refused by reload ($byhand); MainPID $pid kept; secret not in the journal"
 }
 run_check credentials-under-the-unit check_credentials
+
+# ------------------------------------------- tool confinement under the unit --
+# Tools run inside the unit's sandbox and, inside it, under their own
+# confinement (Landlock, limits, the subreaper shim). With probe tools added
+# to the conffile: status, check and the journal say what is in force; a
+# tool cannot read, list or write the state directory the unit lets the
+# daemon write; a setsid grandchild dies with a cancel and with SIGKILL of
+# the main process; a bounded fork bomb fails its task with TG_TOOL_LIMIT
+# while /healthz answers; the running unit's exposure score is recorded.
+# The conffile is put back (and the service restarted) afterwards.
+CONF_CONFINE=/root/taskgate.toml.confinement
+check_confinement_setup() {
+  cx cp -p /etc/taskgate/taskgate.toml "$CONF_CONFINE" || { WHY="cannot save the conffile"; return 1; }
+  # Written from the host into the container's tree: the tools' shell
+  # scripts hold quotes that would not survive another level of sh -c.
+  cat >>"$rootfs/etc/taskgate/taskgate.toml" <<'EOF'
+
+# Added by scripts/system-test.sh (confinement): probes of the per-tool sandbox.
+[[tool]]
+name = "cprobe"
+description = "Tries the state directory, then its scratch directory (system test)."
+argv = ["/bin/sh", "-c", "for p in 'cat /var/lib/taskgate/tasks.db' 'ls /var/lib/taskgate' 'touch /var/lib/taskgate/stray'; do if e=$($p 2>&1 >/dev/null); then echo \"reached: $p\"; else echo \"denied: $p: $e\"; fi; done; touch ./scratch && echo \"scratch: $(pwd)\""]
+effect = "read_only"
+timeout_secs = 20
+
+[[tool]]
+name = "clister"
+description = "Lists a path; its argv invites option injection (system test)."
+argv = ["/bin/ls", "-l", "{path}"]
+effect = "read_only"
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.path]
+type = "string"
+
+[[tool]]
+name = "cspawn"
+description = "Starts a grandchild that leaves its session with setsid (system test)."
+argv = ["/bin/sh", "-c", "setsid sh -c 'exec sleep 985' & sleep 984"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 120
+
+[[tool]]
+name = "cbomb"
+description = "A fork bomb bounded at ten levels, held to 32 processes (system test)."
+argv = ["/bin/sh", "-c", "f() {{ if [ $1 -lt 9 ]; then f $(($1+1)) & f $(($1+1)) & fi; exec sleep 30; }}; f 0"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 60
+max_processes = 32
+EOF
+  run_cx systemctl restart taskgate.service
+  [ "$RC" -eq 0 ] || { WHY="restart with the probe tools failed (exit $RC): $(oneline "$OUT")"; return 1; }
+  run_cx taskgate status
+  local line
+  line=$(grep '^tool confinement: ' <<<"$OUT")
+  grep -q '^tool confinement: Landlock ABI [1-9]' <<<"$line" || { WHY="status shows no Landlock ABI: $(oneline "$OUT")"; return 1; }
+  grep -q 'subreaper kills every descendant' <<<"$line" || { WHY="status does not name the subreaper kill: $(oneline "$line")"; return 1; }
+  grep -q '^tool "cbomb": confined (Landlock); .*max_processes 32,' <<<"$OUT" || { WHY="status lacks cbomb's sandbox and limits: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate status --json
+  grep -q '"landlock_abi": *[1-9]' <<<"$OUT" && grep -q '"sandbox": *"confined"' <<<"$OUT" \
+    || { WHY="status --json lacks the confinement fields: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate check --config-only --config /etc/taskgate/taskgate.toml
+  [ "$RC" -eq 0 ] && grep -qF "$line" <<<"$OUT" || { WHY="check does not print the status's confinement line (exit $RC): $(oneline "$OUT")"; return 1; }
+  cx journalctl -u taskgate.service -p warning --no-pager -o cat | grep -q 'tool "clister": argv element 2 starts with {path}' \
+    || { WHY="the option-injection warning is not in the journal at warning priority"; return 1; }
+  INFO="$line"
+}
+run_check tool-confinement-in-force check_confinement_setup
+
+check_confinement_state_dir() {
+  run_cx taskgate call cprobe
+  [ "$RC" -eq 0 ] || { WHY="taskgate call cprobe exited $RC: $(oneline "$OUT")"; return 1; }
+  local what
+  for what in 'cat /var/lib/taskgate/tasks.db' 'ls /var/lib/taskgate' 'touch /var/lib/taskgate/stray'; do
+    # One probe's line: the JSON text escapes newlines, so stop at a backslash.
+    grep -q "denied: $what: [^\\]*Permission denied" <<<"$OUT" || { WHY="$what was not refused with EACCES: $(oneline "$OUT")"; return 1; }
+  done
+  grep -q 'scratch: /run/taskgate/' <<<"$OUT" || { WHY="the tool did not write its scratch directory under /run/taskgate: $(oneline "$OUT")"; return 1; }
+  ! cx test -e /var/lib/taskgate/stray || { WHY="/var/lib/taskgate/stray exists"; return 1; }
+  state_dir_ok || return 1
+  INFO="tasks.db, listing and writing /var/lib/taskgate: Permission denied; $(grep -o 'scratch: [^"\\]*' <<<"$OUT" | head -n1)"
+}
+run_check tool-denied-state-directory check_confinement_state_dir
+
+# spawned_sleeps: both sleeps of cspawn exist (up to 20 s).
+spawned_sleeps() {
+  local i
+  for i in $(seq 1 100); do
+    cx pgrep -fx 'sleep 985' >/dev/null && cx pgrep -fx 'sleep 984' >/dev/null && return 0
+    sleep 0.2
+  done
+  WHY="the tool's sleeps did not both start: 985: $(cx pgrep -fx 'sleep 985' | tr '\n' ' ') 984: $(cx pgrep -fx 'sleep 984' | tr '\n' ' ')"
+  return 1
+}
+# sleeps_gone SECONDS: neither sleep of cspawn is left after SECONDS.
+SLEEPS_GONE_AFTER=""
+sleeps_gone() {
+  local i t0=$(date +%s.%N)
+  for i in $(seq 1 $(($1 * 5))); do
+    if ! cx pgrep -fx 'sleep 985' >/dev/null && ! cx pgrep -fx 'sleep 984' >/dev/null; then
+      SLEEPS_GONE_AFTER=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+      return 0
+    fi
+    sleep 0.2
+  done
+  WHY="still running after $1 s: sleep 985 (setsid grandchild): $(cx pgrep -fx 'sleep 985' | tr '\n' ' '); sleep 984: $(cx pgrep -fx 'sleep 984' | tr '\n' ' ')"
+  return 1
+}
+# start_spawner -> TASK_ID of a running cspawn task, its sleeps running.
+start_spawner() {
+  run_cx taskgate call cspawn --task
+  TASK_ID=$(grep -o '"taskId": *"tg-[0-9a-f]*"' <<<"$OUT" | grep -o 'tg-[0-9a-f]*' | head -n1)
+  [ -n "$TASK_ID" ] || { WHY="cspawn returned no task (exit $RC): $(oneline "$OUT")"; return 1; }
+  spawned_sleeps
+}
+
+check_confinement_cancel() {
+  start_spawner || return 1
+  local id=$TASK_ID
+  run_cx taskgate task cancel "$id"
+  [ "$RC" -eq 0 ] || { WHY="taskgate task cancel $id exited $RC: $(oneline "$OUT")"; return 1; }
+  sleeps_gone 15 || return 1
+  INFO="task $id cancelled; the setsid grandchild and the child gone ${SLEEPS_GONE_AFTER}s after the cancel"
+}
+run_check tool-grandchild-dies-with-cancel check_confinement_cancel
+
+# SIGKILL of the main process only (not systemctl kill, which signals the
+# whole cgroup): the shim's parent-death signal ends the tool's processes.
+# systemd then also kills what is left of the unit's cgroup before the
+# restart, so outside the unit tests/tool_confinement.rs shows the shim's
+# part alone.
+check_confinement_daemon_kill() {
+  start_spawner || return 1
+  local id=$TASK_ID old new i
+  old=$(unit_prop MainPID)
+  run_cx sh -c "kill -KILL $old"
+  [ "$RC" -eq 0 ] || { WHY="kill -KILL $old failed: $(oneline "$OUT")"; return 1; }
+  sleeps_gone 15 || return 1
+  local gone=$SLEEPS_GONE_AFTER
+  for i in $(seq 1 100); do
+    new=$(unit_prop MainPID)
+    [ -n "$new" ] && [ "$new" != 0 ] && [ "$new" != "$old" ] && [ "$(unit_prop ActiveState)/$(unit_prop SubState)" = active/running ] && break
+    sleep 0.2
+  done
+  [ "$new" != "$old" ] && [ "$(unit_prop ActiveState)" = active ] || { WHY="not restarted after SIGKILL of $old: MainPID $new, $(unit_prop ActiveState)"; return 1; }
+  task_get "$id"
+  grep -q '"status": *"failed"' <<<"$OUT" || { WHY="task $id after the restart: $(oneline "$OUT")"; return 1; }
+  INFO="kill -9 of MainPID $old: both sleeps gone after ${gone}s, restarted as $new, task $id failed (interrupted)"
+}
+run_check tool-grandchild-dies-with-daemon-kill check_confinement_daemon_kill
+
+check_confinement_fork_bomb() {
+  cat >"$rootfs/root/confine-bomb.sh" <<'EOF'
+#!/bin/bash
+# Runs the bounded fork bomb as a task and waits for it, asking /healthz
+# every 0.2 s meanwhile.
+health() {
+  local line=""
+  { printf 'GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&5
+    read -r -t 5 line <&5; } 5<>/dev/tcp/127.0.0.1/8765 2>/dev/null || return 1
+  case $line in "HTTP/1.1 200"*) return 0 ;; esac
+  return 1
+}
+taskgate call cbomb --task --wait >/root/confine-bomb.out 2>&1 &
+call=$!
+ok=0 bad=0
+while kill -0 "$call" 2>/dev/null; do
+  if health; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
+  sleep 0.2
+done
+wait "$call"
+echo "call exit $?; healthz ok $ok failed $bad"
+cat /root/confine-bomb.out
+EOF
+  local t0 took left i
+  t0=$(date +%s.%N)
+  CX_TIMEOUT=120 run_cx bash /root/confine-bomb.sh
+  took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  local summary
+  summary=$(head -n1 <<<"$OUT")
+  grep -q '"status": *"failed"' <<<"$OUT" && grep -q 'max_processes' <<<"$OUT" \
+    || { WHY="the bomb's task did not fail naming max_processes ($summary): $(oneline "$OUT")"; return 1; }
+  grep -q 'TG_TOOL_LIMIT\|-32060' <<<"$OUT" || { WHY="no TG_TOOL_LIMIT in the task's error: $(oneline "$OUT")"; return 1; }
+  grep -q 'healthz ok [1-9][0-9]* failed 0$' <<<"$summary" || { WHY="/healthz did not answer throughout: $summary"; return 1; }
+  for i in $(seq 1 50); do
+    left=$(cx pgrep -u taskgate -fx 'sleep 30' | wc -l)
+    [ "$left" -eq 0 ] && break
+    sleep 0.2
+  done
+  [ "$left" -eq 0 ] || { WHY="$left of the bomb's sleeps are left"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="the service is not active after the bomb"; return 1; }
+  INFO="$summary; task failed with TG_TOOL_LIMIT naming max_processes in ${took}s; no process of the bomb left"
+}
+run_check tool-fork-bomb-bounded-healthz-answers check_confinement_fork_bomb
+
+# The exposure score of the unit as systemd runs it (the offline score of
+# the unit file is unit-security-score).
+check_running_exposure() {
+  local score
+  run_cx systemd-analyze security --no-pager taskgate.service
+  score=$(printf '%s\n' "$OUT" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9][0-9.]*\).*/\1/p' | tail -n1)
+  [ -n "$score" ] || { WHY="no exposure level (exit $RC): $(oneline "$(tail -n 3 <<<"$OUT")")"; return 1; }
+  awk -v s="$score" 'BEGIN { exit !(s <= 1.0) }' || { WHY="exposure $score > 1.0 under systemd"; return 1; }
+  INFO="systemd-analyze security taskgate.service in the container: exposure $score <= 1.0"
+}
+run_check unit-exposure-running check_running_exposure
+
+# Back to the conffile the later checks expect.
+cx cp -p "$CONF_CONFINE" /etc/taskgate/taskgate.toml >>"$log" 2>&1
+run_cx systemctl restart taskgate.service
+[ "$RC" -eq 0 ] || note "restart after the confinement checks exited $RC: $(oneline "$OUT")"
 
 watchdog_timeouts() { cx journalctl -b -u taskgate.service --no-pager -o cat 2>/dev/null | grep -ci 'watchdog timeout'; }
 
