@@ -16,6 +16,11 @@
 # restore-refusal-after-stop-restarts-service, journal-err-shows-refused-start,
 # journal-catalog-entry-resolves, purge-keeps-restore-evidence.
 #
+# Tool confinement under the unit has its own block: tool-confinement-in-force,
+# tool-denied-state-directory, tool-grandchild-dies-with-cancel,
+# tool-grandchild-dies-with-daemon-kill, tool-fork-bomb-bounded-healthz-answers,
+# unit-exposure-running.
+#
 # Without arguments it builds target/debian/taskgate_<v>-1 and -2 with
 # scripts/build-deb.sh (on the host, before booting). With DEB it tests that
 # package and builds the upgrade with --revision 2 unless UPGRADE_DEB is given.
