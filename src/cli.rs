@@ -74,7 +74,8 @@ pub enum Command {
     ///
     /// Exit status: 0 the reload was applied (startup-only keys that were
     /// kept are listed); 78 the new configuration is invalid and was
-    /// refused, with the reason: the daemon goes on with its previous
+    /// refused, with the reason (77 when a file it names, such as a
+    /// credential file, is unsafe): the daemon goes on with its previous
     /// settings; 69 no daemon serves the state directory, it did not
     /// answer in time, or it is stopping; 76 permission denied or the
     /// answer was not understood.

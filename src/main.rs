@@ -568,7 +568,7 @@ fn exit_status_section(command: Option<&str>) -> String {
     let body = match command {
         Some("serve" | "check") => startup.to_string(),
         Some("call" | "task") => client.to_string(),
-        Some("reload") => ".TP\n.B 0\nThe reload was applied; startup\\-only keys that changed and were kept are listed.\n.TP\n.B 64\nUsage.\n.TP\n.B 69\nNo daemon serves the state directory, it did not answer in time, or it is stopping.\n.TP\n.B 76\nPermission denied (root or the service user only), or the answer was not understood.\n.TP\n.B 78\nThe new configuration is invalid and was refused, with the reason; the daemon goes on with its previous settings.\n".into(),
+        Some("reload") => ".TP\n.B 0\nThe reload was applied; startup\\-only keys that changed and were kept are listed.\n.TP\n.B 64\nUsage.\n.TP\n.B 69\nNo daemon serves the state directory, it did not answer in time, or it is stopping.\n.TP\n.B 76\nPermission denied (root or the service user only), or the answer was not understood.\n.TP\n.B 77\nA file the new configuration names (a credential file) has unsafe permissions; refused like 78.\n.TP\n.B 78\nThe new configuration is invalid and was refused, with the reason; the daemon goes on with its previous settings.\n".into(),
         Some("init") => ".TP\n.B 0\nThe file was written.\n.TP\n.B 64\nUsage.\n.TP\n.B 74\nThe file exists already or cannot be written.\n".into(),
         Some(_) => ".TP\n.B 0\nSuccess.\n.TP\n.B 64\nUsage.\n.PP\nAny other status is a refusal of the class listed in\n.BR taskgate (1),\nexplained by the one line on standard error.\n".into(),
         None => format!("{startup}.PP\nThe operator client (call, task) also exits with:\n{client}"),
