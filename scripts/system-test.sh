@@ -16,6 +16,11 @@
 # restore-refusal-after-stop-restarts-service, journal-err-shows-refused-start,
 # journal-catalog-entry-resolves, purge-keeps-restore-evidence.
 #
+# Reload has its own block: `systemctl reload` is synchronous (the unit runs
+# `taskgate reload`): reload-applies-tools-keeps-running-task,
+# reload-refuses-invalid-conffile (it exits non-zero, the daemon keeps
+# serving), reload-applies-log-filter.
+#
 # Tool confinement under the unit has its own block: tool-confinement-in-force,
 # tool-denied-state-directory, tool-grandchild-dies-with-cancel,
 # tool-grandchild-dies-with-daemon-kill, tool-fork-bomb-bounded-healthz-answers,
