@@ -56,6 +56,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::Caller;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
 use crate::mcp::screen::{self, Kind, Refusal};
@@ -157,7 +158,7 @@ impl App {
             settings.session_idle,
         ));
         let mcp = StreamableHttpService::new(
-            move || Ok(Handler::new(factory_svc.clone())),
+            move || Ok(Handler::for_http(factory_svc.clone())),
             sessions.clone(),
             config,
         );
@@ -199,6 +200,7 @@ impl App {
                 refuse_sessions_past_the_bound,
             ))
             .layer(middleware::from_fn_with_state(intake, read_and_screen))
+            .layer(middleware::from_fn(attach_caller))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(readiness);
@@ -371,6 +373,13 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
         }
         Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
     }
+}
+
+/// Every `/mcp` request acts as a caller, attached here before anything
+/// else looks at it.
+async fn attach_caller(mut request: Request, next: Next) -> Response {
+    request.extensions_mut().insert(Caller::Local);
+    next.run(request).await
 }
 
 /// Longest plain-text refusal body from the protocol library that is

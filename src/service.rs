@@ -585,7 +585,7 @@ impl Process {
         let (stdin, stdout) = rmcp::transport::stdio();
         let (transport, pump) = mcp::stdio::screened(stdin, stdout, max_line_bytes);
         let pump = tokio::spawn(pump);
-        let serving = Handler::new(self.svc.clone()).serve(transport);
+        let serving = Handler::for_stdio(self.svc.clone()).serve(transport);
         let running = tokio::select! {
             _ = self.until_stop() => None,
             r = serving => match r {

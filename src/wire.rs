@@ -118,6 +118,15 @@ registry! {
     /// A request body that did not arrive in time.
     REQUEST_TIMEOUT = (-32057, "TG_REQUEST_TIMEOUT",
         "the request body did not arrive within server.body_read_timeout_ms; send the whole body at once");
+    /// No credential, or one that is unknown, expired, revoked or otherwise invalid.
+    UNAUTHENTICATED = (-32061, "TG_UNAUTHENTICATED",
+        "this request needs a valid bearer token (Authorization: Bearer …); the WWW-Authenticate header says which kind; a token that stopped working has expired or was revoked");
+    /// A valid credential without every scope the operation needs.
+    FORBIDDEN = (-32062, "TG_FORBIDDEN",
+        "the credential is valid but lacks scopes this operation needs; data.missingScopes and the WWW-Authenticate header list them all; ask for a token that grants them");
+    /// The caller holds as many tasks as it may.
+    OWNER_LIMIT = (-32063, "TG_OWNER_LIMIT",
+        "this caller already holds as many tasks as it may (the message names the limit); wait for some to finish or expire, or ask the operator to raise it");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");

@@ -397,6 +397,14 @@ pub const STORE_MAX_LIVE_TASKS: KeySpec = int(
     Unit::Count,
     "Unexpired tasks retained at most; creation beyond it is refused (capacity). Lowering it keeps existing tasks readable.",
 );
+pub const STORE_MAX_LIVE_TASKS_PER_OWNER: KeySpec = int(
+    Section::Store,
+    "max_live_tasks_per_owner",
+    1_000_000,
+    (1, 1_000_000),
+    Unit::Count,
+    "Unexpired tasks one owner (one issuer, tenant and subject) may hold; never more than `store.max_live_tasks`, which the default leaves as the only bound. Past it that owner's new tasks are refused with `TG_OWNER_LIMIT` until some expire; other owners go on.",
+);
 pub const STORE_CHECKPOINT_INTERVAL_SECS: KeySpec = int(
     Section::Store,
     "checkpoint_interval_secs",
@@ -442,6 +450,14 @@ pub const TASKS_MAX_RUNNING: KeySpec = int(
     (1, 1024),
     Unit::Count,
     "Tool runs at once, background or synchronous; when all are busy a call is refused at once (`TG_TASK_SLOTS_BUSY` or `TG_RUN_SLOTS_BUSY`).",
+);
+pub const TASKS_MAX_RUNNING_PER_OWNER: KeySpec = int(
+    Section::Tasks,
+    "max_running_per_owner",
+    1024,
+    (1, 1024),
+    Unit::Count,
+    "Background tasks one owner (one issuer, tenant and subject) may have running at once; never more than `tasks.max_running`, which the default leaves as the only bound. Past it that owner's calls are refused with `TG_OWNER_LIMIT`; other owners' go on.",
 );
 pub const TASKS_CANCEL_GRACE_MS: KeySpec = int(
     Section::Tasks,
@@ -743,11 +759,13 @@ pub static KEYS: &[KeySpec] = &[
     STORE_DIRECTORY,
     STORE_QUEUE_DEPTH,
     STORE_MAX_LIVE_TASKS,
+    STORE_MAX_LIVE_TASKS_PER_OWNER,
     STORE_CHECKPOINT_INTERVAL_SECS,
     STORE_MAX_DB_PAGES,
     TASKS_DEFAULT_TTL_SECS,
     TASKS_POLL_INTERVAL_MS,
     TASKS_MAX_RUNNING,
+    TASKS_MAX_RUNNING_PER_OWNER,
     TASKS_CANCEL_GRACE_MS,
     TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
     TASKS_ARTIFACT_MAX_BYTES,

@@ -204,6 +204,8 @@ impl std::fmt::Display for StateDirSource {
 pub struct StoreSettings {
     pub queue_depth: usize,
     pub max_live_tasks: u64,
+    /// Unexpired tasks one owner may hold.
+    pub max_live_tasks_per_owner: u64,
     pub checkpoint_interval: Duration,
     pub max_db_pages: u64,
 }
@@ -234,6 +236,8 @@ pub struct TaskSettings {
     pub default_ttl: Duration,
     pub poll_interval: Duration,
     pub max_running: usize,
+    /// Background tasks one owner may run at once (at most `max_running`).
+    pub max_running_per_owner: usize,
     pub cancel_grace: Duration,
     pub artifacts_max_total_bytes: u64,
     pub artifact_max_bytes: u64,
@@ -588,6 +592,7 @@ impl Config {
         let store = StoreSettings {
             queue_depth: layers.size(&keys::STORE_QUEUE_DEPTH)?,
             max_live_tasks: layers.int(&keys::STORE_MAX_LIVE_TASKS)?,
+            max_live_tasks_per_owner: layers.int(&keys::STORE_MAX_LIVE_TASKS_PER_OWNER)?,
             checkpoint_interval: layers.duration_secs(&keys::STORE_CHECKPOINT_INTERVAL_SECS)?,
             max_db_pages: layers.int(&keys::STORE_MAX_DB_PAGES)?,
         };
@@ -616,6 +621,9 @@ impl Config {
             default_ttl: layers.duration_secs(&keys::TASKS_DEFAULT_TTL_SECS)?,
             poll_interval: layers.duration_ms(&keys::TASKS_POLL_INTERVAL_MS)?,
             max_running: layers.size(&keys::TASKS_MAX_RUNNING)?,
+            max_running_per_owner: layers
+                .size(&keys::TASKS_MAX_RUNNING_PER_OWNER)?
+                .min(layers.size(&keys::TASKS_MAX_RUNNING)?),
             cancel_grace: layers.duration_ms(&keys::TASKS_CANCEL_GRACE_MS)?,
             artifacts_max_total_bytes: layers.int(&keys::TASKS_ARTIFACTS_MAX_TOTAL_BYTES)?,
             artifact_max_bytes: layers.int(&keys::TASKS_ARTIFACT_MAX_BYTES)?,

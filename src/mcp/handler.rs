@@ -21,9 +21,9 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
 use super::convert;
+use crate::auth::Caller;
 use crate::config::{Effect, TaskMode};
-use crate::store::Digest;
-use crate::tasks::{Call, Delivery, OPERATION_ID_META_KEY, TaskService, local_owner};
+use crate::tasks::{Call, Delivery, OPERATION_ID_META_KEY, TaskService};
 use crate::tools::ToolSpec;
 use crate::wire;
 
@@ -31,14 +31,36 @@ use crate::wire;
 /// per stateless HTTP request. All share the task service.
 pub struct Handler {
     svc: Arc<TaskService>,
+    transport: Transport,
     /// Set by `initialize`: this session speaks a pre-2026-07-28 protocol.
     legacy: AtomicBool,
 }
 
+/// Where the handler's requests come from, which decides who they act as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// The process's own stdio: the local caller.
+    Stdio,
+    /// HTTP: the caller the authentication middleware attached to the
+    /// request; a request without one is refused, never made local.
+    Http,
+}
+
 impl Handler {
-    pub fn new(svc: Arc<TaskService>) -> Handler {
+    /// A handler for the stdio pipe, whose caller is the local owner.
+    pub fn for_stdio(svc: Arc<TaskService>) -> Handler {
+        Handler::new(svc, Transport::Stdio)
+    }
+
+    /// A handler for HTTP requests, each carrying its authenticated caller.
+    pub fn for_http(svc: Arc<TaskService>) -> Handler {
+        Handler::new(svc, Transport::Http)
+    }
+
+    fn new(svc: Arc<TaskService>, transport: Transport) -> Handler {
         Handler {
             svc,
+            transport,
             legacy: AtomicBool::new(false),
         }
     }
@@ -47,10 +69,22 @@ impl Handler {
         self.legacy.load(Ordering::Relaxed)
     }
 
-    /// The owner of this request's tasks. Until authentication exists,
-    /// everyone who can reach the daemon is the local owner.
-    fn owner(&self, _context: &RequestContext<RoleServer>) -> Digest {
-        local_owner()
+    /// Who this request acts as. Over HTTP the authentication middleware
+    /// put the caller into the request; its absence is a fault, and fails
+    /// closed.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        if self.transport == Transport::Stdio {
+            return Ok(Caller::Local);
+        }
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| {
+                tracing::error!("an HTTP request reached the handler without its caller");
+                convert::from_code(wire::INTERNAL, "the request has no caller", None)
+            })
     }
 
     /// Did this very request negotiate Tasks?
@@ -167,7 +201,7 @@ impl ServerHandler for Handler {
         let call = Call {
             tool: request.name.to_string(),
             arguments: request.arguments,
-            owner: self.owner(&context),
+            caller: self.caller(&context)?,
             negotiated: self.negotiated(&context),
             operation_id,
             client_cancel: context.ct.clone(),
@@ -188,7 +222,7 @@ impl ServerHandler for Handler {
         self.refuse_legacy("tasks/get")?;
         let record = self
             .svc
-            .get(&request.task_id, self.owner(&context))
+            .get(&request.task_id, &self.caller(&context)?)
             .await
             .map_err(convert::error)?;
         Ok(GetTaskResult::new(convert::detailed(&record)))
@@ -201,7 +235,7 @@ impl ServerHandler for Handler {
     ) -> Result<(), ErrorData> {
         self.refuse_legacy("tasks/cancel")?;
         self.svc
-            .cancel(&request.task_id, self.owner(&context))
+            .cancel(&request.task_id, &self.caller(&context)?)
             .await
             .map_err(convert::error)
     }
@@ -213,7 +247,7 @@ impl ServerHandler for Handler {
     ) -> Result<(), ErrorData> {
         self.refuse_legacy("tasks/update")?;
         self.svc
-            .update(&request.task_id, self.owner(&context))
+            .update(&request.task_id, &self.caller(&context)?)
             .await
             .map_err(convert::error)
     }

@@ -285,6 +285,8 @@ impl Created {
 pub enum CapacityKind {
     /// `store.max_live_tasks` unexpired rows exist.
     LiveTasks { limit: u64 },
+    /// The owner holds `store.max_live_tasks_per_owner` unexpired tasks.
+    OwnerTasks { limit: u64 },
     /// SQLite reached `max_page_count` (cleanup still works).
     PageCap { pages: u64 },
     /// The filesystem is full (cleanup may need space too).
@@ -296,6 +298,12 @@ impl std::fmt::Display for CapacityKind {
         match self {
             CapacityKind::LiveTasks { limit } => {
                 write!(f, "{limit} unexpired tasks retained (store.max_live_tasks)")
+            }
+            CapacityKind::OwnerTasks { limit } => {
+                write!(
+                    f,
+                    "this caller already holds {limit} unexpired tasks (store.max_live_tasks_per_owner); wait until some expire"
+                )
             }
             CapacityKind::PageCap { pages } => {
                 write!(
@@ -439,6 +447,8 @@ pub struct StoreOptions {
     pub db_path: PathBuf,
     pub queue_depth: usize,
     pub max_live_tasks: u64,
+    /// Unexpired tasks one owner may hold.
+    pub max_live_tasks_per_owner: u64,
     pub checkpoint_interval: Duration,
     pub max_db_pages: u64,
     /// Where every "now" of the store comes from.
@@ -459,6 +469,7 @@ impl StoreOptions {
             db_path: db_path.into(),
             queue_depth: bounds::QUEUE_DEPTH_DEFAULT as usize,
             max_live_tasks: bounds::MAX_LIVE_TASKS_DEFAULT,
+            max_live_tasks_per_owner: bounds::MAX_LIVE_TASKS_DEFAULT,
             checkpoint_interval: Duration::from_secs(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT),
             max_db_pages: bounds::MAX_DB_PAGES_DEFAULT,
             clock: Clock::system(),
@@ -472,6 +483,7 @@ impl StoreOptions {
             db_path: db_path.to_path_buf(),
             queue_depth: s.queue_depth,
             max_live_tasks: s.max_live_tasks,
+            max_live_tasks_per_owner: s.max_live_tasks_per_owner,
             checkpoint_interval: s.checkpoint_interval,
             max_db_pages: s.max_db_pages,
             clock: Clock::system(),

@@ -241,6 +241,13 @@ pub(crate) fn count_expired(conn: &Connection, now: i64) -> rusqlite::Result<u64
         .map(|n| n as u64)
 }
 
+/// Unexpired tasks of one owner (read from `tasks_owner_expires`).
+pub(crate) fn count_live_of(conn: &Connection, owner: &Digest, now: i64) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT count(*) FROM tasks WHERE owner = ?1 AND expires_ms > ?2")?
+        .query_row(params![&owner.0[..], now], |r| r.get::<_, i64>(0))
+        .map(|n| n as u64)
+}
+
 /// `(nonterminal tasks, of which their cancel was committed)`.
 pub(crate) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
     conn.query_row(

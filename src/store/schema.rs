@@ -53,6 +53,10 @@ PRAGMA user_version = 1;
 const V2_ADD_PROPOSAL: &str = "ALTER TABLE tasks ADD COLUMN proposal TEXT";
 const V2_PROPOSAL_INDEX: &str = "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL";
 
+/// Tasks by owner and expiry, for the per-owner limit.
+const OWNER_INDEX_DDL: &str =
+    "CREATE INDEX IF NOT EXISTS tasks_owner_expires ON tasks (owner, expires_ms)";
+
 /// The store's identity (see [`StoreId`]): one row, written when the
 /// database is initialised, or by the first start of this version on a
 /// store made before it. Older builds of the same schema version never
@@ -614,6 +618,16 @@ pub(crate) fn prepare(options: &StoreOptions) -> Result<Prepared, OpenError> {
             id
         }
     };
+    // Counting an owner's live tasks at creation reads this index. Like the
+    // identity table it needs no schema version: older builds of this
+    // version neither read nor mind it.
+    in_transaction(
+        &conn,
+        path,
+        "indexing tasks by owner",
+        SCHEMA_VERSION,
+        |c| c.execute_batch(OWNER_INDEX_DDL),
+    )?;
     let unfinished = records::unfinished(&conn)
         .map_err(|e| refusal(path, "listing unfinished tasks", SCHEMA_VERSION, e))?;
     Ok(Prepared {

@@ -760,6 +760,12 @@ impl Worker {
                 )));
             }
         }
+        let per_owner = self.options.max_live_tasks_per_owner;
+        if per_owner < limit && records::count_live_of(c, &new.owner, now)? >= per_owner {
+            return Err(ApplyError::Refused(StoreError::Capacity(
+                CapacityKind::OwnerTasks { limit: per_owner },
+            )));
+        }
         let id = TaskId::generate().map_err(|e| {
             ApplyError::Refused(StoreError::Internal(format!("random source: {e}")))
         })?;

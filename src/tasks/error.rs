@@ -30,6 +30,17 @@ pub enum TaskError {
     /// Unknown, expired and another owner's IDs: one answer for all three.
     #[error("task not found")]
     UnknownTask,
+    /// The caller's credential lacks scopes this operation needs.
+    #[error(
+        "this credential lacks the scope{} {} needed here; ask for a token that grants {}",
+        if missing.len() == 1 { "" } else { "s" },
+        missing.join(", "),
+        if missing.len() == 1 { "it" } else { "them" }
+    )]
+    Forbidden { missing: Vec<String> },
+    /// The caller is at one of its own limits (the message names it).
+    #[error("{0}")]
+    OwnerLimit(String),
     #[error("too many calls in flight; retry shortly")]
     ServerBusy,
     /// Every running slot is taken and the tool runs only as a task.
@@ -73,6 +84,8 @@ impl TaskError {
             TaskError::IdempotencyConflict => wire::IDEMPOTENCY_CONFLICT,
             TaskError::UnknownTask => wire::UNKNOWN_TASK,
             TaskError::ServerBusy => wire::SERVER_BUSY,
+            TaskError::Forbidden { .. } => wire::FORBIDDEN,
+            TaskError::OwnerLimit(_) => wire::OWNER_LIMIT,
             TaskError::SlotsBusy { .. } => wire::TASK_SLOTS_BUSY,
             TaskError::RunSlotsBusy { .. } => wire::RUN_SLOTS_BUSY,
             TaskError::Stopping => wire::STOPPING,
@@ -109,6 +122,7 @@ impl TaskError {
             TaskError::SlotsBusy { max_running } | TaskError::RunSlotsBusy { max_running } => {
                 Some(json!({"maxRunning": max_running}))
             }
+            TaskError::Forbidden { missing } => Some(json!({"missingScopes": missing})),
             TaskError::TasksRequired(_) => Some(json!({
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),

@@ -37,10 +37,11 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::artifacts::Artifacts;
-use crate::config::{TaskMode, TaskSettings};
+use crate::auth::{self, Caller};
+use crate::config::{Effect, TaskMode, TaskSettings};
 use crate::store::{
-    Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId, TaskRecord,
-    TaskStatus,
+    CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId,
+    TaskRecord, TaskStatus,
 };
 use crate::tools::{Registry, RunError, Runner, ToolSpec};
 
@@ -58,10 +59,36 @@ pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 /// Room left in a record for the pointer that replaces a spilled result.
 const SPILL_MARGIN: usize = 512;
 
-/// The owner of every task until authentication arrives: whoever can reach
-/// the loopback listener or the stdio pipe.
+/// The owner of the local caller's tasks: stdio, and loopback HTTP without
+/// credentials where `[auth]` allows it (and everyone when no credentials
+/// are configured).
 pub fn local_owner() -> Digest {
     Digest::of_parts(&[b"taskgate-owner", b"local"])
+}
+
+/// The digest a caller's tasks are stored under. An authenticated caller
+/// is its (issuer, tenant, subject): two credentials of one subject share
+/// its tasks, and nothing else does. Stored only as this digest.
+pub fn owner_of(caller: &Caller) -> Digest {
+    match caller {
+        Caller::Local => local_owner(),
+        Caller::Authenticated(p) => Digest::of_parts(&[
+            b"taskgate-owner",
+            b"principal",
+            p.issuer.as_bytes(),
+            p.tenant.as_bytes(),
+            p.subject.as_bytes(),
+        ]),
+    }
+}
+
+/// What a request asks of the task service, for its scope check.
+#[derive(Debug, Clone, Copy)]
+pub enum Operation<'a> {
+    Call { tool: &'a str },
+    Get,
+    Cancel,
+    Update,
 }
 
 /// The first bytes of an owner digest, enough to follow one caller through
@@ -74,7 +101,7 @@ fn owner_tag(owner: &Digest) -> String {
 pub struct Call {
     pub tool: String,
     pub arguments: Option<Map<String, Value>>,
-    pub owner: Digest,
+    pub caller: Caller,
     /// This very request declared the Tasks extension on 2026-07-28 or later.
     pub negotiated: bool,
     pub operation_id: Option<String>,
@@ -207,6 +234,47 @@ struct Fallback {
     slot: Option<OwnedSemaphorePermit>,
 }
 
+/// One of an owner's `tasks.max_running_per_owner` running places, given
+/// back when the run ends.
+struct OwnerSlot {
+    counts: Arc<Mutex<HashMap<Digest, usize>>>,
+    owner: Digest,
+}
+
+impl OwnerSlot {
+    fn take(
+        counts: &Arc<Mutex<HashMap<Digest, usize>>>,
+        owner: Digest,
+        max: usize,
+    ) -> Option<OwnerSlot> {
+        let mut map = lock(counts);
+        let n = map.entry(owner).or_insert(0);
+        if *n >= max {
+            if *n == 0 {
+                map.remove(&owner);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(OwnerSlot {
+            counts: counts.clone(),
+            owner,
+        })
+    }
+}
+
+impl Drop for OwnerSlot {
+    fn drop(&mut self) {
+        let mut map = lock(&self.counts);
+        if let Some(n) = map.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.owner);
+            }
+        }
+    }
+}
+
 /// A background task running in this process.
 struct Running {
     token: CancellationToken,
@@ -225,6 +293,10 @@ pub struct TaskService {
     slots: Arc<Semaphore>,
     sync_slots: Arc<Semaphore>,
     running: Mutex<HashMap<TaskId, Arc<Running>>>,
+    /// Background tasks running per owner, for `tasks.max_running_per_owner`
+    /// (an owner's entry goes when its last run ends, so this holds at most
+    /// `tasks.max_running` entries).
+    owner_running: Arc<Mutex<HashMap<Digest, usize>>>,
     polls: polls::Polls,
     stopping: AtomicBool,
     /// Cancelled when the daemon stops: every run's token descends from it.
@@ -269,6 +341,7 @@ impl TaskService {
             artifacts,
             settings,
             running: Mutex::new(HashMap::new()),
+            owner_running: Arc::default(),
             stopping: AtomicBool::new(false),
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),
@@ -348,11 +421,52 @@ impl TaskService {
 
     /// Admits and runs one tool call.
     pub async fn call(self: &Arc<Self>, call: Call) -> Result<Delivery, TaskError> {
-        let span = tracing::info_span!("call", tool = %call.tool, owner = %owner_tag(&call.owner));
-        self.admit_and_run(call).instrument(span).await
+        let owner = owner_of(&call.caller);
+        let span = tracing::info_span!("call", tool = %call.tool, owner = %owner_tag(&owner));
+        self.admit_and_run(call, owner).instrument(span).await
     }
 
-    async fn admit_and_run(self: &Arc<Self>, call: Call) -> Result<Delivery, TaskError> {
+    /// The scopes an operation needs. Every caller needs them; the local
+    /// caller holds them all. The HTTP layer asks too, to answer a missing
+    /// scope with its challenge before the protocol library sees the
+    /// request; the check here is the one that decides.
+    pub fn scopes_needed(&self, op: Operation<'_>) -> Vec<&'static str> {
+        match op {
+            Operation::Call { tool } if tool == ARTIFACT_READ_TOOL => vec![auth::SCOPE_TASKS_READ],
+            Operation::Call { tool } => {
+                let mut needed = vec![auth::SCOPE_TOOLS_CALL];
+                match self.live().tools.get(tool).map(|t| t.spec().effect) {
+                    Some(Effect::IdempotentWrite) => {
+                        needed.push(auth::SCOPE_EFFECT_IDEMPOTENT_WRITE)
+                    }
+                    Some(Effect::NonIdempotentWrite) => {
+                        needed.push(auth::SCOPE_EFFECT_NON_IDEMPOTENT_WRITE)
+                    }
+                    Some(Effect::ReadOnly) | None => {}
+                }
+                needed
+            }
+            Operation::Get => vec![auth::SCOPE_TASKS_READ],
+            Operation::Cancel | Operation::Update => vec![auth::SCOPE_TASKS_CANCEL],
+        }
+    }
+
+    /// Refuses a caller that lacks a scope `op` needs, naming every one.
+    fn authorize(&self, caller: &Caller, op: Operation<'_>) -> Result<(), TaskError> {
+        let missing = caller.missing(&self.scopes_needed(op));
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(TaskError::Forbidden {
+            missing: missing.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    async fn admit_and_run(
+        self: &Arc<Self>,
+        call: Call,
+        owner: Digest,
+    ) -> Result<Delivery, TaskError> {
         // Held until this call has spawned its run or answered: stopping
         // waits for it, so a call admitted just before stopping began cannot
         // spawn a run that nobody waits for.
@@ -360,8 +474,9 @@ impl TaskService {
         if self.is_stopping() {
             return Err(TaskError::Stopping);
         }
+        self.authorize(&call.caller, Operation::Call { tool: &call.tool })?;
         if call.tool == ARTIFACT_READ_TOOL {
-            return artifact_read::run(&self.store, &self.artifacts, call.arguments, call.owner)
+            return artifact_read::run(&self.store, &self.artifacts, call.arguments, owner)
                 .await
                 .map(Delivery::Now);
         }
@@ -383,7 +498,7 @@ impl TaskService {
         let mut slot = None;
         if call.negotiated && mode != TaskMode::Never {
             match self
-                .try_background(&tool, &args, call.owner, call.operation_id)
+                .try_background(&tool, &args, owner, call.operation_id)
                 .await?
             {
                 Ok(record) => return Ok(Delivery::Task(record)),
@@ -430,6 +545,16 @@ impl TaskService {
                 slot: None,
             }));
         }
+        let Some(owner_slot) = OwnerSlot::take(
+            &self.owner_running,
+            owner,
+            self.settings.max_running_per_owner,
+        ) else {
+            return Err(TaskError::OwnerLimit(format!(
+                "this caller already has {} tasks running (tasks.max_running_per_owner); wait for one to finish",
+                self.settings.max_running_per_owner
+            )));
+        };
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             return Ok(Err(Fallback {
                 reason: FallbackReason::SlotsBusy,
@@ -462,7 +587,7 @@ impl TaskService {
                     tool.clone(),
                     args.clone(),
                     running,
-                    permit,
+                    (permit, owner_slot),
                 );
                 self.tracker.spawn(run.instrument(span));
                 Ok(Ok(record))
@@ -473,6 +598,11 @@ impl TaskService {
                 Ok(Ok(record))
             }
             Err(StoreError::Conflict) => Err(TaskError::IdempotencyConflict),
+            // The owner's own limit: running the tool synchronously instead
+            // would let one owner past it.
+            Err(StoreError::Capacity(kind @ CapacityKind::OwnerTasks { .. })) => {
+                Err(TaskError::OwnerLimit(kind.to_string()))
+            }
             Err(e) => Ok(Err(Fallback {
                 reason: FallbackReason::of(&e),
                 error: TaskError::Store(e),
@@ -527,7 +657,7 @@ impl TaskService {
         tool: Arc<dyn Runner>,
         args: Map<String, Value>,
         running: Arc<Running>,
-        _permit: OwnedSemaphorePermit,
+        _slot: (OwnedSemaphorePermit, OwnerSlot),
     ) {
         let name = tool.spec().name.clone();
         let run = tool
@@ -613,8 +743,10 @@ impl TaskService {
     }
 
     /// `tasks/get`, with the advertised poll interval enforced per task.
-    pub async fn get(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
+    pub async fn get(&self, id: &str, caller: &Caller) -> Result<TaskRecord, TaskError> {
+        let owner = owner_of(caller);
         let span = tracing::debug_span!("poll", task = id, owner = %owner_tag(&owner));
+        self.authorize(caller, Operation::Get)?;
         self.poll(id, owner).instrument(span).await
     }
 
@@ -661,8 +793,10 @@ impl TaskService {
 
     /// `tasks/cancel`: commit the intent, then stop the run. A finished task
     /// is acknowledged unchanged.
-    pub async fn cancel(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
+    pub async fn cancel(&self, id: &str, caller: &Caller) -> Result<(), TaskError> {
+        let owner = owner_of(caller);
         let span = tracing::info_span!("cancel", task = id, owner = %owner_tag(&owner));
+        self.authorize(caller, Operation::Cancel)?;
         self.cancel_owned(id, owner).instrument(span).await
     }
 
@@ -699,8 +833,9 @@ impl TaskService {
 
     /// `tasks/update`: input is never requested, so nothing is retained;
     /// ownership is checked and the update acknowledged.
-    pub async fn update(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
-        self.owned(id, &owner).await.map(|_| ())
+    pub async fn update(&self, id: &str, caller: &Caller) -> Result<(), TaskError> {
+        self.authorize(caller, Operation::Update)?;
+        self.owned(id, &owner_of(caller)).await.map(|_| ())
     }
 
     /// The first step of stopping: from now on every call is refused with
