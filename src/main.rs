@@ -442,7 +442,7 @@ async fn task(args: &TaskArgs, url: &str) -> Result<Answer, ClientError> {
 /// `check --config-only`: what serve and a reload would accept, without
 /// the state directory.
 fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
-    let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
+    let startup::Effective { config, tools, .. } = startup::effective(overrides, Vec::new())?;
     let file = match &config.file {
         Some(path) => path.display().to_string(),
         None => "no file (the embedded defaults)".to_string(),
@@ -485,7 +485,7 @@ fn tool_report(tools: &taskgate::tools::Registry) -> Result<(), Refusal> {
 
 fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     let (source, outcome) = startup::check(overrides)?;
-    let startup::Effective { config, tools } = startup::effective(overrides, Vec::new())?;
+    let startup::Effective { config, tools, .. } = startup::effective(overrides, Vec::new())?;
     auth_report(&config)?;
     tool_report(&tools)?;
     match outcome {

@@ -38,8 +38,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::server::Admin;
 use crate::admin::{AdminError, ReloadReply, Reloaded};
+use crate::auth::{AuthError, Authenticator};
 use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
+use crate::http::tls::Tls;
 use crate::http::{self, BoundedSessions, LimitedListener};
 use crate::mcp::{self, Handler};
 use crate::startup;
@@ -166,7 +168,27 @@ pub fn serve(
     for b in &builtins {
         tracing::warn!(tool = %b.spec().name, "serving a built-in test tool: {}", b.spec().name);
     }
-    let startup::Effective { config, tools } = startup::effective(overrides, builtins.clone())?;
+    let startup::Effective {
+        config,
+        tools,
+        auth,
+        tls,
+    } = startup::effective(overrides, builtins.clone())?;
+    if transport == Transport::Stdio
+        && config
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.local_owner == crate::config::LocalOwner::Never)
+    {
+        // stdio carries no credential: under `never` it would have to act as
+        // someone it cannot prove to be.
+        return Err(Refusal::new(
+            ExitClass::Config,
+            "auth.local_owner = \"never\" leaves stdio no caller to act as (it cannot present a credential); serve over HTTP, or set auth.local_owner = \"loopback\"".to_string(),
+        ));
+    }
+    let auth = auth.map(Arc::new);
+    let tls = tls.map(Arc::new);
     // From here on the configured filter applies (the logger started with
     // `TASKGATE_LOG` or the default, before any configuration was read).
     set_log_filter(&config.log.filter);
@@ -254,6 +276,8 @@ pub fn serve(
             chores: TaskTracker::new(),
             chores_stop: CancellationToken::new(),
             admin,
+            auth,
+            tls,
         };
         match listener {
             Some(listener) => process.run_http(listener, &config, state_dir).await,
@@ -297,6 +321,11 @@ struct Process {
     chores_stop: CancellationToken,
     /// The private admin socket (`taskgate status`, online snapshots).
     admin: Admin,
+    /// The credentials in force, swapped by reloads; `None`: every caller
+    /// is local.
+    auth: Option<Arc<Authenticator>>,
+    /// The TLS pair in force, re-read by reloads.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Process {
@@ -373,7 +402,22 @@ impl Process {
                     ),
                 ))
             }
-            Ok(new) => Ok(self.apply(number, new)),
+            Ok(mut new) => match self.renew_credentials(&mut new) {
+                Err(refusal) => {
+                    tracing::error!(
+                        "configuration reload refused: {}; still running on the previous configuration",
+                        refusal.message
+                    );
+                    Err(AdminError::new(
+                        refusal.class,
+                        format!(
+                            "reload {number} refused: {}; the daemon goes on with its previous configuration",
+                            refusal.message
+                        ),
+                    ))
+                }
+                Ok(()) => Ok(self.apply(number, new)),
+            },
         };
         let summary = match &outcome {
             Err(_) => "refused (invalid configuration; see the log)".to_string(),
@@ -391,6 +435,27 @@ impl Process {
         };
         notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
         outcome
+    }
+
+    /// The reload's credential step, before anything else is applied: the
+    /// TLS pair is read again and the validated credential set swapped in.
+    /// Turning authentication on or off is refused (it changes who every
+    /// open session acts as; a restart does it), and so is a TLS pair that
+    /// does not load, keeping the one in force.
+    fn renew_credentials(&mut self, new: &mut startup::Effective) -> Result<(), Refusal> {
+        if let Some(tls) = &self.tls {
+            tls.reload().map_err(Refusal::from)?;
+        }
+        match (&self.auth, new.auth.take()) {
+            (Some(running), Some(fresh)) => {
+                let summary = running.adopt(fresh);
+                tracing::info!("credentials reloaded: {summary}");
+                Ok(())
+            }
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(AuthError::OnOff("off").into()),
+            (None, Some(_)) => Err(AuthError::OnOff("on").into()),
+        }
     }
 
     /// Applies a validated configuration: the reloadable parts go to new
@@ -501,7 +566,7 @@ impl Process {
         let local = listener
             .local_addr()
             .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
-        let app = http::App::new(self.svc.clone(), &config.server);
+        let app = http::App::with_auth(self.svc.clone(), &config.server, self.auth.clone());
         let drain = app.drain();
         let sessions = app.sessions();
         self.chores.spawn(return_memory_after_sessions(
@@ -516,6 +581,7 @@ impl Process {
                 LimitedListener::new(listener, config.server.max_connections),
                 app.router,
                 config.server.header_read_timeout,
+                self.tls.clone(),
                 async move { stop.cancelled().await },
             ))
         };

@@ -25,6 +25,10 @@ pub struct Effective {
     /// The configured tools compiled (schemas, argv templates), with the
     /// built-ins beside them.
     pub tools: Registry,
+    /// The credentials, read and validated; `None` when none are configured.
+    pub auth: Option<crate::auth::Authenticator>,
+    /// The TLS certificate and key, read and validated, when `server.tls = "on"`.
+    pub tls: Option<crate::http::tls::Tls>,
 }
 
 /// Step 1: the configuration layered and checked key by key (a listen
@@ -41,10 +45,16 @@ pub fn effective(
     // The credential files are configuration too: a start, `check` and a
     // reload read and validate them the same way (78 for content, 77 for
     // permissions) before anything is served.
-    crate::auth::Authenticator::from_config(&config)?;
+    let auth = crate::auth::Authenticator::from_config(&config)?;
+    let tls = None;
     let protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
     let tools = Registry::build(&config.tools, &protected, builtins)?;
-    Ok(Effective { config, tools })
+    Ok(Effective {
+        config,
+        tools,
+        auth,
+        tls,
+    })
 }
 
 /// A state directory found safe, with its lock held.

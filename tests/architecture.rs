@@ -102,7 +102,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("client", &["exit", "wire"]),
     ("logging", &["config", "events"]),
-    ("http", &["auth", "config", "mcp", "tasks", "wire"]),
+    ("http", &["auth", "config", "exit", "mcp", "tasks", "wire"]),
     (
         "mcp",
         &["auth", "config", "store", "tasks", "tools", "wire"],

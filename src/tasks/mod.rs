@@ -757,7 +757,7 @@ impl TaskService {
         let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
         let interval = self.live().poll_interval;
         if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
-            match self.polls.hold() {
+            match self.polls.hold(&owner) {
                 Some(_held) => {
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}

@@ -55,16 +55,33 @@ pub enum Pace {
 pub struct Polls {
     max_tracked: usize,
     max_held: usize,
+    /// Held polls one owner may have: half of `max_held` (at least one),
+    /// so that one owner polling early cannot take every held place.
+    max_held_per_owner: usize,
     held: Arc<AtomicUsize>,
+    /// Held polls by owner; an owner's entry goes with its last held poll,
+    /// so this has at most `max_held` entries.
+    held_by: Arc<Mutex<HashMap<Digest, usize>>>,
     entries: Mutex<HashMap<(Digest, TaskId), Entry>>,
 }
 
-/// One held poll; the count goes down when it is dropped.
-pub struct Held(Arc<AtomicUsize>);
+/// One held poll; the counts go down when it is dropped.
+pub struct Held {
+    total: Arc<AtomicUsize>,
+    by_owner: Arc<Mutex<HashMap<Digest, usize>>>,
+    owner: Digest,
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.total.fetch_sub(1, Ordering::SeqCst);
+        let mut map = self.by_owner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.owner);
+            }
+        }
     }
 }
 
@@ -73,7 +90,9 @@ impl Polls {
         Polls {
             max_tracked,
             max_held,
+            max_held_per_owner: (max_held / 2).max(1),
             held: Arc::new(AtomicUsize::new(0)),
+            held_by: Arc::default(),
             entries: Mutex::new(HashMap::new()),
         }
     }
@@ -101,8 +120,14 @@ impl Polls {
         }
     }
 
-    /// A place to hold an early poll, if fewer than the bound are held.
-    pub fn hold(&self) -> Option<Held> {
+    /// A place to hold an early poll of `owner`'s, if fewer than the bound
+    /// are held in all and fewer than the owner's share are its own.
+    pub fn hold(&self, owner: &Digest) -> Option<Held> {
+        let mut by_owner = self.held_by.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = by_owner.get(owner).copied().unwrap_or(0);
+        if mine >= self.max_held_per_owner {
+            return None;
+        }
         let mut now = self.held.load(Ordering::SeqCst);
         loop {
             if now >= self.max_held {
@@ -112,10 +137,16 @@ impl Polls {
                 .held
                 .compare_exchange(now, now + 1, Ordering::SeqCst, Ordering::SeqCst)
             {
-                Ok(_) => return Some(Held(self.held.clone())),
+                Ok(_) => break,
                 Err(seen) => now = seen,
             }
         }
+        by_owner.insert(*owner, mine + 1);
+        Some(Held {
+            total: self.held.clone(),
+            by_owner: self.held_by.clone(),
+            owner: *owner,
+        })
     }
 
     /// Records what a poll that read the store told the owner: the next read
@@ -212,14 +243,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn held_polls_are_bounded() {
-        let polls = Polls::new(16, 2);
-        let a = polls.hold();
-        let b = polls.hold();
+    async fn held_polls_are_bounded_in_all_and_per_owner() {
+        let polls = Polls::new(16, 4);
+        let (me, you, them) = (Digest::of(b"me"), Digest::of(b"you"), Digest::of(b"them"));
+        let a = polls.hold(&me);
+        let b = polls.hold(&me);
         assert!(a.is_some() && b.is_some());
-        assert!(polls.hold().is_none());
+        // Half of the places is one owner's share.
+        assert!(polls.hold(&me).is_none());
+        let c = polls.hold(&you);
+        let d = polls.hold(&you);
+        assert!(c.is_some() && d.is_some());
+        // Every place is taken.
+        assert!(polls.hold(&them).is_none());
         drop(a);
-        assert!(polls.hold().is_some());
+        assert!(polls.hold(&them).is_some());
+        // The owner's count went down with its held poll.
+        drop(b);
+        assert_eq!(polls.held_by.lock().unwrap().get(&me), None);
     }
 
     #[tokio::test(start_paused = true)]

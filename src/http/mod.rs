@@ -21,10 +21,16 @@
 //! `server.max_sessions` and expire after `server.session_idle_secs`
 //! without a request.
 //!
+//! Authentication comes first of all (see [`auth`]): a request without a
+//! valid credential is answered 401 before its body is read.
+//!
 //! Stopping is in two steps the service drives: [`Drain::idle`] waits for
 //! every request to have its answer, and only then [`Drain::end_streams`]
 //! ends SSE streams and sessions. Ending them first would cut in-flight
 //! requests off with an empty 500.
+
+pub mod auth;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -56,7 +62,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::Caller;
+use crate::auth::Authenticator;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
 use crate::mcp::screen::{self, Kind, Refusal};
@@ -144,7 +150,23 @@ pub struct App {
 }
 
 impl App {
+    /// The application without credentials: every caller is the local one
+    /// (the listener is loopback-only then).
     pub fn new(svc: Arc<TaskService>, settings: &ServerSettings) -> App {
+        App::with_auth(svc, settings, None)
+    }
+
+    /// The application; with `auth`, every `/mcp` request is authenticated
+    /// and scope-checked.
+    pub fn with_auth(
+        svc: Arc<TaskService>,
+        settings: &ServerSettings,
+        auth: Option<Arc<Authenticator>>,
+    ) -> App {
+        let gate = auth::Gate {
+            auth: auth.clone(),
+            svc: svc.clone(),
+        };
         let streams = CancellationToken::new();
         let config = StreamableHttpServerConfig::default()
             // Plain JSON bodies when nothing is streamed: simpler for clients.
@@ -189,7 +211,10 @@ impl App {
         // then the session bound is checked (an `initialize` waits its turn
         // there holding no request slot, so a flood of them cannot starve
         // polls), then a request slot is taken.
-        let router = Router::new()
+        // Before all of them the caller is authenticated (a request
+        // without a valid credential is refused before its body is read);
+        // its scopes are checked once the screen has told the method.
+        let mut router = Router::new()
             .route_service("/mcp", mcp)
             .layer(middleware::from_fn_with_state(
                 limits.clone(),
@@ -199,8 +224,29 @@ impl App {
                 session_door,
                 refuse_sessions_past_the_bound,
             ))
+            .layer(middleware::from_fn_with_state(
+                gate.clone(),
+                auth::check_scopes,
+            ))
             .layer(middleware::from_fn_with_state(intake, read_and_screen))
-            .layer(middleware::from_fn(attach_caller))
+            .layer(middleware::from_fn_with_state(gate, auth::authenticate));
+        if let Some(authenticator) = &auth {
+            let settings = authenticator.settings();
+            if let Some(path) = auth::metadata_path(&settings) {
+                // The document follows reloads; its location is fixed at start.
+                let current = authenticator.clone();
+                let serve = move || {
+                    let document = auth::metadata(&current.settings()).to_string();
+                    async move { ([(header::CONTENT_TYPE, "application/json")], document) }
+                };
+                // Clients try the path-inserted location and then the root.
+                router = router.route(&path, get(serve.clone()));
+                if path != "/.well-known/oauth-protected-resource" {
+                    router = router.route("/.well-known/oauth-protected-resource", get(serve));
+                }
+            }
+        }
+        let router = router
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .with_state(readiness);
@@ -373,13 +419,6 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
         }
         Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
     }
-}
-
-/// Every `/mcp` request acts as a caller, attached here before anything
-/// else looks at it.
-async fn attach_caller(mut request: Request, next: Next) -> Response {
-    request.extensions_mut().insert(Caller::Local);
-    next.run(request).await
 }
 
 /// Longest plain-text refusal body from the protocol library that is
@@ -678,6 +717,7 @@ pub async fn run(
     mut listener: LimitedListener,
     router: Router,
     header_read_timeout: Duration,
+    tls: Option<Arc<tls::Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -687,7 +727,7 @@ pub async fn run(
     let closing = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (io, _addr) = tokio::select! {
+        let (io, addr) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = axum::serve::Listener::accept(&mut listener) => accepted,
         };
@@ -695,14 +735,43 @@ pub async fn run(
         // The first request head proves the connection: it keeps its slot.
         let tower = TowerToHyperService::new(router.clone());
         let unproven = listener.unproven.clone();
-        let service = hyper::service::service_fn(move |request| {
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
             unproven.forget(id);
+            request.extensions_mut().insert(auth::Peer(addr));
             hyper::service::Service::call(&tower, request)
         });
-        let conn = http.serve_connection(TokioIo::new(io), service);
         let closing = closing.clone();
         let unproven = listener.unproven.clone();
+        let http = http.clone();
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         connections.spawn(async move {
+            let io = match acceptor {
+                None => Either::Plain(io),
+                // The handshake happens here, not in the accept loop, and
+                // gets the header-read timeout: a client that stalls it
+                // holds only its own (unproven, displaceable) slot.
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(header_read_timeout, acceptor.accept(io));
+                    tokio::select! {
+                        done = handshake => match done {
+                            Ok(Ok(stream)) => Either::Tls(Box::new(stream)),
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, "TLS handshake failed");
+                                unproven.forget(id);
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!("TLS handshake timed out");
+                                unproven.forget(id);
+                                return;
+                            }
+                        },
+                        _ = displace.cancelled() => { unproven.forget(id); return; }
+                        _ = closing.cancelled() => { unproven.forget(id); return; }
+                    }
+                }
+            };
+            let conn = http.serve_connection(TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);
             let ended = tokio::select! {
                 ended = conn.as_mut() => ended,
@@ -729,6 +798,52 @@ pub async fn run(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// A connection, plain or inside TLS.
+enum Either {
+    Plain(Limited),
+    Tls(Box<tokio_rustls::server::TlsStream<Limited>>),
+}
+
+impl AsyncRead for Either {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Either::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Either::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Either {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Either::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Either::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Either::Plain(s) => Pin::new(s).poll_flush(cx),
+            Either::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Either::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Either::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// rmcp's in-memory session manager with a hard bound on open sessions and

@@ -1,0 +1,663 @@
+//! Authentication and tenancy over HTTP, against the real daemon on a real
+//! socket: bearer challenges byte for byte, the scope matrix, two tenants
+//! that cannot see each other's tasks, per-owner limits, revocation by
+//! reload while a task keeps running, and the protected resource metadata.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use taskgate::wire;
+
+/// A static secret of the shape taskgate issues, distinct per `seed`.
+fn secret(seed: char) -> String {
+    format!("tgk_{}", seed.to_string().repeat(43))
+}
+
+fn hash(secret: &str) -> String {
+    let d = Sha256::digest(secret.as_bytes());
+    let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+struct Token {
+    id: &'static str,
+    seed: char,
+    tenant: &'static str,
+    subject: &'static str,
+    scopes: &'static [&'static str],
+    extra: &'static str,
+}
+
+const ALL: &[&str] = &[
+    "tools:call",
+    "tasks:read",
+    "tasks:cancel",
+    "taskgate:effect:idempotent-write",
+];
+
+/// Alice and Bob of tenant acme, Carol of tenant globex, and tokens that
+/// must all fail alike.
+const TOKENS: &[Token] = &[
+    Token {
+        id: "alice",
+        seed: 'a',
+        tenant: "acme",
+        subject: "alice",
+        scopes: ALL,
+        extra: "",
+    },
+    Token {
+        id: "alice2",
+        seed: 'A',
+        tenant: "acme",
+        subject: "alice",
+        scopes: ALL,
+        extra: "",
+    },
+    Token {
+        id: "carol",
+        seed: 'c',
+        tenant: "globex",
+        subject: "carol",
+        scopes: ALL,
+        extra: "",
+    },
+    Token {
+        id: "reader",
+        seed: 'r',
+        tenant: "acme",
+        subject: "reader",
+        scopes: &["tasks:read"],
+        extra: "",
+    },
+    Token {
+        id: "caller",
+        seed: 'k',
+        tenant: "acme",
+        subject: "caller",
+        scopes: &["tools:call"],
+        extra: "",
+    },
+    Token {
+        id: "nobody",
+        seed: 'n',
+        tenant: "acme",
+        subject: "nobody",
+        scopes: &[],
+        extra: "",
+    },
+    Token {
+        id: "old",
+        seed: 'o',
+        tenant: "acme",
+        subject: "old",
+        scopes: ALL,
+        extra: "expires = \"2020-01-01T00:00:00Z\"\n",
+    },
+    Token {
+        id: "gone",
+        seed: 'g',
+        tenant: "acme",
+        subject: "gone",
+        scopes: ALL,
+        extra: "revoked = true\n",
+    },
+    Token {
+        id: "boss",
+        seed: 'b',
+        tenant: "acme",
+        subject: "boss",
+        scopes: &["admin"],
+        extra: "",
+    },
+];
+
+fn tokens_file(path: &Path, revoke: &[&str]) {
+    let mut text = String::new();
+    for t in TOKENS {
+        let scopes: Vec<String> = t.scopes.iter().map(|s| format!("{s:?}")).collect();
+        text += &format!(
+            "[[token]]\nid = {:?}\nhash = {:?}\ntenant = {:?}\nsubject = {:?}\nscopes = [{}]\n{}",
+            t.id,
+            hash(&secret(t.seed)),
+            t.tenant,
+            t.subject,
+            scopes.join(", "),
+            t.extra
+        );
+        if revoke.contains(&t.id) {
+            text += "revoked = true\n";
+        }
+        text += "\n";
+    }
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+struct Fixture {
+    root: tempfile::TempDir,
+    daemon: Daemon,
+    cfg: PathBuf,
+    state: PathBuf,
+    tokens: PathBuf,
+    release: PathBuf,
+}
+
+fn start(auth: &str, tasks: &str) -> Fixture {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let tokens = root.path().join("tokens.toml");
+    tokens_file(&tokens, &[]);
+    let release = root.path().join("release");
+    let cfg = root.path().join("taskgate.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[auth]
+tokens_file = "{tokens}"
+{auth}
+[tasks]
+poll_interval_ms = 50
+{tasks}
+
+[[tool]]
+name = "nap"
+argv = ["/bin/sh", "-c", "printf rested"]
+effect = "read_only"
+task = "optional"
+[tool.input_schema]
+type = "object"
+
+[[tool]]
+name = "wait"
+argv = ["/bin/sh", "-c", "while [ ! -e {release} ]; do sleep 0.05; done; printf released"]
+sandbox = "unconfined" # it waits for a file beside the state directory
+effect = "read_only"
+task = "required"
+[tool.input_schema]
+type = "object"
+
+[[tool]]
+name = "put"
+argv = ["/bin/sh", "-c", "printf stored"]
+effect = "idempotent_write"
+task = "optional"
+[tool.input_schema]
+type = "object"
+"#,
+            tokens = tokens.display(),
+            release = release.display(),
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    Fixture {
+        root,
+        daemon,
+        cfg,
+        state,
+        tokens,
+        release,
+    }
+}
+
+/// One HTTP exchange's outcome.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    challenge: Option<String>,
+    body: Value,
+    raw: String,
+}
+
+impl Reply {
+    fn code(&self) -> i64 {
+        self.body["error"]["code"].as_i64().unwrap_or(0)
+    }
+}
+
+/// Sends one request on a fresh connection and reads the whole answer.
+fn exchange(port: u16, request: &str) -> Reply {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            })
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let body = if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        challenge: header("www-authenticate"),
+        body: serde_json::from_str(body.trim()).unwrap_or(Value::Null),
+        raw,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out += &rest[..n];
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A 2026-07-28 request with the Tasks extension declared.
+fn rpc(port: u16, token: Option<&str>, method: &str, params: Value) -> Reply {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+    });
+    let name = params["name"]
+        .as_str()
+        .or(params["taskId"].as_str())
+        .map(|n| format!("Mcp-Name: {n}\r\n"))
+        .unwrap_or_default();
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    exchange(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n{name}{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+fn port(f: &Fixture) -> u16 {
+    port_of(&f.daemon)
+}
+
+fn port_of(daemon: &Daemon) -> u16 {
+    daemon
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap()
+}
+
+/// Creates a task of `tool` as the holder of `token`; its ID.
+fn create(port: u16, token: &str, tool: &str) -> String {
+    let r = rpc(
+        port,
+        Some(token),
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    );
+    let id = r.body["result"]["task"]["taskId"]
+        .as_str()
+        .or(r.body["result"]["taskId"].as_str());
+    id.unwrap_or_else(|| panic!("no task from {tool}: {}", r.raw))
+        .to_string()
+}
+
+fn status_of(port: u16, token: &str, id: &str) -> String {
+    let r = rpc(port, Some(token), "tasks/get", json!({"taskId": id}));
+    r.body["result"]["status"]
+        .as_str()
+        .or(r.body["result"]["task"]["status"].as_str())
+        .unwrap_or_else(|| panic!("no status: {}", r.raw))
+        .to_string()
+}
+
+const BARE: &str = r#"Bearer realm="taskgate""#;
+const INVALID: &str = r#"Bearer realm="taskgate", error="invalid_token", error_description="the bearer token is not valid here: unknown, malformed, expired or revoked""#;
+
+#[test]
+fn missing_and_invalid_credentials_get_the_exact_challenges() {
+    let f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    let r = rpc(port, None, "tools/list", json!({}));
+    assert_eq!(
+        (r.status, r.challenge.as_deref()),
+        (401, Some(BARE)),
+        "{}",
+        r.raw
+    );
+    assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{}", r.raw);
+
+    // Unknown, expired, revoked, malformed and not-our-shape tokens read
+    // the same, byte for byte.
+    let unknown = rpc(port, Some(&secret('z')), "tools/list", json!({}));
+    assert_eq!(
+        (unknown.status, unknown.challenge.as_deref()),
+        (401, Some(INVALID)),
+        "{}",
+        unknown.raw
+    );
+    for token in [
+        secret('o'),
+        secret('g'),
+        "tgk_short".into(),
+        "a.b.c".into(),
+        "xyz".into(),
+    ] {
+        let r = rpc(port, Some(&token), "tools/list", json!({}));
+        assert_eq!(r.status, 401, "{token}: {}", r.raw);
+        assert_eq!(r.challenge, unknown.challenge, "{token}");
+        assert_eq!(r.body, unknown.body, "{token}");
+    }
+    // A good token works.
+    let ok = rpc(port, Some(&secret('a')), "tools/list", json!({}));
+    assert_eq!(ok.status, 200, "{}", ok.raw);
+    assert!(ok.body["result"]["tools"].is_array(), "{}", ok.raw);
+    // No token's text reaches the log.
+    let log = f.daemon.log_text();
+    for t in TOKENS {
+        assert!(
+            !log.contains(&secret(t.seed)),
+            "the secret of {} is in the log",
+            t.id
+        );
+    }
+}
+
+#[test]
+fn loopback_without_credentials_is_the_local_owner_only_where_allowed() {
+    let f = start("local_owner = \"loopback\"", "");
+    let port = port(&f);
+    let r = rpc(
+        port,
+        None,
+        "tools/call",
+        json!({"name": "nap", "arguments": {}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+    // A token that is presented is checked even on loopback.
+    let r = rpc(port, Some(&secret('z')), "tools/list", json!({}));
+    assert_eq!(r.status, 401, "{}", r.raw);
+}
+
+#[test]
+fn every_missing_scope_is_named_in_one_challenge() {
+    let f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    let id = create(port, &secret('a'), "nap");
+    // (token, method, params, scopes the operation needs, missing)
+    let cases: Vec<(char, &str, Value, &str, &str)> = vec![
+        (
+            'r',
+            "tools/call",
+            json!({"name": "nap", "arguments": {}}),
+            "tools:call",
+            "tools:call",
+        ),
+        (
+            'n',
+            "tools/call",
+            json!({"name": "put", "arguments": {}}),
+            "tools:call taskgate:effect:idempotent-write",
+            "tools:call, taskgate:effect:idempotent-write",
+        ),
+        (
+            'k',
+            "tools/call",
+            json!({"name": "put", "arguments": {}}),
+            "tools:call taskgate:effect:idempotent-write",
+            "taskgate:effect:idempotent-write",
+        ),
+        (
+            'k',
+            "tasks/get",
+            json!({"taskId": id}),
+            "tasks:read",
+            "tasks:read",
+        ),
+        (
+            'k',
+            "tasks/cancel",
+            json!({"taskId": id}),
+            "tasks:cancel",
+            "tasks:cancel",
+        ),
+        (
+            'r',
+            "tasks/update",
+            json!({"taskId": id, "inputResponses": {}}),
+            "tasks:cancel",
+            "tasks:cancel",
+        ),
+        (
+            'k',
+            "tools/call",
+            json!({"name": "artifact_read", "arguments": {"taskId": id}}),
+            "tasks:read",
+            "tasks:read",
+        ),
+    ];
+    for (seed, method, params, needed, missing) in cases {
+        let r = rpc(port, Some(&secret(seed)), method, params.clone());
+        assert_eq!(r.status, 403, "{method} {params}: {}", r.raw);
+        let described = if missing.contains(',') {
+            format!(
+                "this credential lacks the scopes {missing} needed here; ask for a token that grants them"
+            )
+        } else {
+            format!(
+                "this credential lacks the scope {missing} needed here; ask for a token that grants it"
+            )
+        };
+        assert_eq!(
+            r.challenge.as_deref(),
+            Some(format!(r#"Bearer realm="taskgate", error="insufficient_scope", scope="{needed}", error_description="{described}""#).as_str()),
+            "{method}"
+        );
+        assert_eq!(r.code(), wire::FORBIDDEN.code, "{}", r.raw);
+        assert_eq!(r.body["id"], 7, "{}", r.raw);
+    }
+    // admin implies every scope.
+    let r = rpc(
+        port,
+        Some(&secret('b')),
+        "tools/call",
+        json!({"name": "put", "arguments": {}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+}
+
+#[test]
+fn a_legacy_session_is_scope_checked_too() {
+    let f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    let token = secret('r');
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "old", "version": "1"}}})
+    .to_string();
+    let r = exchange(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{init}",
+            init.len()
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+    let session = r
+        .raw
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+        })
+        .map(|(_, v)| v.trim().to_string())
+        .expect("session id");
+    // No Mcp-Method header: only the body says this is a tools/call.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "nap", "arguments": {}}})
+    .to_string();
+    let r = exchange(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-06-18\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{call}",
+            call.len()
+        ),
+    );
+    assert_eq!(r.status, 403, "{}", r.raw);
+    assert_eq!(r.code(), wire::FORBIDDEN.code, "{}", r.raw);
+}
+
+#[test]
+fn another_tenants_task_reads_exactly_like_an_unknown_one() {
+    let f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    let (alice, alice2, carol) = (secret('a'), secret('A'), secret('c'));
+    let id = create(port, &alice, "nap");
+    // Another credential of the same subject sees it.
+    assert!(["working", "completed"].contains(&status_of(port, &alice2, &id).as_str()));
+    let unknown = "tg-0123456789abcdef0123456789abcdef";
+    for (method, params) in [
+        ("tasks/get", json!({"taskId": "ID"})),
+        ("tasks/cancel", json!({"taskId": "ID"})),
+        (
+            "tasks/update",
+            json!({"taskId": "ID", "inputResponses": {}}),
+        ),
+    ] {
+        let with = |task: &str| {
+            let p: Value = serde_json::from_str(&params.to_string().replace("ID", task)).unwrap();
+            rpc(port, Some(&carol), method, p)
+        };
+        let (foreign, nothing) = (with(&id), with(unknown));
+        assert_eq!(foreign.status, nothing.status, "{method}");
+        assert_eq!(
+            foreign.body.to_string().replace(&id, "ID"),
+            nothing.body.to_string().replace(unknown, "ID"),
+            "{method}: {} vs {}",
+            foreign.raw,
+            nothing.raw
+        );
+    }
+    let read = |task: &str| {
+        rpc(
+            port,
+            Some(&carol),
+            "tools/call",
+            json!({"name": "artifact_read", "arguments": {"taskId": task}}),
+        )
+    };
+    assert_eq!(
+        read(&id).body.to_string().replace(&id, "ID"),
+        read(unknown).body.to_string().replace(unknown, "ID")
+    );
+    // And Alice's task was not touched by Carol's cancel.
+    assert_ne!(status_of(port, &alice, &id), "cancelled");
+}
+
+#[test]
+fn per_owner_limits_refuse_only_the_owner_at_its_limit() {
+    let f = start("local_owner = \"never\"", "max_running_per_owner = 1");
+    let port = port(&f);
+    let (alice, carol) = (secret('a'), secret('c'));
+    let first = create(port, &alice, "wait");
+    let second = rpc(
+        port,
+        Some(&alice),
+        "tools/call",
+        json!({"name": "wait", "arguments": {}}),
+    );
+    assert_eq!(second.code(), wire::OWNER_LIMIT.code, "{}", second.raw);
+    assert!(
+        second.body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tasks.max_running_per_owner"),
+        "{}",
+        second.raw
+    );
+    let other = create(port, &carol, "wait");
+    std::fs::write(&f.release, "").unwrap();
+    for (token, id) in [(&alice, &first), (&carol, &other)] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while status_of(port, token, id) != "completed" {
+            assert!(Instant::now() < deadline, "{id} did not complete");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // Its place is free again.
+    create(port, &alice, "wait");
+}
+
+#[test]
+fn revoking_by_reload_needs_no_restart_and_spares_running_tasks() {
+    let mut f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    let alice = secret('a');
+    let running = create(port, &alice, "wait");
+    tokens_file(&f.tokens, &["alice"]);
+    let pid = f.daemon.pid();
+    f.daemon.signal(Signal::SIGHUP);
+    // The reload is applied when the daemon says so (READY=1 after RELOADING=1).
+    f.daemon.wait_for("RELOADING=1", Duration::from_secs(20));
+    f.daemon.wait_for("READY=1", Duration::from_secs(20));
+    let r = rpc(port, Some(&alice), "tasks/get", json!({"taskId": running}));
+    assert_eq!(
+        (r.status, r.challenge.as_deref()),
+        (401, Some(INVALID)),
+        "{}",
+        r.raw
+    );
+    // The same subject's other credential still reads the task, which
+    // completes: the daemon did not restart.
+    std::fs::write(&f.release, "").unwrap();
+    let alice2 = secret('A');
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status_of(port, &alice2, &running) != "completed" {
+        assert!(
+            Instant::now() < deadline,
+            "the running task did not complete"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(f.daemon.pid(), pid);
+    // Revoked across a restart as well.
+    assert_eq!(f.daemon.stop().code(), Some(0));
+    let again = Daemon::start(&f.cfg, &f.state, &f.root.path().join("log2"));
+    let port = port_of(&again);
+    let r = rpc(port, Some(&alice), "tasks/get", json!({"taskId": running}));
+    assert_eq!(
+        (r.status, r.challenge.as_deref()),
+        (401, Some(INVALID)),
+        "{}",
+        r.raw
+    );
+    assert_eq!(status_of(port, &alice2, &running), "completed");
+}
