@@ -46,7 +46,10 @@ pub fn effective(
     // reload read and validate them the same way (78 for content, 77 for
     // permissions) before anything is served.
     let auth = crate::auth::Authenticator::from_config(&config)?;
-    let tls = None;
+    let tls = match &config.server.tls_files {
+        Some((cert, key)) => Some(crate::http::tls::Tls::load(cert, key)?),
+        None => None,
+    };
     let protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
     let tools = Registry::build(&config.tools, &protected, builtins)?;
     Ok(Effective {

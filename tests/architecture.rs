@@ -90,6 +90,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "auth",
             "config",
             "exit",
+            "http",
             "state_dir",
             "store",
             "tools",

@@ -661,3 +661,230 @@ fn revoking_by_reload_needs_no_restart_and_spares_running_tasks() {
     );
     assert_eq!(status_of(port, &alice2, &running), "completed");
 }
+
+mod tls {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+
+    /// A certificate authority and a server certificate it signed for
+    /// 127.0.0.1, written as PEM files; the CA's certificate for clients.
+    fn issue(
+        dir: &Path,
+        tag: &str,
+    ) -> (
+        PathBuf,
+        PathBuf,
+        CertificateDer<'static>,
+        CertificateDer<'static>,
+    ) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(dir.join(format!("tls.crt.{tag}")), leaf.pem()).unwrap();
+        std::fs::rename(dir.join(format!("tls.crt.{tag}")), &cert_path).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        (cert_path, key_path, ca.der().clone(), leaf.der().clone())
+    }
+
+    /// One request over TLS trusting `ca`; the answer and the certificate
+    /// the server showed.
+    fn over_tls(port: u16, ca: &CertificateDer<'static>, request: &str) -> (String, Vec<u8>) {
+        runtime().block_on(async {
+            let mut roots = RootCertStore::empty();
+            roots.add(ca.clone()).unwrap();
+            let provider =
+                std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+            let config = ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let name = ServerName::try_from("127.0.0.1").unwrap();
+            let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+            let shown = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+            tls.write_all(request.as_bytes()).await.unwrap();
+            let mut raw = Vec::new();
+            let _ = tls.read_to_end(&mut raw).await;
+            (String::from_utf8_lossy(&raw).to_string(), shown)
+        })
+    }
+
+    #[test]
+    fn tls_serves_authenticated_callers_and_a_renewed_certificate_needs_no_restart() {
+        let root = private_dir();
+        let state = state_dir(root.path());
+        let tokens = root.path().join("tokens.toml");
+        tokens_file(&tokens, &[]);
+        let (cert, key, ca, leaf) = issue(root.path(), "first");
+        let cfg = root.path().join("taskgate.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[server]\ntls = \"on\"\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n[auth]\nlocal_owner = \"never\"\ntokens_file = \"{}\"\n",
+                cert.display(),
+                key.display(),
+                tokens.display()
+            ),
+        )
+        .unwrap();
+        let mut daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+        let port = port_of(&daemon);
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}})
+        .to_string();
+        let request = |token: &str| {
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let (answer, shown) = over_tls(port, &ca, &request(&secret('a')));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("\"tools\""), "{answer}");
+        assert_eq!(shown, leaf.to_vec());
+        let (answer, _) = over_tls(port, &ca, &request(&secret('z')));
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        // Plain HTTP on the TLS port gets no HTTP answer.
+        let plain = exchange(port, &request(&secret('a')));
+        assert_eq!(plain.status, 0, "{}", plain.raw);
+
+        // A renewed pair (a new authority, even) is read at reload.
+        let (_, _, ca2, leaf2) = issue(root.path(), "second");
+        daemon.signal(Signal::SIGHUP);
+        daemon.wait_for("RELOADING=1", Duration::from_secs(20));
+        daemon.wait_for("READY=1", Duration::from_secs(20));
+        let (answer, shown) = over_tls(port, &ca2, &request(&secret('a')));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert_eq!(shown, leaf2.to_vec());
+        assert_eq!(daemon.stop().code(), Some(0));
+    }
+}
+
+#[test]
+fn a_non_loopback_listener_needs_credentials_and_tls() {
+    let root = private_dir();
+    let tokens = root.path().join("tokens.toml");
+    tokens_file(&tokens, &[]);
+    let state = state_dir(root.path());
+    let check = |extra: &str| {
+        let cfg = root.path().join("taskgate.toml");
+        std::fs::write(
+            &cfg,
+            format!("[server]\nlisten = \"0.0.0.0:8765\"\n{extra}"),
+        )
+        .unwrap();
+        taskgate(
+            &[
+                "check",
+                "--config-only",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let auth = format!("[auth]\ntokens_file = \"{}\"\n", tokens.display());
+    for (extra, ok) in [
+        (String::new(), false),
+        (auth.clone(), false),
+        (format!("tls = \"terminated-upstream\"\n{auth}"), true),
+        ("tls = \"terminated-upstream\"\n".to_string(), false),
+        (format!("tls = \"on\"\n{auth}"), false),
+    ] {
+        let out = check(&extra);
+        assert_eq!(
+            out.status.success(),
+            ok,
+            "{extra}: {}",
+            one_line_stderr(&out)
+        );
+        if !ok {
+            assert_eq!(out.status.code(), Some(78), "{extra}");
+        }
+    }
+}
+
+#[test]
+fn protected_resource_metadata_is_served_and_named_in_every_challenge() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    // The Ed25519 public key of RFC 8037's examples: this test signs nothing.
+    let jwks = root.path().join("jwks.json");
+    std::fs::write(
+        &jwks,
+        json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1",
+            "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let cfg = root.path().join("taskgate.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[auth]\nlocal_owner = \"never\"\nresource = \"https://tasks.example.internal/mcp\"\n[[auth.jwt]]\nissuer = \"https://idp.example.internal/acme\"\njwks_file = \"{}\"\nalgorithms = [\"EdDSA\"]\ntenant = \"acme\"\nadvertise = true\n",
+            jwks.display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let port = port_of(&daemon);
+    let url = "https://tasks.example.internal/.well-known/oauth-protected-resource/mcp";
+    let r = rpc(port, None, "tools/list", json!({}));
+    assert_eq!(
+        r.challenge.as_deref(),
+        Some(format!(r#"Bearer realm="taskgate", resource_metadata="{url}""#).as_str()),
+        "{}",
+        r.raw
+    );
+    let r = rpc(port, Some("a.b.c"), "tools/list", json!({}));
+    assert!(
+        r.challenge
+            .as_deref()
+            .unwrap_or("")
+            .ends_with(&format!(r#", resource_metadata="{url}""#)),
+        "{}",
+        r.raw
+    );
+    for path in [
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-protected-resource",
+    ] {
+        let r = exchange(
+            port,
+            &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.raw);
+        assert_eq!(r.body["resource"], "https://tasks.example.internal/mcp");
+        assert_eq!(
+            r.body["authorization_servers"],
+            json!(["https://idp.example.internal/acme"])
+        );
+        assert_eq!(r.body["bearer_methods_supported"], json!(["header"]));
+        assert!(
+            r.body["scopes_supported"]
+                .as_array()
+                .is_some_and(|s| s.contains(&json!("tools:call"))),
+            "{}",
+            r.raw
+        );
+    }
+}

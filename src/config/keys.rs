@@ -300,7 +300,7 @@ pub const SERVER_LISTEN: KeySpec = KeySpec {
     kind: Kind::Address {
         default: "127.0.0.1:8765",
     },
-    doc: "Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused until authentication is configured.",
+    doc: "Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused unless `[auth]` configures credentials and `server.tls` is `on` (or `terminated-upstream`).",
     flag: Some("--listen"),
     applies: Applies::AtStart,
     env: None,
@@ -659,6 +659,43 @@ pub const AUTH_REALM: KeySpec = KeySpec {
     env: None,
     default_from: None,
 };
+pub const SERVER_TLS: KeySpec = KeySpec {
+    section: Section::Server,
+    name: "tls",
+    kind: Kind::Choice {
+        default: "off",
+        choices: &["off", "on", "terminated-upstream"],
+    },
+    doc: "`off`: plain HTTP, and `server.listen` must be a loopback address. `on`: TLS with `tls_cert_file` and `tls_key_file` (re-read on reload). `terminated-upstream`: plain HTTP that a TLS-terminating reverse proxy you run forwards. A non-loopback `server.listen` needs `on` or `terminated-upstream`, and credentials in `[auth]`.",
+    flag: None,
+    applies: Applies::AtStart,
+    env: None,
+    default_from: None,
+};
+pub const SERVER_TLS_CERT_FILE: KeySpec = KeySpec {
+    section: Section::Server,
+    name: "tls_cert_file",
+    kind: Kind::File {
+        example: "/run/credentials/taskgate.service/tls.crt",
+    },
+    doc: "PEM certificate chain (leaf first) for `server.tls = \"on\"`; under systemd, pass it with `LoadCredential=` and name it under `$CREDENTIALS_DIRECTORY`. A reload reads it again (a renewed certificate needs no restart).",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+    default_from: None,
+};
+pub const SERVER_TLS_KEY_FILE: KeySpec = KeySpec {
+    section: Section::Server,
+    name: "tls_key_file",
+    kind: Kind::File {
+        example: "/run/credentials/taskgate.service/tls.key",
+    },
+    doc: "PEM private key (PKCS#8, PKCS#1 or SEC1) matching `tls_cert_file`; re-read on reload like it.",
+    flag: None,
+    applies: Applies::Reload,
+    env: None,
+    default_from: None,
+};
 pub const AUTH_TOKENS_FILE: KeySpec = KeySpec {
     section: Section::Auth,
     name: "tokens_file",
@@ -756,6 +793,9 @@ pub static KEYS: &[KeySpec] = &[
     SERVER_BODY_READ_TIMEOUT_MS,
     SERVER_MAX_SESSIONS,
     SERVER_SESSION_IDLE_SECS,
+    SERVER_TLS,
+    SERVER_TLS_CERT_FILE,
+    SERVER_TLS_KEY_FILE,
     STORE_DIRECTORY,
     STORE_QUEUE_DEPTH,
     STORE_MAX_LIVE_TASKS,
@@ -863,7 +903,7 @@ fn default_text(key: &KeySpec, medium: Medium) -> String {
 fn range_text(key: &KeySpec, medium: Medium) -> String {
     let dash = if medium == Medium::Toml { "-" } else { "–" };
     match key.kind {
-        Kind::Address { .. } => "loopback address".to_string(),
+        Kind::Address { .. } => "IP:port (loopback unless [auth] and server.tls)".to_string(),
         Kind::Path | Kind::File { .. } => "absolute path".to_string(),
         Kind::Filter { .. } => "tracing filter".to_string(),
         Kind::Choice { choices, .. } => choices.join(", "),

@@ -138,7 +138,7 @@ pub enum ConfigError {
     },
     /// Authentication arrives later; until then only loopback is served.
     #[error(
-        "{key} = {value} (from {origin}) is not a loopback address and no authentication is configured; listen on 127.0.0.1 or ::1"
+        "{key} = {value} (from {origin}) is not a loopback address, which needs credentials in [auth] and server.tls = \"on\" (or \"terminated-upstream\" behind a TLS proxy you run); otherwise listen on 127.0.0.1 or ::1"
     )]
     NotLoopback {
         key: String,
@@ -213,6 +213,9 @@ pub struct StoreSettings {
 #[derive(Debug, Clone)]
 pub struct ServerSettings {
     pub listen: SocketAddr,
+    pub tls: TlsMode,
+    /// The PEM certificate chain and key, when `tls` is `On`.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
     pub max_connections: usize,
     pub max_concurrent_requests: usize,
     /// `/mcp` requests that are not `tools/call`, bounded apart.
@@ -259,6 +262,17 @@ pub enum TaskMode {
     Never,
     Optional,
     Required,
+}
+
+/// How the HTTP listener is protected in transit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// Plain HTTP: loopback only.
+    Off,
+    /// TLS terminated by taskgate.
+    On,
+    /// Plain HTTP forwarded by the operator's TLS-terminating proxy.
+    TerminatedUpstream,
 }
 
 /// A command tool, validated.
@@ -434,6 +448,14 @@ impl Layers {
         }
     }
 
+    /// Where a key's value came from (the embedded default when no layer set it).
+    fn origin_of(&self, key: &KeySpec) -> String {
+        self.0
+            .get(&key.dotted())
+            .map(|s| s.origin.clone())
+            .unwrap_or_else(|| EMBEDDED.to_string())
+    }
+
     fn text(&self, key: &KeySpec) -> Result<Option<(String, String)>, ConfigError> {
         match self.0.get(&key.dotted()) {
             None => Ok(None),
@@ -587,7 +609,31 @@ impl Config {
             tools_origin,
             raw_jwt,
         } = Layered::read(overrides, env)?;
-        let listen = layers.listen(overrides)?;
+        let (listen, listen_origin) = layers.listen(overrides)?;
+        let tls = match layers.choice(&keys::SERVER_TLS)? {
+            "on" => TlsMode::On,
+            "terminated-upstream" => TlsMode::TerminatedUpstream,
+            _ => TlsMode::Off,
+        };
+        let tls_files = match (
+            tls,
+            layers.file(&keys::SERVER_TLS_CERT_FILE)?,
+            layers.file(&keys::SERVER_TLS_KEY_FILE)?,
+        ) {
+            (TlsMode::On, Some(cert), Some(key)) => Some((cert, key)),
+            (TlsMode::On, _, _) => {
+                return Err(ConfigError::Invalid {
+                    origin: layers.origin_of(&keys::SERVER_TLS),
+                    message: format!(
+                        "{} = \"on\" needs both {} and {}",
+                        keys::SERVER_TLS.dotted(),
+                        keys::SERVER_TLS_CERT_FILE.dotted(),
+                        keys::SERVER_TLS_KEY_FILE.dotted()
+                    ),
+                });
+            }
+            _ => None,
+        };
 
         let store = StoreSettings {
             queue_depth: layers.size(&keys::STORE_QUEUE_DEPTH)?,
@@ -608,6 +654,8 @@ impl Config {
 
         let server = ServerSettings {
             listen,
+            tls,
+            tls_files,
             max_connections: layers.size(&keys::SERVER_MAX_CONNECTIONS)?,
             max_concurrent_requests: layers.size(&keys::SERVER_MAX_CONCURRENT_REQUESTS)?,
             reserved_control_requests: layers.size(&keys::SERVER_RESERVED_CONTROL_REQUESTS)?,
@@ -643,6 +691,15 @@ impl Config {
         };
         let tools = tool_settings(raw_tools, tools_origin.clone(), &tool_defaults)?;
         let auth = auth::settings(&layers, raw_jwt, &tools_origin)?;
+        // Off loopback, every caller must prove who it is, over TLS (here or
+        // in a proxy the operator runs).
+        if !listen.ip().is_loopback() && (auth.is_none() || tls == TlsMode::Off) {
+            return Err(ConfigError::NotLoopback {
+                key: keys::SERVER_LISTEN.dotted(),
+                value: listen,
+                origin: listen_origin,
+            });
+        }
 
         let mut values = BTreeMap::new();
         for key in keys::KEYS {
@@ -732,7 +789,9 @@ impl Layers {
     /// `server.listen`, the flag first. The layered value is checked even
     /// when the flag overrides it: a wrong file is wrong, whatever this one
     /// process was started with.
-    fn listen(&self, overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
+    /// The listen address and where it came from; whether it may be off
+    /// loopback is decided once `[auth]` and `server.tls` are known.
+    fn listen(&self, overrides: &Overrides) -> Result<(SocketAddr, String), ConfigError> {
         let address = |text: &str, origin: String| {
             let key = keys::SERVER_LISTEN.dotted();
             match text.parse::<SocketAddr>() {
@@ -741,12 +800,7 @@ impl Layers {
                     value: text.to_string(),
                     origin,
                 }),
-                Ok(addr) if !addr.ip().is_loopback() => Err(ConfigError::NotLoopback {
-                    key,
-                    value: addr,
-                    origin,
-                }),
-                Ok(addr) => Ok(addr),
+                Ok(addr) => Ok((addr, origin)),
             }
         };
         let layered = match self.text(&keys::SERVER_LISTEN)? {
@@ -768,7 +822,10 @@ impl Layers {
 /// environment are checked key by key as for `serve`.
 pub fn configured_listen(overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    Layered::read(overrides, &env)?.layers.listen(overrides)
+    Layered::read(overrides, &env)?
+        .layers
+        .listen(overrides)
+        .map(|(addr, _)| addr)
 }
 
 /// The `[auth]` settings of a configuration, for the operator's `taskgate

@@ -169,6 +169,7 @@ impl App {
         };
         let streams = CancellationToken::new();
         let config = StreamableHttpServerConfig::default()
+            .with_allowed_hosts(allowed_hosts(settings, auth.as_deref()))
             // Plain JSON bodies when nothing is streamed: simpler for clients.
             .with_json_response(true)
             .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
@@ -269,6 +270,27 @@ impl App {
             streams: self.streams.clone(),
         }
     }
+}
+
+/// The `Host` header values the protocol library accepts (its guard
+/// against DNS rebinding): the loopback names, the listen address when it
+/// names one, and the host of `auth.resource`, the name clients reach this
+/// server by off loopback.
+fn allowed_hosts(settings: &ServerSettings, auth: Option<&Authenticator>) -> Vec<String> {
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".into(), "::1".into()];
+    let ip = settings.listen.ip();
+    if !ip.is_unspecified() && !ip.is_loopback() {
+        hosts.push(ip.to_string());
+    }
+    if let Some(resource) = auth.and_then(|a| a.settings().resource.clone())
+        && let Some((_, rest)) = resource.split_once("://")
+    {
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        if !authority.is_empty() {
+            hosts.push(authority.to_string());
+        }
+    }
+    hosts
 }
 
 /// The two steps of stopping the HTTP side.

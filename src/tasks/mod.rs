@@ -545,6 +545,17 @@ impl TaskService {
                 slot: None,
             }));
         }
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            return Ok(Err(Fallback {
+                reason: FallbackReason::SlotsBusy,
+                error: TaskError::SlotsBusy {
+                    max_running: self.settings.max_running,
+                },
+                slot: None,
+            }));
+        };
+        // The owner's own bound, within the global one: a full daemon says
+        // so first, whoever asks.
         let Some(owner_slot) = OwnerSlot::take(
             &self.owner_running,
             owner,
@@ -554,15 +565,6 @@ impl TaskService {
                 "this caller already has {} tasks running (tasks.max_running_per_owner); wait for one to finish",
                 self.settings.max_running_per_owner
             )));
-        };
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            return Ok(Err(Fallback {
-                reason: FallbackReason::SlotsBusy,
-                error: TaskError::SlotsBusy {
-                    max_running: self.settings.max_running,
-                },
-                slot: None,
-            }));
         };
         let new = NewTask {
             owner,
