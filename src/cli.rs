@@ -263,6 +263,12 @@ pub struct Endpoint {
     /// The configuration whose server.listen names the daemon (as for serve).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// A file holding the bearer token to send (its first line), for a
+    /// daemon whose [auth] asks for credentials. Without it, the token in
+    /// $TASKGATE_TOKEN is sent, if set. A token is never taken from the
+    /// command line, where other users could read it.
+    #[arg(long, value_name = "PATH", env = "TASKGATE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

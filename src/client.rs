@@ -78,6 +78,8 @@ pub struct Client {
     tasks: bool,
     next_id: std::sync::atomic::AtomicU64,
     conn: tokio::sync::Mutex<Option<Sender>>,
+    /// Sent as `Authorization: Bearer …` when set.
+    token: Option<String>,
 }
 
 impl Client {
@@ -92,7 +94,14 @@ impl Client {
             tasks,
             next_id: std::sync::atomic::AtomicU64::new(1),
             conn: tokio::sync::Mutex::new(None),
+            token: None,
         })
+    }
+
+    /// Sends `token` as a bearer credential with every request.
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token;
+        self
     }
 
     fn meta(&self, extra: Option<(&str, Value)>) -> Value {
@@ -203,6 +212,9 @@ impl Client {
             .header("mcp-method", method);
         if let Some(n) = name {
             req = req.header("mcp-name", n);
+        }
+        if let Some(token) = &self.token {
+            req = req.header("authorization", format!("Bearer {token}"));
         }
         let req = req
             .body(Full::new(Bytes::from(body)))

@@ -43,28 +43,28 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Call(args) => {
             let prepared = call_arguments(&args)
-                .and_then(|arguments| Ok((arguments, endpoint_url(&args.endpoint)?)));
-            let (arguments, url) = match prepared {
+                .and_then(|arguments| Ok((arguments, target(&args.endpoint)?)));
+            let (arguments, target) = match prepared {
                 Ok(v) => v,
                 Err(refusal) => {
                     say(&format!("taskgate: {}", refusal.message));
                     return ExitCode::from(refusal.class.code());
                 }
             };
-            return operator(|rt| rt.block_on(call(&args, &url, arguments)));
+            return operator(|rt| rt.block_on(call(&args, &target, arguments)));
         }
         Command::Task(args) => {
             let endpoint = match &args.action {
                 TaskAction::Get(r) | TaskAction::Cancel(r) => &r.endpoint,
             };
-            let url = match endpoint_url(endpoint) {
-                Ok(url) => url,
+            let target = match target(endpoint) {
+                Ok(target) => target,
                 Err(refusal) => {
                     say(&format!("taskgate: {}", refusal.message));
                     return ExitCode::from(refusal.class.code());
                 }
             };
-            return operator(|rt| rt.block_on(task(&args, &url)));
+            return operator(|rt| rt.block_on(task(&args, &target)));
         }
         Command::Status(args) => {
             // Printed before the status's own exit class takes effect: a
@@ -355,6 +355,54 @@ fn judge(v: serde_json::Value) -> Answer {
     }
 }
 
+/// Where the operator client goes and the bearer token it sends.
+struct Target {
+    url: String,
+    token: Option<String>,
+}
+
+impl Target {
+    fn client(&self, tasks: bool) -> Result<Client, ClientError> {
+        Ok(Client::new(&self.url, tasks)?.with_token(self.token.clone()))
+    }
+}
+
+/// Longest token file read.
+const MAX_TOKEN_FILE_BYTES: u64 = 64 * 1024;
+
+fn target(endpoint: &Endpoint) -> Result<Target, Refusal> {
+    let token = match &endpoint.token_file {
+        Some(path) => {
+            use std::io::Read;
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(MAX_TOKEN_FILE_BYTES).read_to_string(&mut text))
+                .map_err(|e| {
+                    Refusal::new(
+                        ExitClass::Usage,
+                        format!("cannot read the token file {}: {e}", path.display()),
+                    )
+                })?;
+            let line = text.lines().next().unwrap_or_default().trim().to_string();
+            if line.is_empty() {
+                return Err(Refusal::new(
+                    ExitClass::Usage,
+                    format!("the token file {} is empty", path.display()),
+                ));
+            }
+            Some(line)
+        }
+        None => std::env::var("TASKGATE_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()),
+    };
+    Ok(Target {
+        url: endpoint_url(endpoint)?,
+        token,
+    })
+}
+
 /// The operator client's endpoint: `--url`, else the `server.listen` of the
 /// configuration a daemon would read: `--config`, `$TASKGATE_CONFIG`, else
 /// the packaged service's file when it exists (an operator on that host
@@ -398,10 +446,10 @@ fn call_arguments(args: &CallArgs) -> Result<serde_json::Value, Refusal> {
 
 async fn call(
     args: &CallArgs,
-    url: &str,
+    target: &Target,
     arguments: serde_json::Value,
 ) -> Result<Answer, ClientError> {
-    let client = Client::new(url, args.task)?;
+    let client = target.client(args.task)?;
     let result = client
         .call_tool(&args.tool, arguments, args.operation_id.as_deref())
         .await?;
@@ -420,10 +468,10 @@ async fn call(
     Ok(judge(result))
 }
 
-async fn task(args: &TaskArgs, url: &str) -> Result<Answer, ClientError> {
+async fn task(args: &TaskArgs, target: &Target) -> Result<Answer, ClientError> {
     match &args.action {
         TaskAction::Get(r) => {
-            let client = Client::new(url, true)?;
+            let client = target.client(true)?;
             let t = client.get_task(&r.id).await?;
             if r.wait {
                 return client.wait_task(&r.id, &t).await.map(judge);
@@ -431,7 +479,7 @@ async fn task(args: &TaskArgs, url: &str) -> Result<Answer, ClientError> {
             Ok(judge(t))
         }
         TaskAction::Cancel(r) => {
-            let client = Client::new(url, true)?;
+            let client = target.client(true)?;
             client.cancel_task(&r.id).await?;
             // The acknowledgement is empty; show where the task now stands.
             client.get_task(&r.id).await.map(Answer::Ok)

@@ -888,3 +888,30 @@ fn protected_resource_metadata_is_served_and_named_in_every_challenge() {
         );
     }
 }
+
+#[test]
+fn the_operator_client_sends_a_token_from_a_file_or_the_environment() {
+    let f = start("local_owner = \"never\"", "");
+    let url = f.daemon.url();
+    let token_file = f.root.path().join("my.token");
+    std::fs::write(&token_file, format!("{}\n", secret('a'))).unwrap();
+    let call = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["call", "nap", "--url", url.as_str()];
+        args.extend_from_slice(extra);
+        taskgate(&args, env)
+    };
+    let out = call(&["--token-file", token_file.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rested"));
+    let out = call(&[], &[("TASKGATE_TOKEN", &secret('a'))]);
+    assert!(out.status.success(), "{out:?}");
+    // Without a token the daemon refuses, and the client says so.
+    let out = call(&[], &[]);
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("bearer token"), "{out:?}");
+}

@@ -609,7 +609,7 @@ impl Config {
             tools_origin,
             raw_jwt,
         } = Layered::read(overrides, env)?;
-        let (listen, listen_origin) = layers.listen(overrides)?;
+        let (listen, off_loopback) = layers.listen(overrides)?;
         let tls = match layers.choice(&keys::SERVER_TLS)? {
             "on" => TlsMode::On,
             "terminated-upstream" => TlsMode::TerminatedUpstream,
@@ -693,11 +693,13 @@ impl Config {
         let auth = auth::settings(&layers, raw_jwt, &tools_origin)?;
         // Off loopback, every caller must prove who it is, over TLS (here or
         // in a proxy the operator runs).
-        if !listen.ip().is_loopback() && (auth.is_none() || tls == TlsMode::Off) {
+        if let Some((value, origin)) = off_loopback
+            && (auth.is_none() || tls == TlsMode::Off)
+        {
             return Err(ConfigError::NotLoopback {
                 key: keys::SERVER_LISTEN.dotted(),
-                value: listen,
-                origin: listen_origin,
+                value,
+                origin,
             });
         }
 
@@ -789,9 +791,27 @@ impl Layers {
     /// `server.listen`, the flag first. The layered value is checked even
     /// when the flag overrides it: a wrong file is wrong, whatever this one
     /// process was started with.
-    /// The listen address and where it came from; whether it may be off
-    /// loopback is decided once `[auth]` and `server.tls` are known.
-    fn listen(&self, overrides: &Overrides) -> Result<(SocketAddr, String), ConfigError> {
+    /// The listen address, and the first non-loopback address any layer
+    /// gave (with its origin), even one a later layer overrides: whether
+    /// that may be is decided once `[auth]` and `server.tls` are known, and
+    /// every layer is held to it.
+    fn listen(
+        &self,
+        overrides: &Overrides,
+    ) -> Result<(SocketAddr, Option<(SocketAddr, String)>), ConfigError> {
+        let (effective, origin) = self.listen_layers(overrides)?;
+        let file = match self.text(&keys::SERVER_LISTEN)? {
+            Some((text, origin)) => text.parse::<SocketAddr>().ok().map(|a| (a, origin)),
+            None => None,
+        };
+        let off_loopback = [file, Some((effective, origin))]
+            .into_iter()
+            .flatten()
+            .find(|(a, _)| !a.ip().is_loopback());
+        Ok((effective, off_loopback))
+    }
+
+    fn listen_layers(&self, overrides: &Overrides) -> Result<(SocketAddr, String), ConfigError> {
         let address = |text: &str, origin: String| {
             let key = keys::SERVER_LISTEN.dotted();
             match text.parse::<SocketAddr>() {
