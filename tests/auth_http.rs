@@ -1,7 +1,9 @@
 //! Authentication and tenancy over HTTP, against the real daemon on a real
 //! socket: bearer challenges byte for byte, the scope matrix, two tenants
 //! that cannot see each other's tasks, per-owner limits, revocation by
-//! reload while a task keeps running, and the protected resource metadata.
+//! reload while a task keeps running, the protected resource metadata, JWTs
+//! signed here (every bad one refused like an unknown token), no credential
+//! on disk or in the debug log, and `serve` refusing an exposed listener.
 
 mod common;
 
@@ -122,6 +124,11 @@ const TOKENS: &[Token] = &[
 ];
 
 fn tokens_file(path: &Path, revoke: &[&str]) {
+    tokens_file_with(path, revoke, "");
+}
+
+/// `tokens_file` with more `[[token]]` entries appended as they are.
+fn tokens_file_with(path: &Path, revoke: &[&str], extra: &str) {
     let mut text = String::new();
     for t in TOKENS {
         let scopes: Vec<String> = t.scopes.iter().map(|s| format!("{s:?}")).collect();
@@ -139,6 +146,7 @@ fn tokens_file(path: &Path, revoke: &[&str]) {
         }
         text += "\n";
     }
+    text += extra;
     let tmp = path.with_extension("new");
     std::fs::write(&tmp, text).unwrap();
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -155,10 +163,15 @@ struct Fixture {
 }
 
 fn start(auth: &str, tasks: &str) -> Fixture {
+    start_with(auth, tasks, "", None)
+}
+
+/// `start` with more `[[token]]` entries and, when given, a log filter.
+fn start_with(auth: &str, tasks: &str, extra_tokens: &str, log_level: Option<&str>) -> Fixture {
     let root = private_dir();
     let state = state_dir(root.path());
     let tokens = root.path().join("tokens.toml");
-    tokens_file(&tokens, &[]);
+    tokens_file_with(&tokens, &[], extra_tokens);
     let release = root.path().join("release");
     let cfg = root.path().join("taskgate.toml");
     std::fs::write(
@@ -201,7 +214,14 @@ type = "object"
         ),
     )
     .unwrap();
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let mut builder = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&root.path().join("log"));
+    if let Some(level) = log_level {
+        builder = builder.env("TASKGATE_LOG", level);
+    }
+    let daemon = builder.start();
     Fixture {
         root,
         daemon,
@@ -914,4 +934,599 @@ fn the_operator_client_sends_a_token_from_a_file_or_the_environment() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("bearer token"), "{out:?}");
+}
+
+/// JWTs over HTTP: signed here with keys generated for this run, checked by
+/// the daemon against JWKS files written here.
+mod jwt {
+    use super::*;
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+    pub const RESOURCE: &str = "https://tasks.example.test/mcp";
+    pub const ISSUER: &str = "https://idp.example.test/realms/acme";
+    pub const RSA_ISSUER: &str = "https://rsa.example.test";
+
+    pub fn b64(bytes: &[u8]) -> String {
+        URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// A compact JWS from a header, claims and a signing function.
+    pub fn jws(header: &Value, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) -> String {
+        let input = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let sig = sign(input.as_bytes());
+        format!("{input}.{}", b64(&sig))
+    }
+
+    /// The daemon checks `exp`, `nbf` and `iat` against its own clock.
+    pub fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    }
+
+    /// Good claims for `sub` of tenant acme; every token gets its own `jti`.
+    pub fn claims(sub: &str) -> Value {
+        let mut jti = [0u8; 12];
+        getrandom::fill(&mut jti).unwrap();
+        let now = now();
+        json!({
+            "iss": ISSUER, "sub": sub, "aud": RESOURCE, "tid": "acme",
+            "iat": now - 10, "nbf": now - 10, "exp": now + 600,
+            "jti": b64(&jti), "scope": "tools:call tasks:read tasks:cancel",
+        })
+    }
+
+    pub fn with(mut c: Value, key: &str, v: Value) -> Value {
+        c[key] = v;
+        c
+    }
+
+    pub fn without(mut c: Value, key: &str) -> Value {
+        if let Some(o) = c.as_object_mut() {
+            o.remove(key);
+        }
+        c
+    }
+
+    /// The Ed25519 issuer's key, a key nobody trusts, and the RSA issuer's.
+    pub struct Keys {
+        ed: ed25519_dalek::SigningKey,
+        stranger: ed25519_dalek::SigningKey,
+        rsa: rsa::PrivateKey,
+    }
+
+    impl Keys {
+        pub fn generate() -> Keys {
+            let ed_key = || {
+                let mut seed = [0u8; 32];
+                getrandom::fill(&mut seed).unwrap();
+                ed25519_dalek::SigningKey::from_bytes(&seed)
+            };
+            use rsa::Generate as _;
+            Keys {
+                ed: ed_key(),
+                stranger: ed_key(),
+                rsa: rsa::PrivateKey::generate(),
+            }
+        }
+
+        /// Writes both issuers' JWKS files and a revocations file (the jti
+        /// `stolen`; everything subject `agent-9` was issued before 2099)
+        /// into `dir`; the `[auth]` lines that trust them.
+        pub fn site(&self, dir: &Path) -> String {
+            use rsa::traits::PublicKeyParts as _;
+            let public = self.rsa.to_public_key();
+            let files = [
+                (
+                    "ed.json",
+                    json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "ed1", "alg": "EdDSA",
+                        "use": "sig", "x": b64(self.ed.verifying_key().as_bytes())}]})
+                    .to_string(),
+                ),
+                (
+                    "rsa.json",
+                    json!({"keys": [{"kty": "RSA", "kid": "rsa1", "alg": "RS256", "use": "sig",
+                        "n": b64(&public.n_bytes()), "e": b64(&public.e_bytes())}]})
+                    .to_string(),
+                ),
+                (
+                    "revocations.toml",
+                    format!(
+                        "[[revoke]]\nissuer = \"{ISSUER}\"\njti = \"stolen\"\nuntil = \"2099-01-01T00:00:00Z\"\n\n[[revoke]]\nissuer = \"{ISSUER}\"\nsubject = \"agent-9\"\nissued_before = \"2099-01-01T00:00:00Z\"\n"
+                    ),
+                ),
+            ];
+            for (name, text) in files {
+                std::fs::write(dir.join(name), text).unwrap();
+                std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o644))
+                    .unwrap();
+            }
+            format!(
+                r#"local_owner = "never"
+resource = "{RESOURCE}"
+revocations_file = "{revocations}"
+
+[[auth.jwt]]
+issuer = "{ISSUER}"
+jwks_file = "{ed}"
+algorithms = ["EdDSA"]
+tenant_claim = "tid"
+max_token_lifetime_secs = 3600
+leeway_secs = 30
+advertise = true
+
+[[auth.jwt]]
+issuer = "{RSA_ISSUER}"
+jwks_file = "{rsa}"
+algorithms = ["RS256"]
+tenant = "rsa-tenant"
+"#,
+                revocations = dir.join("revocations.toml").display(),
+                ed = dir.join("ed.json").display(),
+                rsa = dir.join("rsa.json").display(),
+            )
+        }
+
+        pub fn sign_ed(&self, claims: &Value) -> String {
+            self.sign_ed_with(
+                &json!({"alg": "EdDSA", "typ": "at+jwt", "kid": "ed1"}),
+                claims,
+            )
+        }
+
+        pub fn sign_ed_with(&self, header: &Value, claims: &Value) -> String {
+            use ed25519_dalek::Signer as _;
+            jws(header, claims, |m| self.ed.sign(m).to_bytes().to_vec())
+        }
+
+        pub fn sign_stranger(&self, claims: &Value) -> String {
+            use ed25519_dalek::Signer as _;
+            jws(
+                &json!({"alg": "EdDSA", "typ": "at+jwt", "kid": "ed1"}),
+                claims,
+                |m| self.stranger.sign(m).to_bytes().to_vec(),
+            )
+        }
+
+        pub fn sign_rsa(&self, claims: &Value) -> String {
+            jws(
+                &json!({"alg": "RS256", "typ": "at+jwt", "kid": "rsa1"}),
+                claims,
+                |m| {
+                    self.rsa
+                        .pkcs1v15_sign::<rsa::sha2::Sha256>(m)
+                        .unwrap()
+                        .to_vec()
+                },
+            )
+        }
+
+        /// HS256 "signed" with the RSA issuer's public key (PEM) as the
+        /// HMAC secret: the algorithm-confusion forgery.
+        pub fn confused(&self, claims: &Value) -> String {
+            use hmac::{KeyInit as _, Mac as _};
+            use rsa::pkcs8::EncodePublicKey as _;
+            let pem = self
+                .rsa
+                .to_public_key()
+                .to_public_key_pem(rsa::pkcs8::LineEnding::LF)
+                .unwrap();
+            jws(
+                &json!({"alg": "HS256", "typ": "at+jwt", "kid": "rsa1"}),
+                claims,
+                |m| {
+                    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(pem.as_bytes()).unwrap();
+                    mac.update(m);
+                    mac.finalize().into_bytes().to_vec()
+                },
+            )
+        }
+    }
+
+    /// Good claims for the RSA issuer.
+    pub fn rsa_claims(sub: &str) -> Value {
+        with(
+            with(claims(sub), "iss", json!(RSA_ISSUER)),
+            "scope",
+            json!("tools:call tasks:read"),
+        )
+    }
+}
+
+#[test]
+fn every_bad_jwt_is_refused_like_an_unknown_token_and_a_good_one_owns_its_task() {
+    use jwt::*;
+    let site = private_dir();
+    let keys = Keys::generate();
+    let f = start(&keys.site(site.path()), "");
+    let port = port(&f);
+    let now = now();
+    let good = claims("agent-7");
+    let none = |alg: &str| {
+        format!(
+            "{}.{}.",
+            b64(json!({"alg": alg, "typ": "at+jwt"}).to_string().as_bytes()),
+            b64(good.to_string().as_bytes())
+        )
+    };
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "wrong audience",
+            keys.sign_ed(&with(
+                good.clone(),
+                "aud",
+                json!("https://elsewhere.test/mcp"),
+            )),
+        ),
+        (
+            "missing audience",
+            keys.sign_ed(&without(good.clone(), "aud")),
+        ),
+        (
+            "expired beyond the leeway",
+            keys.sign_ed(&with(
+                with(
+                    with(good.clone(), "iat", json!(now - 700)),
+                    "nbf",
+                    json!(now - 700),
+                ),
+                "exp",
+                json!(now - 120),
+            )),
+        ),
+        (
+            "future nbf",
+            keys.sign_ed(&with(good.clone(), "nbf", json!(now + 120))),
+        ),
+        (
+            "unknown key id",
+            keys.sign_ed_with(
+                &json!({"alg": "EdDSA", "typ": "at+jwt", "kid": "ed9"}),
+                &good,
+            ),
+        ),
+        ("a key the JWKS does not hold", keys.sign_stranger(&good)),
+        (
+            "wrong issuer",
+            keys.sign_ed(&with(good.clone(), "iss", json!("https://evil.test"))),
+        ),
+        ("alg none", none("none")),
+        ("alg None", none("None")),
+        (
+            "HS256 signed with the RSA public key",
+            keys.confused(&rsa_claims("svc")),
+        ),
+        (
+            "typ JWT where at+jwt is required",
+            keys.sign_ed_with(&json!({"alg": "EdDSA", "typ": "JWT", "kid": "ed1"}), &good),
+        ),
+        (
+            "lifetime over the cap",
+            keys.sign_ed(&with(good.clone(), "exp", json!(now - 10 + 3601))),
+        ),
+        (
+            "revoked jti",
+            keys.sign_ed(&with(good.clone(), "jti", json!("stolen"))),
+        ),
+        (
+            "issued before the subject's revocation",
+            keys.sign_ed(&with(good.clone(), "sub", json!("agent-9"))),
+        ),
+    ];
+    let call = json!({"name": "nap", "arguments": {}});
+    for (method, params) in [("tools/list", json!({})), ("tools/call", call.clone())] {
+        let unknown = rpc(port, Some(&secret('z')), method, params.clone());
+        assert_eq!(unknown.status, 401, "{}", unknown.raw);
+        assert_eq!(
+            unknown.code(),
+            wire::UNAUTHENTICATED.code,
+            "{}",
+            unknown.raw
+        );
+        assert!(
+            unknown
+                .challenge
+                .as_deref()
+                .unwrap_or("")
+                .starts_with(r#"Bearer realm="taskgate", error="invalid_token""#),
+            "{}",
+            unknown.raw
+        );
+        for (what, token) in &cases {
+            let r = rpc(port, Some(token), method, params.clone());
+            assert_eq!(r.status, 401, "{what} ({method}): {}", r.raw);
+            assert_eq!(r.challenge, unknown.challenge, "{what} ({method})");
+            assert_eq!(r.body, unknown.body, "{what} ({method})");
+        }
+    }
+
+    // A good token works: its task belongs to its issuer, tenant and subject.
+    let token = keys.sign_ed(&good);
+    let id = create(port, &token, "nap");
+    assert!(["working", "completed"].contains(&status_of(port, &token, &id).as_str()));
+    // Another token of the same subject sees it.
+    let again = keys.sign_ed(&claims("agent-7"));
+    assert!(["working", "completed"].contains(&status_of(port, &again, &id).as_str()));
+    // Another subject, the same subject in another tenant, the same names
+    // from another issuer, and a static token: each reads it like an
+    // unknown ID.
+    let strangers = [
+        ("another subject", keys.sign_ed(&claims("agent-8"))),
+        (
+            "another tenant",
+            keys.sign_ed(&with(claims("agent-7"), "tid", json!("globex"))),
+        ),
+        ("another issuer", keys.sign_rsa(&rsa_claims("agent-7"))),
+        ("a static token", secret('a')),
+    ];
+    let unknown = "tg-0123456789abcdef0123456789abcdef";
+    for (who, token) in &strangers {
+        let get = |task: &str| rpc(port, Some(token), "tasks/get", json!({"taskId": task}));
+        let (foreign, nothing) = (get(&id), get(unknown));
+        assert_eq!(foreign.status, nothing.status, "{who}");
+        assert_eq!(
+            foreign.body.to_string().replace(&id, "ID"),
+            nothing.body.to_string().replace(unknown, "ID"),
+            "{who}: {} vs {}",
+            foreign.raw,
+            nothing.raw
+        );
+        assert!(foreign.body["error"].is_object(), "{who}: {}", foreign.raw);
+    }
+    // The RSA issuer's properly signed token works: the confused one above
+    // was refused for its algorithm, not its claims.
+    let rsa = keys.sign_rsa(&rsa_claims("svc"));
+    let r = rpc(port, Some(&rsa), "tools/list", json!({}));
+    assert_eq!(r.status, 200, "{}", r.raw);
+}
+
+/// Every file under `dir`, recursively, read whole (a file that vanished
+/// meanwhile reads empty).
+fn every_file(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            every_file(&path, out);
+        } else {
+            out.push((path.clone(), std::fs::read(&path).unwrap_or_default()));
+        }
+    }
+}
+
+fn holds(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Static secrets and JWTs (whole, and the parts of them that carry the
+/// secret or the signature) are used for calls, polls and cancels, refused
+/// when bad, and a reload revokes one; then every file of the state
+/// directory (database, WAL, artifacts) and the debug log are scanned for
+/// them.
+#[test]
+fn no_secret_or_jwt_reaches_the_disk_or_the_debug_log() {
+    use jwt::*;
+    use taskgate::auth::tokens::{hash_text, new_secret};
+    let site = private_dir();
+    let keys = Keys::generate();
+    let (good, unknown) = (new_secret().unwrap(), new_secret().unwrap());
+    let entry = format!(
+        "[[token]]\nid = \"marker\"\nhash = \"{}\"\ntenant = \"acme\"\nsubject = \"marker\"\nscopes = [\"tools:call\", \"tasks:read\", \"tasks:cancel\"]\n",
+        hash_text(&good)
+    );
+    let mut f = start_with(&keys.site(site.path()), "", &entry, Some("debug"));
+    let port = port(&f);
+    let jwt_good = keys.sign_ed(&claims("agent-7"));
+    let jwt_forged = keys.sign_stranger(&claims("agent-7"));
+    let jwt_doomed = keys.sign_ed(&claims("agent-5"));
+    let mut markers: Vec<(String, &str)> = Vec::new();
+    for (what, secret) in [
+        ("static secret", &good),
+        ("unknown static secret", &unknown),
+    ] {
+        let body = &secret["tgk_".len()..];
+        markers.push((secret.clone(), what));
+        markers.push((body.to_string(), what));
+        markers.push((body[..12].to_string(), what));
+        markers.push((body[body.len() - 12..].to_string(), what));
+    }
+    for (what, token) in [
+        ("good JWT", &jwt_good),
+        ("forged JWT", &jwt_forged),
+        ("revoked JWT", &jwt_doomed),
+    ] {
+        let parts: Vec<&str> = token.split('.').collect();
+        markers.push((token.clone(), what));
+        // The claims and the signature; the header is the same for every
+        // token and carries nothing.
+        markers.push((parts[1].to_string(), what));
+        markers.push((parts[2].to_string(), what));
+        markers.push((parts[2][..16].to_string(), what));
+    }
+
+    // Calls (a task each, and one cancelled while it runs), polls, artifact
+    // reads, cancels.
+    for token in [&good, &jwt_good, &jwt_doomed] {
+        let id = create(port, token, "nap");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while status_of(port, token, &id) != "completed" {
+            assert!(Instant::now() < deadline, "{id} did not complete");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let r = rpc(
+            port,
+            Some(token),
+            "tools/call",
+            json!({"name": "artifact_read", "arguments": {"taskId": id}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.raw);
+        let running = create(port, token, "wait");
+        let r = rpc(
+            port,
+            Some(token),
+            "tasks/cancel",
+            json!({"taskId": running}),
+        );
+        assert_eq!(r.status, 200, "{}", r.raw);
+        status_of(port, token, &running);
+    }
+    // Refused tokens.
+    for token in [&unknown, &jwt_forged] {
+        let r = rpc(port, Some(token), "tools/list", json!({}));
+        assert_eq!(r.status, 401, "{}", r.raw);
+    }
+    // A reload that revokes one JWT's subject, which is then refused.
+    let revocations = site.path().join("revocations.toml");
+    let text = std::fs::read_to_string(&revocations).unwrap();
+    std::fs::write(
+        &revocations,
+        format!("{text}\n[[revoke]]\nissuer = \"{ISSUER}\"\nsubject = \"agent-5\"\nissued_before = \"2099-01-01T00:00:00Z\"\n"),
+    )
+    .unwrap();
+    f.daemon.signal(Signal::SIGHUP);
+    f.daemon.wait_for("RELOADING=1", Duration::from_secs(20));
+    f.daemon.wait_for("READY=1", Duration::from_secs(20));
+    let r = rpc(port, Some(&jwt_doomed), "tools/list", json!({}));
+    assert_eq!(r.status, 401, "{}", r.raw);
+    let r = rpc(port, Some(&jwt_good), "tools/list", json!({}));
+    assert_eq!(r.status, 200, "{}", r.raw);
+
+    let scan = |files: &[(PathBuf, Vec<u8>)]| {
+        for (path, bytes) in files {
+            for (marker, what) in &markers {
+                assert!(
+                    !holds(bytes, marker),
+                    "part of the {what} ({marker}) is in {}",
+                    path.display()
+                );
+            }
+        }
+    };
+    // While serving, the WAL holds the recent writes.
+    let mut live = Vec::new();
+    every_file(&f.state, &mut live);
+    assert!(
+        live.iter()
+            .any(|(p, b)| p.ends_with("tasks.db-wal") && !b.is_empty()),
+        "the scan sees the WAL: {:?}",
+        live.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
+    assert!(
+        live.iter().any(|(_, b)| holds(b, "rested")),
+        "the scan sees stored results"
+    );
+    scan(&live);
+    let log_path = f.root.path().join("log");
+    let Fixture { daemon, state, .. } = f;
+    assert!(daemon.stop().success());
+    let mut after = Vec::new();
+    every_file(&state, &mut after);
+    after.push((log_path.clone(), std::fs::read(&log_path).unwrap()));
+    let log = String::from_utf8_lossy(&after[after.len() - 1].1).to_string();
+    // The scan means something only if the level took effect.
+    assert!(log.contains("DEBUG"), "no debug events in the log:\n{log}");
+    scan(&after);
+}
+
+/// `serve`, like `check`, refuses a non-loopback listener without
+/// credentials or without TLS, before it touches the state directory:
+/// neither a fresh one nor one in use changes.
+#[test]
+fn serve_refuses_a_non_loopback_listener_without_auth_or_tls_and_changes_nothing() {
+    let root = private_dir();
+    let tokens = root.path().join("tokens.toml");
+    tokens_file(&tokens, &[]);
+    let fresh = state_dir(root.path());
+    // A state directory in use: a daemon made its database and stopped.
+    let used = root.path().join("used");
+    std::fs::create_dir(&used).unwrap();
+    std::fs::set_permissions(&used, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let plain = root.path().join("plain.toml");
+    std::fs::write(&plain, "").unwrap();
+    let d = Daemon::start(&plain, &used, &root.path().join("log"));
+    assert!(d.stop().success());
+    let snapshot = |dir: &Path| {
+        let mut files = Vec::new();
+        every_file(dir, &mut files);
+        let mut out: Vec<(PathBuf, u32, Vec<u8>, Option<std::time::SystemTime>)> = files
+            .into_iter()
+            .map(|(p, b)| {
+                let meta = std::fs::metadata(&p).ok();
+                (
+                    p,
+                    meta.as_ref().map(|m| m.permissions().mode()).unwrap_or(0),
+                    b,
+                    meta.and_then(|m| m.modified().ok()),
+                )
+            })
+            .collect();
+        out.sort();
+        let mode = std::fs::metadata(dir).map(|m| m.permissions().mode()).ok();
+        (mode, out)
+    };
+    assert!(
+        !snapshot(&used).1.is_empty(),
+        "the used state directory holds files"
+    );
+    let auth = format!("[auth]\ntokens_file = \"{}\"\n", tokens.display());
+    for (extra, why) in [
+        (String::new(), "neither credentials nor TLS"),
+        (auth.clone(), "credentials without TLS"),
+        (
+            "tls = \"terminated-upstream\"\n".to_string(),
+            "TLS without credentials",
+        ),
+    ] {
+        let cfg = root.path().join("taskgate.toml");
+        std::fs::write(&cfg, format!("[server]\nlisten = \"0.0.0.0:0\"\n{extra}")).unwrap();
+        for state in [&fresh, &used] {
+            let before = snapshot(state);
+            let out = taskgate(
+                &[
+                    "serve",
+                    "--config",
+                    cfg.to_str().unwrap(),
+                    "--state-dir",
+                    state.to_str().unwrap(),
+                ],
+                &[],
+            );
+            assert_eq!(
+                out.status.code(),
+                Some(78),
+                "{why}, {}: {}",
+                state.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let said = one_line_stderr(&out);
+            assert!(said.contains("0.0.0.0"), "{why}: {said}");
+            assert!(
+                snapshot(state) == before,
+                "{why}: the state directory changed"
+            );
+        }
+    }
+    // `--listen` on the command line is held to the same rule.
+    let out = taskgate(
+        &[
+            "serve",
+            "--config",
+            plain.to_str().unwrap(),
+            "--state-dir",
+            fresh.to_str().unwrap(),
+            "--listen",
+            "0.0.0.0:0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        snapshot(&fresh).1.is_empty(),
+        "a fresh state directory got files"
+    );
 }
