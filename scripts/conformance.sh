@@ -41,7 +41,8 @@ else
   state="$(mktemp -d)"
   chmod 700 "$state"
   log="$work/taskgate.log"
-  "$bin" serve --config "$root/examples/conformance.toml" --state-dir "$state" \
+  # taskgate refuses TASKGATE_* variables that are not settings.
+  env -u TASKGATE_CONFORMANCE_SCENARIOS "$bin" serve --config "$root/examples/conformance.toml" --state-dir "$state" \
     --listen 127.0.0.1:0 2>"$log" &
   pid=$!
   cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$state"; }

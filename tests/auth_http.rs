@@ -1310,6 +1310,16 @@ fn holds(hay: &[u8], needle: &str) -> bool {
 /// them.
 #[test]
 fn no_secret_or_jwt_reaches_the_disk_or_the_debug_log() {
+    credential_marker_scan("debug");
+}
+
+/// rmcp logs requests and results at trace: the log stays clean there too.
+#[test]
+fn no_secret_or_jwt_reaches_the_log_at_trace() {
+    credential_marker_scan("trace");
+}
+
+fn credential_marker_scan(level: &str) {
     use jwt::*;
     use taskgate::auth::tokens::{hash_text, new_secret};
     let site = private_dir();
@@ -1319,7 +1329,7 @@ fn no_secret_or_jwt_reaches_the_disk_or_the_debug_log() {
         "[[token]]\nid = \"marker\"\nhash = \"{}\"\ntenant = \"acme\"\nsubject = \"marker\"\nscopes = [\"tools:call\", \"tasks:read\", \"tasks:cancel\"]\n",
         hash_text(&good)
     );
-    let mut f = start_with(&keys.site(site.path()), "", &entry, Some("debug"));
+    let mut f = start_with(&keys.site(site.path()), "", &entry, Some(level));
     let port = port(&f);
     let jwt_good = keys.sign_ed(&claims("agent-7"));
     let jwt_forged = keys.sign_stranger(&claims("agent-7"));
@@ -1429,7 +1439,10 @@ fn no_secret_or_jwt_reaches_the_disk_or_the_debug_log() {
     after.push((log_path.clone(), std::fs::read(&log_path).unwrap()));
     let log = String::from_utf8_lossy(&after[after.len() - 1].1).to_string();
     // The scan means something only if the level took effect.
-    assert!(log.contains("DEBUG"), "no debug events in the log:\n{log}");
+    assert!(
+        log.contains("DEBUG") || log.contains("TRACE"),
+        "no {level} events in the log:\n{log}"
+    );
     scan(&after);
 }
 
