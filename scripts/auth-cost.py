@@ -18,6 +18,7 @@ afterwards. Readiness and the port come from the systemd notify protocol
               carries it.
   jwt-eddsa   one [[auth.jwt]] issuer whose JWKS file holds a generated
               Ed25519 key; every request carries one EdDSA-signed JWT.
+  jwt-es256   the same with a generated P-256 key and ES256.
   jwt-rs256   the same with a generated 2048-bit RSA key and RS256.
 
 The authenticated modes set auth.local_owner = "never", so no request can
@@ -44,7 +45,7 @@ script gives no verdict and exits 0 whenever the measurement ran to its
 end.
 
 JWTs are signed with the `openssl` command (OpenSSL 1.1.1 or later, for
-Ed25519), because Python's standard library has neither Ed25519 nor RSA
+Ed25519), because Python's standard library has no Ed25519, ECDSA or RSA
 signatures and this script must run on a fresh host with nothing else
 installed. Keys are generated per run in the temporary directory and only
 their public halves are given to the daemon, as JWKS files. Without
@@ -77,7 +78,7 @@ PROTOCOL = "2026-07-28"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 BENCH_TOOL = "taskgate_bench_noop"
 HOST = "127.0.0.1"
-MODES = ["none", "static", "jwt-eddsa", "jwt-rs256"]
+MODES = ["none", "static", "jwt-eddsa", "jwt-es256", "jwt-rs256"]
 RESOURCE = "https://taskgate.auth-cost.invalid/mcp"
 ISSUER = "https://issuer.auth-cost.invalid"
 SCOPES = "tools:call tasks:read"
@@ -134,7 +135,7 @@ def openssl(*args, data=None):
 
 
 class Issuer:
-    """A generated signing key (Ed25519 or RSA), its JWKS and its tokens.
+    """A generated signing key (Ed25519, P-256 or RSA), its JWKS and its tokens.
 
     Signing goes through the `openssl` command, the one tool for it that a
     fresh host is likely to have; only the public key reaches the daemon."""
@@ -148,6 +149,15 @@ class Issuer:
             # The DER SubjectPublicKeyInfo of an Ed25519 key ends with
             # the 32-byte public key.
             jwk = {"kty": "OKP", "crv": "Ed25519", "x": b64url(der[-32:])}
+        elif alg == "ES256":
+            openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-out", self.key)
+            der = openssl("pkey", "-in", self.key, "-pubout", "-outform", "DER")
+            # ... and that of a P-256 key with the uncompressed point
+            # 04 || x || y.
+            point = der[-65:]
+            jwk = {"kty": "EC", "crv": "P-256", "x": b64url(point[1:33]),
+                   "y": b64url(point[33:])}
         elif alg == "RS256":
             openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
                     "-out", self.key)
@@ -182,10 +192,28 @@ class Issuer:
             f.write(signing_input.encode())
         if self.alg == "EdDSA":
             sig = openssl("pkeyutl", "-sign", "-inkey", self.key, "-rawin", "-in", message)
+        elif self.alg == "ES256":
+            sig = ecdsa_raw(openssl("dgst", "-sha256", "-sign", self.key, message))
         else:
             sig = openssl("dgst", "-sha256", "-sign", self.key, message)
         os.unlink(message)
         return signing_input + "." + b64url(sig)
+
+
+def ecdsa_raw(der):
+    """r || s, 32 bytes each, from OpenSSL's DER ECDSA-Sig-Value: a JWS
+    carries the raw pair (RFC 7518, section 3.4)."""
+    # SEQUENCE { INTEGER r, INTEGER s }, short lengths at this size.
+    if der[0] != 0x30 or der[2] != 0x02:
+        raise ValueError("not a DER ECDSA signature")
+    rlen = der[3]
+    r = der[4:4 + rlen]
+    if der[4 + rlen] != 0x02:
+        raise ValueError("not a DER ECDSA signature")
+    slen = der[5 + rlen]
+    s = der[6 + rlen:6 + rlen + slen]
+    return (int.from_bytes(r, "big").to_bytes(32, "big") +
+            int.from_bytes(s, "big").to_bytes(32, "big"))
 
 
 def static_secret():
@@ -539,7 +567,7 @@ def auth_config(mode):
         return "", {}
     if mode == "static":
         return ('[auth]\nlocal_owner = "never"\ntokens_file = "{tokens.toml}"\n'), None
-    alg = {"jwt-eddsa": "EdDSA", "jwt-rs256": "RS256"}[mode]
+    alg = {"jwt-eddsa": "EdDSA", "jwt-es256": "ES256", "jwt-rs256": "RS256"}[mode]
     text = ('[auth]\nlocal_owner = "never"\nresource = "{}"\n\n[[auth.jwt]]\n'
             'issuer = "{}"\njwks_file = "{{jwks.json}}"\nalgorithms = ["{}"]\n'
             'tenant_claim = "tid"\n').format(RESOURCE, ISSUER, alg)
