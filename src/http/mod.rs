@@ -397,7 +397,14 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
         // The rest of the body is never read: the connection must close.
         json_rpc_error(StatusCode::PAYLOAD_TOO_LARGE, &refusal, true)
     };
-    if declared.is_some_and(|n| n > intake.max_request_bytes as u64) {
+    if let Some(n) = declared.filter(|n| *n > intake.max_request_bytes as u64) {
+        // A client still sending when the connection closes gets a reset
+        // instead of this answer. Up to one more request's worth of body is
+        // read and dropped (within the body timeout) so that it reads the
+        // 413; a larger body is cut off unread.
+        if n <= 2 * intake.max_request_bytes as u64 {
+            let _ = tokio::time::timeout(intake.body_read_timeout, drain(body, n)).await;
+        }
         return too_large();
     }
     let limited = http_body_util::Limited::new(body, intake.max_request_bytes);
@@ -440,6 +447,19 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
             as_json_rpc(response, id).await
         }
         Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
+    }
+}
+
+/// Reads and drops at most `limit` bytes of a body nobody will use.
+async fn drain(mut body: axum::body::Body, limit: u64) {
+    let mut seen = 0u64;
+    while seen <= limit {
+        match http_body_util::BodyExt::frame(&mut body).await {
+            Some(Ok(frame)) => {
+                seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+            }
+            _ => return,
+        }
     }
 }
 
