@@ -173,7 +173,7 @@ impl RunError {
             RunError::Cancelled => format!("{tool} was stopped before it finished"),
             RunError::Killed { signal } => format!("{tool} was killed by signal {signal}"),
             RunError::Limit { limit } => format!(
-                "{tool} was stopped by its resource limit {limit} (ask the operator to raise tool.{tool}.{limit})"
+                "{tool} was stopped by its resource limit {limit} (ask the operator to raise {limit} in the tool's [[tool]] table, or in [tools] for every tool)"
             ),
             other => format!("{tool}: {other}"),
         }
