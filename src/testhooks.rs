@@ -11,6 +11,10 @@ use std::path::PathBuf;
 
 /// While this file exists, the store thread stops taking commands.
 pub const STALL_FILE_ENV: &str = "TASKGATE_TEST_STALL_FILE";
+/// While this file exists, every command sent to the store is refused as
+/// if its queue were full (`StoreError::Busy`), without reaching the store
+/// thread.
+pub const BUSY_FILE_ENV: &str = "TASKGATE_TEST_BUSY_FILE";
 /// Names a crash point at which the process aborts (SIGABRT, no cleanup).
 pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 
@@ -33,6 +37,14 @@ pub fn stall_file() -> Option<PathBuf> {
         return None;
     }
     std::env::var_os(STALL_FILE_ENV).map(PathBuf::from)
+}
+
+/// The busy file named in the environment, when hooks are compiled in.
+pub fn busy_file() -> Option<PathBuf> {
+    if !compiled_in() {
+        return None;
+    }
+    std::env::var_os(BUSY_FILE_ENV).map(PathBuf::from)
 }
 
 /// Aborts the process when the environment names this crash point.

@@ -127,6 +127,9 @@ registry! {
     /// The caller holds as many tasks as it may.
     OWNER_LIMIT = (-32063, "TG_OWNER_LIMIT",
         "this caller already holds as many tasks as it may (the message names the limit); wait for some to finish or expire, or ask the operator to raise it");
+    /// A browser request from a web origin that may not call (DNS rebinding defence).
+    ORIGIN_NOT_ALLOWED = (-32064, "TG_ORIGIN_NOT_ALLOWED",
+        "the request's Origin header names a web origin that may not call this server; the operator can list it in server.allowed_origins");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");

@@ -1542,3 +1542,277 @@ fn serve_refuses_a_non_loopback_listener_without_auth_or_tls_and_changes_nothing
         "a fresh state directory got files"
     );
 }
+
+/// A tool for legacy sessions (it runs synchronously there): says it has
+/// started on the FIFO `started`, then holds its call until `release`
+/// exists. Given to [`start`] in place of extra `[tasks]` lines.
+fn holding_tool(started: &Path, release: &Path) -> String {
+    format!(
+        r#"
+[[tool]]
+name = "hold"
+argv = ["/bin/sh", "-c", "echo started > {started}; while [ ! -e {release} ]; do sleep 0.05; done; printf held"]
+sandbox = "unconfined" # its files sit beside the state directory
+effect = "read_only"
+task = "optional"
+[tool.input_schema]
+type = "object"
+"#,
+        started = started.display(),
+        release = release.display(),
+    )
+}
+
+/// One raw `/mcp` request of protocol 2025-11-25 (a legacy session's).
+fn legacy(
+    port: u16,
+    verb: &str,
+    token: Option<&str>,
+    session: Option<&str>,
+    extra_headers: &str,
+    body: &str,
+) -> Reply {
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let session = session
+        .map(|s| format!("Mcp-Session-Id: {s}\r\n"))
+        .unwrap_or_default();
+    exchange(
+        port,
+        &format!(
+            "{verb} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{auth}{session}{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Opens a 2025-11-25 session as the holder of `token` (the local caller
+/// when `None`); its id.
+fn open_session(port: u16, token: Option<&str>) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "old", "version": "1"}}})
+    .to_string();
+    let r = legacy(port, "POST", token, None, "", &init);
+    assert_eq!(r.status, 200, "{}", r.raw);
+    let session = r
+        .raw
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+        })
+        .map(|(_, v)| v.trim().to_string())
+        .expect("session id");
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let r = legacy(port, "POST", token, Some(&session), "", &note);
+    assert_eq!(r.status, 202, "{}", r.raw);
+    session
+}
+
+/// A legacy session belongs to the caller that opened it. Anyone else
+/// carrying its id (another subject, another tenant, another issuer with
+/// the same tenant and subject, or the local caller on a loopback daemon)
+/// gets exactly what an unknown session id gets, on every method: POST,
+/// the GET that resumes the opener's in-flight answer, the GET of a
+/// standalone stream, and DELETE. The opener's call goes on and gets its
+/// answer; its session is still there afterwards.
+#[test]
+fn a_legacy_session_answers_only_the_caller_that_opened_it() {
+    use jwt::*;
+    let site = private_dir();
+    let keys = Keys::generate();
+    let started = Fifo::new(&site.path().join("started"));
+    let release = site.path().join("release");
+    let f = start(
+        &keys
+            .site(site.path())
+            .replace("local_owner = \"never\"", "local_owner = \"loopback\""),
+        &holding_tool(&started.path, &release),
+    );
+    let port = port(&f);
+    let alice = secret('a');
+    let session = open_session(port, Some(&alice));
+
+    // Alice's synchronous call is in flight while the strangers try.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "hold", "arguments": {}}})
+    .to_string();
+    let in_flight = {
+        let (alice, session, call) = (alice.clone(), session.clone(), call.clone());
+        std::thread::spawn(move || legacy(port, "POST", Some(&alice), Some(&session), "", &call))
+    };
+    assert_eq!(started.read(Duration::from_secs(20)).trim(), "started");
+
+    let same_names_other_issuer = keys.sign_ed(&with(claims("alice"), "scope", json!("admin")));
+    let strangers: [(&str, Option<String>); 5] = [
+        ("another subject", Some(secret('b'))),
+        ("another tenant", Some(secret('c'))),
+        ("another issuer", Some(same_names_other_issuer)),
+        ("the local caller", None),
+        // The same subject's other token is not a stranger: checked below.
+        ("nobody at all", Some(secret('n'))),
+    ];
+    let unknown = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+    let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {}}).to_string();
+    for (who, token) in &strangers {
+        let token = token.as_deref();
+        let attempts: [(&str, &str, String, &str); 6] = [
+            ("POST tools/call", "POST", String::new(), &call),
+            ("POST tools/list", "POST", String::new(), &list),
+            ("GET resume", "GET", "Last-Event-ID: 0/0\r\n".into(), ""),
+            ("GET resume", "GET", "Last-Event-ID: 0/1\r\n".into(), ""),
+            ("GET standalone", "GET", String::new(), ""),
+            ("DELETE", "DELETE", String::new(), ""),
+        ];
+        for (what, verb, headers, body) in &attempts {
+            let theirs = legacy(port, verb, token, Some(&session), headers, body);
+            let nothing = legacy(port, verb, token, Some(unknown), headers, body);
+            if *who == "nobody at all" && *verb == "POST" && body.contains("tools/call") {
+                // No scope at all: refused for that first, alike.
+                assert_eq!(theirs.status, 403, "{who} {what}: {}", theirs.raw);
+            } else {
+                assert_eq!(theirs.status, 404, "{who} {what}: {}", theirs.raw);
+            }
+            assert_eq!(theirs.status, nothing.status, "{who} {what}: {}", theirs.raw);
+            assert_eq!(theirs.body, nothing.body, "{who} {what}: {}", theirs.raw);
+        }
+    }
+    // For each kind of stranger, resuming other counters gets nothing either.
+    for n in 2..8 {
+        let r = legacy(
+            port,
+            "GET",
+            Some(&secret('b')),
+            Some(&session),
+            &format!("Last-Event-ID: 0/{n}\r\n"),
+            "",
+        );
+        assert_eq!(r.status, 404, "0/{n}: {}", r.raw);
+    }
+
+    // Alice's call was never handed to anyone: it answers her.
+    std::fs::write(&release, "").unwrap();
+    let answer = in_flight.join().unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.raw);
+    assert!(answer.raw.contains("held"), "{}", answer.raw);
+    // Her session survived every DELETE; her other token (same subject)
+    // may use it, and she may end it.
+    let r = legacy(port, "POST", Some(&secret('A')), Some(&session), "", &list);
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert!(r.raw.contains("\"tools\""), "{}", r.raw);
+    let r = legacy(port, "DELETE", Some(&alice), Some(&session), "", "");
+    assert!(r.status == 200 || r.status == 202, "{}", r.raw);
+    let r = legacy(port, "POST", Some(&alice), Some(&session), "", &list);
+    assert_eq!(r.status, 404, "{}", r.raw);
+}
+
+/// A 2026-07-28 `tools/list` body.
+fn modern_list() -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}
+    }}})
+    .to_string()
+}
+
+const INVALID_REQUEST: &str = r#"Bearer realm="taskgate", error="invalid_request", error_description="the Authorization header is not a bearer credential: send Authorization: Bearer <token>, or no Authorization header to act as the local owner where that is allowed""#;
+
+/// On a daemon that lets loopback callers without a credential act as the
+/// local owner, only a request with no `Authorization` header at all does:
+/// a header that is not one well-formed bearer credential is refused with
+/// `invalid_request`, never taken for "no credential".
+#[test]
+fn a_malformed_authorization_header_is_refused_not_taken_for_none() {
+    let f = start("local_owner = \"loopback\"", "");
+    let port = port(&f);
+    let list = modern_list();
+    let with_header = |header: &str| {
+        exchange(
+            port,
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n{header}Content-Length: {}\r\nConnection: close\r\n\r\n{list}",
+                list.len()
+            ),
+        )
+    };
+    // No header: the local owner, as configured.
+    let local = with_header("");
+    assert_eq!(local.status, 200, "{}", local.raw);
+    let good = secret('a');
+    for header in [
+        "Authorization: Basic YWxpY2U6c2VjcmV0\r\n".to_string(),
+        format!("Authorization: Token {good}\r\n"),
+        format!("Authorization: Bearer\t{good}\r\n"),
+        "Authorization: Bearer\r\n".into(),
+        "Authorization: \r\n".into(),
+        "Authorization: Bearer tok en!\r\n".into(),
+        format!("Authorization: Bearer {good}\r\nAuthorization: Bearer {good}\r\n"),
+    ] {
+        let r = with_header(&header);
+        assert_eq!(r.status, 401, "{header:?}: {}", r.raw);
+        assert_eq!(r.challenge.as_deref(), Some(INVALID_REQUEST), "{header:?}");
+        assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{header:?}: {}", r.raw);
+        assert!(r.body["result"].is_null(), "{header:?}: {}", r.raw);
+    }
+    // A well-formed bearer credential is still checked as a token.
+    let r = with_header("Authorization: Bearer tgk_short\r\n");
+    assert_eq!(r.challenge.as_deref(), Some(INVALID), "{}", r.raw);
+    let r = with_header(&format!("Authorization: bearer {good}\r\n"));
+    assert_eq!(r.status, 200, "{}", r.raw);
+}
+
+/// A request carrying `Origin` is served only from the daemon's own
+/// origin or one listed in `server.allowed_origins`; anything else gets
+/// 403 with a JSON-RPC body on every method, before it could be taken for
+/// the local caller. Requests without `Origin` are not affected.
+#[test]
+fn a_foreign_origin_is_refused_on_every_method() {
+    let f = start(
+        "local_owner = \"loopback\"\n[server]\nallowed_origins = [\"https://Console.Example:8443\"]",
+        "",
+    );
+    let port = port(&f);
+    let list = modern_list();
+    let request = |verb: &str, origin: &str| {
+        let body = if verb == "POST" { list.as_str() } else { "" };
+        exchange(
+            port,
+            &format!(
+                "{verb} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n{origin}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    for verb in ["POST", "GET", "DELETE"] {
+        for origin in [
+            "Origin: http://evil.example\r\n".to_string(),
+            format!("Origin: http://evil.example:{port}\r\n"),
+            "Origin: null\r\n".into(),
+            format!("Origin: http://127.0.0.1:{}\r\n", port.wrapping_add(1)),
+            format!("Origin: http://127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\r\n"),
+        ] {
+            let r = request(verb, &origin);
+            assert_eq!(r.status, 403, "{verb} {origin:?}: {}", r.raw);
+            assert_eq!(r.code(), wire::ORIGIN_NOT_ALLOWED.code, "{}", r.raw);
+            assert_eq!(
+                r.body["error"]["data"]["name"],
+                wire::ORIGIN_NOT_ALLOWED.name,
+                "{}",
+                r.raw
+            );
+            assert!(r.body["id"].is_null(), "{}", r.raw);
+        }
+    }
+    // The daemon's own origin, a listed one and none at all are served.
+    for origin in [
+        format!("Origin: http://127.0.0.1:{port}\r\n"),
+        "Origin: https://console.example:8443\r\n".into(),
+        String::new(),
+    ] {
+        let r = request("POST", &origin);
+        assert_eq!(r.status, 200, "{origin:?}: {}", r.raw);
+        assert!(r.body["result"]["tools"].is_array(), "{}", r.raw);
+    }
+}

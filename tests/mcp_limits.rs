@@ -1045,3 +1045,168 @@ fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_sl
     });
     assert!(daemon.stop().success());
 }
+
+/// A daemon whose `linger` and `once` tools are described by
+/// [`retry_config`], with `extra` in `[tasks]`; `once` appends a line to
+/// `runs` each time it starts, so a second run shows.
+fn retry_daemon(extra: &str, env: &[(&str, &std::path::Path)]) -> (tempfile::TempDir, Daemon) {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = root.path().join("taskgate.toml");
+    let runs = root.path().join("runs");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[tasks]
+poll_interval_ms = 50
+cancel_grace_ms = 200
+{extra}
+
+[[tool]]
+name = "linger"
+argv = ["/bin/sh", "-c", "sleep 60"]
+effect = "read_only"
+task = "optional"
+timeout_secs = 90
+[tool.input_schema]
+type = "object"
+
+[[tool]]
+name = "once"
+argv = ["/bin/sh", "-c", "echo ran >> {runs}; printf done"]
+sandbox = "unconfined" # it counts its runs in a file beside the state directory
+effect = "idempotent_write"
+task = "optional"
+[tool.input_schema]
+type = "object"
+"#,
+            runs = runs.display()
+        ),
+    )
+    .unwrap();
+    let mut builder = Daemon::builder()
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&root.path().join("log"));
+    for (k, v) in env {
+        builder = builder.env(k, v);
+    }
+    (root, builder.start())
+}
+
+fn runs_of(root: &tempfile::TempDir) -> usize {
+    std::fs::read_to_string(root.path().join("runs"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// A retry of a call whose task exists gets that task, whatever the running
+/// slots and the owner's limit say; only a new call is refused. Forty
+/// concurrent retries all get the one task.
+#[test]
+fn a_retry_gets_its_task_whatever_the_slots_and_the_owners_limit_say() {
+    for (extra, refusal) in [
+        ("max_running = 2", wire::RUN_SLOTS_BUSY),
+        ("max_running = 3\nmax_running_per_owner = 2", wire::OWNER_LIMIT),
+    ] {
+        let (_root, daemon) = retry_daemon(extra, &[]);
+        let rt = runtime();
+        rt.block_on(async {
+            let c = daemon.client(true);
+            let first = c
+                .call_tool("linger", json!({}), Some("op-first"))
+                .await
+                .unwrap();
+            assert_eq!(first["resultType"], "task", "{first}");
+            let second = c.call_tool("linger", json!({}), None).await.unwrap();
+            assert_eq!(second["resultType"], "task", "{second}");
+            // Every place this caller may run in is taken: a new call is
+            // refused, with the error of the bound it met...
+            assert_refused(c.call_tool("linger", json!({}), None).await, refusal);
+            assert_refused(
+                c.call_tool("linger", json!({}), Some("op-new")).await,
+                refusal,
+            );
+            // ...and a retry of the first gets its task.
+            let again = c
+                .call_tool("linger", json!({}), Some("op-first"))
+                .await
+                .unwrap();
+            assert_eq!(again["taskId"], first["taskId"], "{extra}: {again}");
+            // Also forty at once.
+            let mut calls = tokio::task::JoinSet::new();
+            for _ in 0..40 {
+                let c = daemon.client(true);
+                calls.spawn(async move {
+                    c.call_tool("linger", json!({}), Some("op-first")).await
+                });
+            }
+            let mut same = 0;
+            while let Some(answer) = calls.join_next().await {
+                let answer = answer.unwrap().unwrap_or_else(|e| panic!("{extra}: {e:?}"));
+                assert_eq!(answer["taskId"], first["taskId"], "{extra}: {answer}");
+                same += 1;
+            }
+            assert_eq!(same, 40);
+            // A retry with other arguments is still a conflict.
+            assert_refused(
+                c.call_tool("linger", json!({"x": 1}), Some("op-first")).await,
+                wire::IDEMPOTENCY_CONFLICT,
+            );
+            for t in [&first, &second] {
+                c.cancel_task(t["taskId"].as_str().unwrap()).await.unwrap();
+            }
+        });
+        assert!(daemon.stop().success());
+    }
+}
+
+/// A call with an operation ID never runs synchronously where the store
+/// could not say whether its task exists: with the store busy, the retry
+/// of a committed call gets the store's error, marked retryable, and the
+/// tool does not run a second time. Once the store answers again, the
+/// retry gets the task it had.
+#[test]
+fn a_call_with_an_operation_id_never_falls_back_to_a_synchronous_run() {
+    let busy_dir = private_dir();
+    let busy = busy_dir.path().join("busy");
+    let (root, daemon) = retry_daemon("", &[("TASKGATE_TEST_BUSY_FILE", &busy)]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let first = c.call_tool("once", json!({}), Some("op-1")).await.unwrap();
+        assert_eq!(first["resultType"], "task", "{first}");
+        let done = c
+            .wait_task(first["taskId"].as_str().unwrap(), &first)
+            .await
+            .unwrap();
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(runs_of(&root), 1);
+
+        std::fs::write(&busy, "").unwrap();
+        // The reply was lost; the client retries while the store is busy.
+        let error = assert_refused(
+            c.call_tool("once", json!({}), Some("op-1")).await,
+            wire::STORE_BUSY,
+        );
+        assert_eq!(error["data"]["retryable"], true, "{error}");
+        assert_eq!(error["data"]["ran"], false, "{error}");
+        // A new call with an operation ID is refused the same way...
+        let error = assert_refused(
+            c.call_tool("once", json!({}), Some("op-2")).await,
+            wire::STORE_BUSY,
+        );
+        assert_eq!(error["data"]["retryable"], true, "{error}");
+        assert_eq!(runs_of(&root), 1, "a call with an operation ID ran synchronously");
+        // ...while a call without one may still run synchronously.
+        let now = c.call_tool("once", json!({}), None).await.unwrap();
+        assert_eq!(now["resultType"], "complete", "{now}");
+        assert_eq!(runs_of(&root), 2);
+
+        std::fs::remove_file(&busy).unwrap();
+        let again = c.call_tool("once", json!({}), Some("op-1")).await.unwrap();
+        assert_eq!(again["taskId"], first["taskId"], "{again}");
+        assert_eq!(runs_of(&root), 2);
+    });
+    assert!(daemon.stop().success());
+}

@@ -98,6 +98,9 @@ pub enum Kind {
     /// A list of absolute paths, empty by default; in the environment the
     /// paths are joined with `:`.
     Paths,
+    /// A list of web origins (`scheme://host[:port]`), empty by default; in
+    /// the environment they are separated by commas.
+    Origins,
     Int(IntSpec),
     /// A tracing filter (`info,taskgate::tasks=debug`), checked as the
     /// logger would read it.
@@ -362,6 +365,16 @@ pub const SERVER_MAX_SESSIONS: KeySpec = int(
     Unit::Count,
     "Open legacy (`initialize`) sessions; past it an `initialize` gets 503 with `TG_SESSIONS_FULL` at once.",
 );
+pub const SERVER_ALLOWED_ORIGINS: KeySpec = KeySpec {
+    section: Section::Server,
+    name: "allowed_origins",
+    kind: Kind::Origins,
+    doc: "Web origins (`https://console.example:8443`) whose pages may call `/mcp` from a browser. A request whose `Origin` header is neither one of these nor the daemon's own origin gets `403` (DNS rebinding defence); a request without `Origin`, as non-browser clients send, is not affected.",
+    flag: None,
+    applies: Applies::AtStart,
+    env: None,
+    default_from: None,
+};
 pub const SERVER_SESSION_IDLE_SECS: KeySpec = int(
     Section::Server,
     "session_idle_secs",
@@ -625,7 +638,7 @@ pub const AUTH_LOCAL_OWNER: KeySpec = KeySpec {
         default: "loopback",
         choices: &["loopback", "never"],
     },
-    doc: "Who may call without a credential once credentials are configured: `loopback` lets HTTP requests from a loopback address that carry no `Authorization` header act as the one local owner with every scope, as before authentication was configured; `never` makes loopback requests present a credential too.",
+    doc: "Who may call without a credential once credentials are configured: `loopback` lets HTTP requests from a loopback address that carry no `Authorization` header at all act as the one local owner with every scope, as before authentication was configured (a present header that is not a bearer credential is refused, never taken as none); `never` makes loopback requests present a credential too.",
     flag: None,
     applies: Applies::Reload,
     env: None,
@@ -793,6 +806,7 @@ pub static KEYS: &[KeySpec] = &[
     SERVER_BODY_READ_TIMEOUT_MS,
     SERVER_MAX_SESSIONS,
     SERVER_SESSION_IDLE_SECS,
+    SERVER_ALLOWED_ORIGINS,
     SERVER_TLS,
     SERVER_TLS_CERT_FILE,
     SERVER_TLS_KEY_FILE,
@@ -889,7 +903,7 @@ fn default_text(key: &KeySpec, medium: Medium) -> String {
     }
     let text = match key.kind {
         Kind::Address { default } | Kind::Filter { default } => default.to_string(),
-        Kind::Path | Kind::Paths | Kind::File { .. } => "none".to_string(),
+        Kind::Path | Kind::Paths | Kind::Origins | Kind::File { .. } => "none".to_string(),
         Kind::Int(spec) => value_text(&spec, spec.default),
         Kind::Choice { default, .. } => default.to_string(),
         Kind::Text { default, .. } => default.unwrap_or("none").to_string(),
@@ -909,6 +923,7 @@ fn range_text(key: &KeySpec, medium: Medium) -> String {
         Kind::Choice { choices, .. } => choices.join(", "),
         Kind::Text { rule, .. } => rule.label().replace('–', dash),
         Kind::Paths => "absolute paths".to_string(),
+        Kind::Origins => "origins (http[s]://host[:port])".to_string(),
         Kind::Int(spec) => {
             let mut s = format!(
                 "{}{dash}{}",
@@ -1013,7 +1028,7 @@ pub fn starter_config(directory: Option<&str>) -> String {
                     Some(d) => writeln!(s, "{} = {d:?}", key.name),
                     None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
                 },
-                Kind::Paths => writeln!(s, "{} = []", key.name),
+                Kind::Paths | Kind::Origins => writeln!(s, "{} = []", key.name),
                 Kind::Int(spec) => writeln!(s, "{} = {}", key.name, spec.default),
                 Kind::Choice { default, .. }
                 | Kind::Text {

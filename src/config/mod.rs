@@ -226,6 +226,8 @@ pub struct ServerSettings {
     pub body_read_timeout: Duration,
     pub max_sessions: usize,
     pub session_idle: Duration,
+    /// `server.allowed_origins`, each in the form [`normalize_origin`] gives.
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -575,6 +577,29 @@ impl Layers {
         Ok(paths)
     }
 
+    fn origins(&self, key: &KeySpec) -> Result<Vec<String>, ConfigError> {
+        let Some(set) = self.0.get(&key.dotted()) else {
+            return Ok(Vec::new());
+        };
+        let invalid = |what: String| ConfigError::Invalid {
+            origin: set.origin.clone(),
+            message: format!(
+                "{} must be a list of web origins such as \"https://console.example:8443\" (scheme, host and optional port; no path): {what}",
+                key.dotted()
+            ),
+        };
+        let toml::Value::Array(items) = &set.value else {
+            return Err(invalid("not a list".into()));
+        };
+        items
+            .iter()
+            .map(|v| {
+                let text = v.as_str().ok_or_else(|| invalid(format!("{v} is not text")))?;
+                normalize_origin(text).ok_or_else(|| invalid(format!("{text:?} is not one")))
+            })
+            .collect()
+    }
+
     fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
         self.int(key).map(Duration::from_secs)
     }
@@ -664,6 +689,7 @@ impl Config {
             body_read_timeout: layers.duration_ms(&keys::SERVER_BODY_READ_TIMEOUT_MS)?,
             max_sessions: layers.size(&keys::SERVER_MAX_SESSIONS)?,
             session_idle: layers.duration_secs(&keys::SERVER_SESSION_IDLE_SECS)?,
+            allowed_origins: layers.origins(&keys::SERVER_ALLOWED_ORIGINS)?,
         };
         let tasks = TaskSettings {
             default_ttl: layers.duration_secs(&keys::TASKS_DEFAULT_TTL_SECS)?,
@@ -709,6 +735,7 @@ impl Config {
                 Kind::Int(_) => layers.int(key)?.to_string(),
                 // Debug form: exact for any path, `:` included.
                 Kind::Paths => format!("{:?}", layers.paths(key)?),
+                Kind::Origins => layers.origins(key)?.join(" "),
                 // One key of each of these kinds; their effective values
                 // are the ones resolved above (flags and precedence included).
                 Kind::Address { .. } => listen.to_string(),
@@ -976,6 +1003,14 @@ fn env_layer(layers: &mut Layers, env: &HashMap<String, String>) -> Result<(), C
                     .map(|p| toml::Value::String(p.to_string()))
                     .collect(),
             ),
+            Kind::Origins => toml::Value::Array(
+                env[name]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|o| !o.is_empty())
+                    .map(|o| toml::Value::String(o.to_string()))
+                    .collect(),
+            ),
             _ => toml::Value::String(env[name].clone()),
         };
         layers.set(key, value, format!("environment variable {name}"));
@@ -1235,6 +1270,55 @@ fn tool_settings(
         });
     }
     Ok(tools)
+}
+
+/// A web origin (RFC 6454) in one spelling: `http://` or `https://`, the
+/// host in lower case (an IPv6 address in brackets), and the port always
+/// written out (80 or 443 when the text leaves it out). `None` for anything
+/// else: another scheme, a path, user information, an empty host, a bad
+/// port. `server.allowed_origins` and every `Origin` header pass through
+/// this, so they compare as plain strings.
+pub fn normalize_origin(text: &str) -> Option<String> {
+    let (scheme, rest) = text.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ']) {
+        return None;
+    }
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (addr, after) = v6.split_once(']')?;
+        addr.parse::<std::net::Ipv6Addr>().ok()?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':')?),
+        };
+        (format!("[{}]", addr.to_ascii_lowercase()), port)
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) => (h.to_ascii_lowercase(), Some(p)),
+            None => (rest.to_ascii_lowercase(), None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && (host.starts_with('[')
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+    if !host_ok {
+        return None;
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            p.parse::<u16>().ok()?
+        }
+        Some(_) => return None,
+    };
+    Some(format!("{scheme}://{host}:{port}"))
 }
 
 fn require_absolute(key: String, path: &Path, origin: String) -> Result<(), ConfigError> {
@@ -1501,6 +1585,7 @@ mod tests {
             let bad = match key.kind {
                 Kind::Address { .. } => "not an address".to_string(),
                 Kind::Path | Kind::Paths | Kind::File { .. } => "relative/path".to_string(),
+                Kind::Origins => "ftp://files.example".to_string(),
                 Kind::Int(spec) => (spec.max + 1).to_string(),
                 Kind::Filter { .. } => "info,taskgate=loud".to_string(),
                 Kind::Choice { .. } => "sometimes".to_string(),

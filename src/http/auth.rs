@@ -5,6 +5,10 @@
 //! - No credentials: 401 with a challenge that carries no `error`
 //!   (RFC 6750 §3.1), unless the request came over loopback and
 //!   `auth.local_owner = "loopback"` makes it the local caller.
+//! - An `Authorization` header that is not one well-formed bearer
+//!   credential (another scheme such as `Basic`, a tab instead of the
+//!   space, two headers): 401 `error="invalid_request"`. Only a request
+//!   with no `Authorization` header at all can be the local caller.
 //! - A credential that is unknown, malformed, expired or revoked: 401
 //!   `error="invalid_token"`, in one wording whatever the reason, so a
 //!   prober learns nothing about which tokens exist. The reason goes to the
@@ -52,6 +56,10 @@ pub struct Gate {
 const INVALID_TOKEN: &str =
     "the bearer token is not valid here: unknown, malformed, expired or revoked";
 
+/// The description of an `Authorization` header that is not a bearer
+/// credential.
+const INVALID_REQUEST: &str = "the Authorization header is not a bearer credential: send Authorization: Bearer <token>, or no Authorization header to act as the local owner where that is allowed";
+
 /// Longest `Authorization` header value looked at; longer is malformed.
 const MAX_AUTHORIZATION_BYTES: usize = 16 * 1024;
 
@@ -66,7 +74,7 @@ pub async fn authenticate(State(gate): State<Gate>, mut request: Request, next: 
         Presented::Nothing => None,
         Presented::Token(token) => Some(token),
         Presented::Malformed => {
-            return challenge(&settings, Challenge::InvalidToken, Value::Null);
+            return challenge(&settings, Challenge::InvalidRequest, Value::Null);
         }
     };
     let caller = match presented {
@@ -134,14 +142,20 @@ pub async fn check_scopes(State(gate): State<Gate>, request: Request, next: Next
 }
 
 enum Presented {
+    /// No `Authorization` header at all: the only request that may be the
+    /// local caller.
     Nothing,
     Token(String),
+    /// An `Authorization` header that is not one well-formed bearer
+    /// credential (another scheme, no space after the scheme, several
+    /// headers, a value that is not a token68).
     Malformed,
 }
 
 /// The bearer token of `Authorization: Bearer <token>` (the scheme is
-/// case-insensitive, RFC 9110 §11.1). Another scheme counts as no bearer
-/// credential at all.
+/// case-insensitive, RFC 9110 §11.1). A header that is present but holds
+/// anything else is malformed, never "no credential": otherwise a client
+/// that sent the wrong scheme would silently act as the local owner.
 fn bearer(headers: &axum::http::HeaderMap) -> Presented {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = values.next() else {
@@ -154,13 +168,10 @@ fn bearer(headers: &axum::http::HeaderMap) -> Presented {
         return Presented::Malformed;
     };
     let Some((scheme, rest)) = text.split_once(' ') else {
-        return match text.eq_ignore_ascii_case("bearer") {
-            true => Presented::Malformed,
-            false => Presented::Nothing,
-        };
+        return Presented::Malformed;
     };
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Presented::Nothing;
+        return Presented::Malformed;
     }
     let token = rest.trim_matches(' ');
     // token68 (RFC 9110 §11.2): a JWT's and a static token's characters.
@@ -178,6 +189,9 @@ fn bearer(headers: &axum::http::HeaderMap) -> Presented {
 /// Which refusal a challenge carries.
 enum Challenge {
     Missing,
+    /// An `Authorization` header that is not a bearer credential
+    /// (RFC 6750 §3.1 `invalid_request`).
+    InvalidRequest,
     InvalidToken,
     InsufficientScope {
         needed: Vec<String>,
@@ -231,6 +245,17 @@ fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
             None,
             true,
         ),
+        Challenge::InvalidRequest => {
+            params.push("error=\"invalid_request\"".into());
+            params.push(format!("error_description=\"{INVALID_REQUEST}\""));
+            (
+                StatusCode::UNAUTHORIZED,
+                wire::UNAUTHENTICATED,
+                INVALID_REQUEST.to_string(),
+                None,
+                true,
+            )
+        }
         Challenge::InvalidToken => {
             params.push("error=\"invalid_token\"".into());
             params.push(format!("error_description=\"{INVALID_TOKEN}\""));

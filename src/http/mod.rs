@@ -30,6 +30,7 @@
 //! requests off with an empty 500.
 
 pub mod auth;
+pub mod origin;
 pub mod tls;
 
 use std::future::Future;
@@ -168,8 +169,10 @@ impl App {
             svc: svc.clone(),
         };
         let streams = CancellationToken::new();
+        let hosts = allowed_hosts(settings, auth.as_deref());
+        let origins = origin::OriginPolicy::new(&settings.allowed_origins, &hosts);
         let config = StreamableHttpServerConfig::default()
-            .with_allowed_hosts(allowed_hosts(settings, auth.as_deref()))
+            .with_allowed_hosts(hosts)
             // Plain JSON bodies when nothing is streamed: simpler for clients.
             .with_json_response(true)
             .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
@@ -218,6 +221,10 @@ impl App {
         let mut router = Router::new()
             .route_service("/mcp", mcp)
             .layer(middleware::from_fn_with_state(
+                sessions.clone(),
+                bind_sessions,
+            ))
+            .layer(middleware::from_fn_with_state(
                 limits.clone(),
                 limit_requests,
             ))
@@ -230,7 +237,10 @@ impl App {
                 auth::check_scopes,
             ))
             .layer(middleware::from_fn_with_state(intake, read_and_screen))
-            .layer(middleware::from_fn_with_state(gate, auth::authenticate));
+            .layer(middleware::from_fn_with_state(gate, auth::authenticate))
+            // First of all: a browser page from a foreign origin is refused
+            // before it can be taken for the local caller.
+            .layer(middleware::from_fn_with_state(origins, origin::check_origin));
         if let Some(authenticator) = &auth {
             let settings = authenticator.settings();
             if let Some(path) = auth::metadata_path(&settings) {
@@ -894,6 +904,11 @@ impl AsyncWrite for Either {
 pub struct BoundedSessions {
     inner: LocalSessionManager,
     max: usize,
+    /// The owner digest of each session's opener: a request carrying the
+    /// session's id from anyone else is answered as if the session did
+    /// not exist. Entries of closed sessions are pruned whenever one is
+    /// added, so this holds at most `max` + 1 entries.
+    owners: std::sync::Mutex<std::collections::HashMap<String, crate::store::Digest>>,
     /// Makes "count, then create" one step, so the bound is never passed.
     creating: tokio::sync::Mutex<()>,
     /// The most sessions open at once since [`BoundedSessions::take_peak`].
@@ -917,6 +932,7 @@ impl BoundedSessions {
         BoundedSessions {
             inner,
             max,
+            owners: std::sync::Mutex::new(std::collections::HashMap::new()),
             creating: tokio::sync::Mutex::new(()),
             peak: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -937,6 +953,107 @@ impl BoundedSessions {
     /// Open legacy sessions.
     pub async fn open(&self) -> usize {
         self.inner.sessions.read().await.len()
+    }
+
+    /// Records who opened session `id`; forgets the openers of sessions
+    /// that have closed since.
+    async fn bind(&self, id: &str, owner: crate::store::Digest) {
+        let open = self.inner.sessions.read().await;
+        let mut owners = lock_owners(&self.owners);
+        owners.retain(|known, _| open.contains_key(known.as_str()));
+        owners.insert(id.to_string(), owner);
+    }
+
+    /// Whether `owner` opened session `id`. A session without a recorded
+    /// opener belongs to nobody.
+    fn opened_by(&self, id: &str, owner: &crate::store::Digest) -> bool {
+        lock_owners(&self.owners).get(id) == Some(owner)
+    }
+}
+
+fn lock_owners<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding this lock cannot leave the map half-updated.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A session id the session manager never issues (its ids are UUIDs): a
+/// request for someone else's session is passed on with this one instead,
+/// so it gets exactly the answer an unknown session gets.
+const NO_SUCH_SESSION: &str = "not-a-session";
+
+/// The protocol library's own words for an unknown session, which a DELETE
+/// of one gets too.
+const SESSION_NOT_FOUND: &str = "Not Found: Session not found";
+
+/// Binds each legacy session to the owner of the caller that opened it.
+/// The opener of a session is recorded from the `Mcp-Session-Id` of its
+/// `initialize` answer. Any later request carrying that id (POST, the GET
+/// of a standalone or resumed stream, DELETE) from a caller with another
+/// owner (another subject, tenant or issuer, or the local owner) is
+/// answered exactly as an unknown session is: the library never sees the
+/// real id, so it can neither hand over the session's streams nor end it.
+async fn bind_sessions(
+    State(sessions): State<Arc<BoundedSessions>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let owner = request
+        .extensions()
+        .get::<crate::auth::Caller>()
+        .map(crate::tasks::owner_of);
+    let carried = request
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().map(str::to_string));
+    match carried {
+        Some(Ok(id)) => {
+            let owned = owner.is_some_and(|o| sessions.opened_by(&id, &o));
+            // The library answers a legacy DELETE of any id it does not
+            // hold with 202; a session that is not the caller's, or no
+            // longer open, is not found, as it is for every other method.
+            // (A 2026-07-28 DELETE is refused by the library as a method
+            // the new revision does not have.)
+            let legacy = request
+                .headers()
+                .get("mcp-protocol-version")
+                .is_none_or(|v| v.as_bytes() < b"2026-07-28".as_slice());
+            if request.method() == axum::http::Method::DELETE
+                && legacy
+                && !(owned && sessions.inner.has_session(&id.as_str().into()).await.unwrap_or(false))
+            {
+                return (StatusCode::NOT_FOUND, SESSION_NOT_FOUND).into_response();
+            }
+            if !owned {
+                tracing::debug!(
+                    "a request named a legacy session its caller did not open; answered as an unknown session"
+                );
+                request.headers_mut().insert(
+                    "mcp-session-id",
+                    axum::http::HeaderValue::from_static(NO_SUCH_SESSION),
+                );
+            }
+            next.run(request).await
+        }
+        // Not text: the library reads it as no session id at all.
+        Some(Err(_)) => next.run(request).await,
+        None => {
+            let response = next.run(request).await;
+            let opened = response
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok());
+            match (opened, owner) {
+                (Some(id), Some(owner)) => sessions.bind(id, owner).await,
+                (Some(_), None) => {
+                    // Cannot happen (authentication always attaches the
+                    // caller); a session without an opener answers every
+                    // request as unknown.
+                    tracing::error!("a legacy session was opened without a caller; it is unusable");
+                }
+                _ => {}
+            }
+            response
+        }
     }
 }
 

@@ -460,6 +460,9 @@ pub struct StoreOptions {
     /// Test hook: while this file exists the store thread takes no command.
     #[doc(hidden)]
     pub stall_file: Option<PathBuf>,
+    /// Test hook: while this file exists every command is refused as busy.
+    #[doc(hidden)]
+    pub busy_file: Option<PathBuf>,
 }
 
 impl StoreOptions {
@@ -475,6 +478,7 @@ impl StoreOptions {
             clock: Clock::system(),
             expected_identity: None,
             stall_file: None,
+            busy_file: None,
         }
     }
 
@@ -489,6 +493,7 @@ impl StoreOptions {
             clock: Clock::system(),
             expected_identity: None,
             stall_file: crate::testhooks::stall_file(),
+            busy_file: crate::testhooks::busy_file(),
         }
     }
 }
@@ -504,6 +509,12 @@ enum Command {
     Get {
         id: TaskId,
         owner: Digest,
+        reply: Reply<Option<TaskRecord>>,
+    },
+    FindReference {
+        owner: Digest,
+        reference: Digest,
+        request: Option<Digest>,
         reply: Reply<Option<TaskRecord>>,
     },
     Finish {
@@ -563,6 +574,8 @@ impl Envelope {
 /// State shared between the handles and the store thread.
 struct Shared {
     depth: usize,
+    /// Test hook: while this file exists every command is refused as busy.
+    busy_file: Option<PathBuf>,
     /// Set once, never cleared: the reason the service latched disabled.
     disabled: Mutex<Option<String>>,
     /// Incremented every time the store thread finishes a loop: the
@@ -623,6 +636,7 @@ impl Store {
         let clock = options.clock.clone();
         let shared = Arc::new(Shared {
             depth: options.queue_depth,
+            busy_file: options.busy_file.clone(),
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),
             task_reads: AtomicU64::new(0),
@@ -694,6 +708,27 @@ impl Store {
         self.call(|reply| Command::Get { id, owner, reply }).await
     }
 
+    /// The owner's unexpired task created under `reference`, read without
+    /// creating anything: `None` when there is none, `Conflict` when it was
+    /// created for another request. A retry is answered from this when the
+    /// call could not be admitted as new (every slot busy, the owner at its
+    /// limit), so that it still gets its task.
+    pub async fn find_reference(
+        &self,
+        owner: &Digest,
+        reference: &Digest,
+        request: Option<&Digest>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        let (owner, reference, request) = (*owner, *reference, request.copied());
+        self.call(|reply| Command::FindReference {
+            owner,
+            reference,
+            request,
+            reply,
+        })
+        .await
+    }
+
     /// How many task reads ([`Store::get`]) were asked of the store so far.
     pub fn task_reads(&self) -> u64 {
         self.shared.task_reads.load(Ordering::Relaxed)
@@ -763,6 +798,11 @@ impl Store {
 
     /// Queues a command without waiting: a full queue is `Busy` at once.
     fn try_send(&self, envelope: Envelope) -> Result<(), StoreError> {
+        if self.shared.busy_file.as_ref().is_some_and(|f| f.exists()) {
+            return Err(StoreError::Busy {
+                depth: self.shared.depth,
+            });
+        }
         self.shared.queued.fetch_add(1, Ordering::Relaxed);
         let sent = self.tx.try_send(envelope);
         if sent.is_err() {

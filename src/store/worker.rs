@@ -462,6 +462,34 @@ impl Worker {
                     };
                     let _ = reply.send(r);
                 }
+                Command::FindReference {
+                    owner,
+                    reference,
+                    request,
+                    reply,
+                } => {
+                    let r = match self.disabled() {
+                        Some(e) => Err(e),
+                        None => records::find_by_reference(
+                            self.conn(),
+                            &owner,
+                            &reference,
+                            self.now_ms(),
+                        )
+                        .map_err(|e| self.fail(e, "reading a task by its reference"))
+                        .and_then(|found| match found {
+                            Some(f) if !f.expired => {
+                                if f.request.as_deref() == request.as_ref().map(|d| &d.0[..]) {
+                                    Ok(Some(f.record))
+                                } else {
+                                    Err(StoreError::Conflict)
+                                }
+                            }
+                            _ => Ok(None),
+                        }),
+                    };
+                    let _ = reply.send(r);
+                }
                 Command::Stats { reply } => {
                     let _ = reply.send(self.stats());
                 }

@@ -63,6 +63,12 @@ pub enum TaskError {
     /// The task store refused (busy, at capacity, disabled).
     #[error("{0}")]
     Store(StoreError),
+    /// The task store refused a call that carries an operation ID. Such a
+    /// call is never run synchronously instead: it may be the retry of a
+    /// call whose task was committed and whose answer was lost. Nothing
+    /// ran; the same call with the same operation ID may be sent again.
+    #[error("{0}; nothing was run: retry with the same operation ID")]
+    StoreUnsettled(StoreError),
     /// A synchronous run ended without a result (timeout, signal, …).
     #[error("{message}")]
     Run { code: WireCode, message: String },
@@ -90,7 +96,7 @@ impl TaskError {
             TaskError::RunSlotsBusy { .. } => wire::RUN_SLOTS_BUSY,
             TaskError::Stopping => wire::STOPPING,
             TaskError::ArtifactUnavailable => wire::ARTIFACT_UNAVAILABLE,
-            TaskError::Store(e) => match e {
+            TaskError::Store(e) | TaskError::StoreUnsettled(e) => match e {
                 StoreError::Busy { .. } => wire::STORE_BUSY,
                 StoreError::Capacity(_) => wire::STORE_CAPACITY,
                 StoreError::Disabled { .. }
@@ -110,6 +116,9 @@ impl TaskError {
             TaskError::Store(
                 StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped,
             ) => "the task store is unavailable".into(),
+            TaskError::StoreUnsettled(
+                StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped,
+            ) => "the task store is unavailable; nothing was run: retry with the same operation ID once it is back".into(),
             other => other.to_string(),
         }
     }
@@ -123,6 +132,7 @@ impl TaskError {
                 Some(json!({"maxRunning": max_running}))
             }
             TaskError::Forbidden { missing } => Some(json!({"missingScopes": missing})),
+            TaskError::StoreUnsettled(_) => Some(json!({"retryable": true, "ran": false})),
             TaskError::TasksRequired(_) => Some(json!({
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),

@@ -538,14 +538,24 @@ impl TaskService {
         if self.is_stopping() {
             return Err(TaskError::Stopping);
         }
+        let reference = operation_id.as_deref().map(request::reference);
+        let identity = request::identity(name, args);
         if let Some(reason) = self.store.disabled_reason() {
+            let error = StoreError::Disabled { reason };
+            if reference.is_some() {
+                return Err(TaskError::StoreUnsettled(error));
+            }
             return Ok(Err(Fallback {
                 reason: FallbackReason::StoreUnavailable,
-                error: TaskError::Store(StoreError::Disabled { reason }),
+                error: TaskError::Store(error),
                 slot: None,
             }));
         }
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            // Only a new call waits for a slot: a retry gets its task.
+            if let Some(existing) = self.retried(owner, reference.as_ref(), &identity).await? {
+                return Ok(Ok(existing));
+            }
             return Ok(Err(Fallback {
                 reason: FallbackReason::SlotsBusy,
                 error: TaskError::SlotsBusy {
@@ -561,6 +571,10 @@ impl TaskService {
             owner,
             self.settings.max_running_per_owner,
         ) else {
+            drop(permit);
+            if let Some(existing) = self.retried(owner, reference.as_ref(), &identity).await? {
+                return Ok(Ok(existing));
+            }
             return Err(TaskError::OwnerLimit(format!(
                 "this caller already has {} tasks running (tasks.max_running_per_owner); wait for one to finish",
                 self.settings.max_running_per_owner
@@ -568,8 +582,8 @@ impl TaskService {
         };
         let new = NewTask {
             owner,
-            reference: operation_id.as_deref().map(request::reference),
-            request: Some(request::identity(name, args)),
+            reference,
+            request: Some(identity),
             ttl_ms: self.settings.default_ttl.as_millis() as i64,
             poll_interval_ms: self.live().poll_interval.as_millis() as i64,
         };
@@ -605,11 +619,47 @@ impl TaskService {
             Err(StoreError::Capacity(kind @ CapacityKind::OwnerTasks { .. })) => {
                 Err(TaskError::OwnerLimit(kind.to_string()))
             }
+            // A call with an operation ID may be the retry of one whose
+            // task was committed and whose answer was lost: run now, it
+            // could run twice. It gets the store's error and retries.
+            Err(e) if operation_id.is_some() => Err(TaskError::StoreUnsettled(e)),
             Err(e) => Ok(Err(Fallback {
                 reason: FallbackReason::of(&e),
                 error: TaskError::Store(e),
                 slot: Some(permit),
             })),
+        }
+    }
+
+    /// The task a retried call already has, for a call that could not be
+    /// admitted as a new one: `None` for a call without an operation ID,
+    /// or when the store has no task under it (or cannot say, in which
+    /// case the refusal the caller was about to give stands; nothing runs).
+    async fn retried(
+        &self,
+        owner: Digest,
+        reference: Option<&Digest>,
+        identity: &Digest,
+    ) -> Result<Option<TaskRecord>, TaskError> {
+        let Some(reference) = reference else {
+            return Ok(None);
+        };
+        match self
+            .store
+            .find_reference(&owner, reference, Some(identity))
+            .await
+        {
+            Ok(Some(record)) => {
+                tracing::info!(task = %record.id,
+                    "operation reference already used: returning the existing task {}, running nothing", record.id);
+                Ok(Some(record))
+            }
+            Ok(None) => Ok(None),
+            Err(StoreError::Conflict) => Err(TaskError::IdempotencyConflict),
+            Err(e) => {
+                tracing::debug!(error = %e, "looking up a retried call's task failed: {e}");
+                Ok(None)
+            }
         }
     }
 
