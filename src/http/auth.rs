@@ -338,7 +338,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bearer_scheme_is_case_insensitive_and_other_schemes_are_no_credential() {
+    fn the_bearer_scheme_is_case_insensitive_and_any_other_header_is_malformed() {
         let with = |v: &str| {
             let mut h = axum::http::HeaderMap::new();
             h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
@@ -346,7 +346,11 @@ mod tests {
         };
         assert!(matches!(with("Bearer tgk_abc"), Presented::Token(t) if t == "tgk_abc"));
         assert!(matches!(with("bearer a.b.c"), Presented::Token(t) if t == "a.b.c"));
-        assert!(matches!(with("Basic dXNlcjpwYXNz"), Presented::Nothing));
+        // A present header is never "no credential".
+        assert!(matches!(with("Basic dXNlcjpwYXNz"), Presented::Malformed));
+        assert!(matches!(with("Token tgk_abc"), Presented::Malformed));
+        assert!(matches!(with("Bearer\ttgk_abc"), Presented::Malformed));
+        assert!(matches!(with(""), Presented::Malformed));
         assert!(matches!(with("Bearer"), Presented::Malformed));
         assert!(matches!(with("Bearer a b"), Presented::Malformed));
         assert!(matches!(with("Bearer a\"b"), Presented::Malformed));

@@ -908,7 +908,7 @@ pub struct BoundedSessions {
     /// session's id from anyone else is answered as if the session did
     /// not exist. Entries of closed sessions are pruned whenever one is
     /// added, so this holds at most `max` + 1 entries.
-    owners: std::sync::Mutex<std::collections::HashMap<String, crate::store::Digest>>,
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Makes "count, then create" one step, so the bound is never passed.
     creating: tokio::sync::Mutex<()>,
     /// The most sessions open at once since [`BoundedSessions::take_peak`].
@@ -957,7 +957,7 @@ impl BoundedSessions {
 
     /// Records who opened session `id`; forgets the openers of sessions
     /// that have closed since.
-    async fn bind(&self, id: &str, owner: crate::store::Digest) {
+    async fn bind(&self, id: &str, owner: String) {
         let open = self.inner.sessions.read().await;
         let mut owners = lock_owners(&self.owners);
         owners.retain(|known, _| open.contains_key(known.as_str()));
@@ -966,8 +966,8 @@ impl BoundedSessions {
 
     /// Whether `owner` opened session `id`. A session without a recorded
     /// opener belongs to nobody.
-    fn opened_by(&self, id: &str, owner: &crate::store::Digest) -> bool {
-        lock_owners(&self.owners).get(id) == Some(owner)
+    fn opened_by(&self, id: &str, owner: &str) -> bool {
+        lock_owners(&self.owners).get(id).is_some_and(|o| o == owner)
     }
 }
 
@@ -1000,14 +1000,15 @@ async fn bind_sessions(
     let owner = request
         .extensions()
         .get::<crate::auth::Caller>()
-        .map(crate::tasks::owner_of);
+        // The owner digest, as text: all this needs is to compare it.
+        .map(|caller| crate::tasks::owner_of(caller).to_hex());
     let carried = request
         .headers()
         .get("mcp-session-id")
         .map(|v| v.to_str().map(str::to_string));
     match carried {
         Some(Ok(id)) => {
-            let owned = owner.is_some_and(|o| sessions.opened_by(&id, &o));
+            let owned = owner.as_deref().is_some_and(|o| sessions.opened_by(&id, o));
             // The library answers a legacy DELETE of any id it does not
             // hold with 202; a session that is not the caller's, or no
             // longer open, is not found, as it is for every other method.
