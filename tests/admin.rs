@@ -207,8 +207,10 @@ fn a_peer_of_another_uid_is_refused_even_when_the_file_would_let_it_in() {
     let state = state_dir(root.path());
     let d = start(root.path(), &state);
     let sock = state.join("admin.sock");
+    // Not the build's own file: nobody may not be able to reach it.
+    let bin = binary_for_other_users();
     let as_nobody = |socket: &Path| {
-        let mut cmd = std::process::Command::new(BIN);
+        let mut cmd = std::process::Command::new(&bin.path);
         cmd.args(["status", "--socket", socket.to_str().unwrap()])
             .env_clear()
             .env("PATH", "/usr/bin:/bin")

@@ -148,8 +148,73 @@ enum Event {
     Exited,
 }
 
+/// A copy of the binary under test that another user can run: a test
+/// that acts as another user must not run the build's own file, which
+/// sits wherever the checkout is (under a home directory other users
+/// cannot enter, on a fresh machine). The copy lives in a new directory
+/// under the system temp dir (root-owned, 0755, a trusted ancestor for a
+/// state directory), removed when this is dropped.
+pub struct SharedBinary {
+    dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl SharedBinary {
+    /// The directory holding the copy: reachable by every user.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+pub fn binary_for_other_users() -> SharedBinary {
+    let dir = tempfile::Builder::new()
+        .prefix("taskgate-test-bin-")
+        .tempdir()
+        .expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("taskgate");
+    std::fs::copy(BIN, &path).expect("copy the binary");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    SharedBinary { dir, path }
+}
+
+/// The unprivileged service user the tests run a daemon as (created with
+/// `useradd` the first time, as a system user without a home or a login
+/// shell); needs root.
+pub const SERVICE_USER: &str = "taskgate-test-svc";
+
+pub fn service_user() -> nix::unistd::User {
+    static CREATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    let lookup = || nix::unistd::User::from_name(SERVICE_USER).expect("look up the service user");
+    if let Some(u) = lookup() {
+        return u;
+    }
+    let out = Command::new("/usr/sbin/useradd")
+        .args([
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            SERVICE_USER,
+        ])
+        .output()
+        .expect("run useradd (passwd package)");
+    // 9: another test binary created it meanwhile.
+    assert!(
+        out.status.success() || out.status.code() == Some(9),
+        "useradd {SERVICE_USER}: {out:?}"
+    );
+    lookup().unwrap_or_else(|| panic!("useradd made no user {SERVICE_USER}"))
+}
+
 /// How to start a daemon: `Daemon::builder()…start()`.
 pub struct DaemonOptions {
+    program: Option<PathBuf>,
+    user: Option<(u32, u32)>,
     config: Option<PathBuf>,
     state: Option<PathBuf>,
     log: Option<PathBuf>,
@@ -160,6 +225,20 @@ pub struct DaemonOptions {
 }
 
 impl DaemonOptions {
+    /// Runs this binary instead of the build's (a [`SharedBinary`], for a
+    /// daemon run as another user).
+    pub fn program(mut self, path: &Path) -> Self {
+        self.program = Some(path.to_path_buf());
+        self
+    }
+
+    /// Runs the daemon as this uid and gid (the test must be root); the
+    /// notify socket is made reachable by it.
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.user = Some((uid, gid));
+        self
+    }
+
     /// `--config PATH`.
     pub fn config(mut self, path: &Path) -> Self {
         self.config = Some(path.to_path_buf());
@@ -237,7 +316,21 @@ impl DaemonOptions {
         let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
         let log = self.log.unwrap_or_else(|| dir.path().join("daemon.log"));
         let err = std::fs::File::create(&log).expect("create the daemon log");
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(self.program.as_deref().unwrap_or(Path::new(BIN)));
+        if let Some((uid, gid)) = self.user {
+            // Only the daemon's user may send on the socket; the directory
+            // lets it pass, without listing it.
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+            nix::unistd::chown(
+                &sock_path,
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .expect("give the notify socket to the daemon's user");
+            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+            cmd.current_dir("/");
+        }
         cmd.arg("serve");
         if self.stdio {
             cmd.arg("--stdio")
@@ -335,6 +428,8 @@ pub struct Daemon {
 impl Daemon {
     pub fn builder() -> DaemonOptions {
         DaemonOptions {
+            program: None,
+            user: None,
             config: None,
             state: None,
             log: None,
