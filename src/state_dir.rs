@@ -487,21 +487,42 @@ const STORE_LINE: &str = "store ";
 /// socket is, so that `taskgate status` finds it from the state directory.
 const ADMIN_LINE: &str = "admin ";
 
-/// The admin socket recorded in `dir`'s lock file by the process serving
-/// it (or by the last one that did: connecting tells). Reading it needs
-/// the same rights as the admin socket itself: root or the directory's
-/// owner.
-pub fn recorded_admin_socket(dir: &Path) -> io::Result<Option<PathBuf>> {
+/// The prefix of the line that records the serving process's admin key:
+/// a new random key at every start, which a connection must present
+/// before the daemon acts on its request. It is in this file because the
+/// state directory is the one place no tool may ever be granted (see
+/// `tools::confine`), while a tool runs as the service user and so passes
+/// the socket's uid check.
+const ADMIN_KEY_LINE: &str = "admin-key ";
+
+/// What the process serving a directory recorded about its admin socket
+/// (or the last one that did: connecting tells).
+#[derive(Default)]
+pub struct RecordedAdmin {
+    pub socket: Option<PathBuf>,
+    /// The admin key, as hex text. Never printed or logged.
+    pub key: Option<String>,
+}
+
+/// The admin socket and key recorded in `dir`'s lock file. Reading it
+/// needs the same rights as the admin socket itself: root or the
+/// directory's owner.
+pub fn recorded_admin(dir: &Path) -> io::Result<RecordedAdmin> {
     let mut text = String::new();
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(dir.join(LOCK_FILE))?
         .read_to_string(&mut text)?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix(ADMIN_LINE))
-        .map(|p| PathBuf::from(p.trim_end_matches('\n'))))
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::to_string)
+    };
+    Ok(RecordedAdmin {
+        socket: line(ADMIN_LINE).map(PathBuf::from),
+        key: line(ADMIN_KEY_LINE).map(|k| k.trim().to_string()),
+    })
 }
 
 impl LifetimeLock {
@@ -522,14 +543,16 @@ impl LifetimeLock {
             .map(str::to_string)
     }
 
-    /// Records where this process's admin socket listens (`None`: it has
-    /// none), keeping the pid and the store identity. Only a UTF-8 path
-    /// without a line break is recorded: anything else could not be read
-    /// back line by line, and the store line must stay readable.
-    pub fn record_admin(&mut self, socket: Option<&Path>) -> Result<(), LockError> {
-        let admin = socket
-            .and_then(|p| p.to_str())
-            .filter(|p| !p.contains('\n'));
+    /// Records where this process's admin socket listens and the key a
+    /// connection must present (`None`: it has none), keeping the pid and
+    /// the store identity. Only a UTF-8 path without a line break is
+    /// recorded: anything else could not be read back line by line, and
+    /// the store line must stay readable; without a path no key is kept
+    /// either.
+    pub fn record_admin(&mut self, admin: Option<(&Path, &str)>) -> Result<(), LockError> {
+        let admin = admin
+            .and_then(|(p, key)| p.to_str().map(|p| (p, key)))
+            .filter(|(p, key)| !p.contains('\n') && !key.contains('\n'));
         let store = self.recorded_store();
         self.write_lines(store.as_deref(), admin)
             .map_err(|source| LockError::Io {
@@ -562,18 +585,22 @@ impl LifetimeLock {
 
     fn write(&mut self, store: Option<&str>) -> io::Result<()> {
         let admin = self.recorded(ADMIN_LINE);
-        self.write_lines(store, admin.as_deref())
+        let key = self.recorded(ADMIN_KEY_LINE).unwrap_or_default();
+        self.write_lines(store, admin.as_deref().map(|a| (a, key.as_str())))
     }
 
-    fn write_lines(&mut self, store: Option<&str>, admin: Option<&str>) -> io::Result<()> {
+    fn write_lines(&mut self, store: Option<&str>, admin: Option<(&str, &str)>) -> io::Result<()> {
         let mut text = format!("{}\n", std::process::id());
         if let Some(id) = store {
             text.push_str(&format!("{STORE_LINE}{id}\n"));
         }
         // After the store line, so that the bytes before it never change
         // when the admin line does.
-        if let Some(path) = admin {
+        if let Some((path, key)) = admin {
             text.push_str(&format!("{ADMIN_LINE}{path}\n"));
+            if !key.is_empty() {
+                text.push_str(&format!("{ADMIN_KEY_LINE}{key}\n"));
+            }
         }
         let file = &mut self.file;
         file.rewind()?;

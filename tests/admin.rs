@@ -49,6 +49,22 @@ fn status_json(state: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("status --json prints one JSON object")
 }
 
+/// The admin key the serving daemon recorded in `tasks.lock`.
+fn admin_key(state: &Path) -> String {
+    let text = std::fs::read_to_string(state.join("tasks.lock")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("admin-key "))
+        .unwrap_or_else(|| panic!("no admin key in tasks.lock: {text:?}"))
+        .to_string()
+}
+
+/// One raw request line on the socket; the answer line.
+fn raw_request(sock: &Path, line: &str) -> String {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    read_to_close(&mut s, Duration::from_secs(10)).0
+}
+
 /// Starts a `nap` task of `seconds` and returns its ID.
 fn start_nap(d: &Daemon, seconds: u64) -> String {
     let rt = runtime();
@@ -253,6 +269,85 @@ fn a_peer_of_another_uid_is_refused_even_when_the_file_would_let_it_in() {
     assert!(d.stop().success());
 }
 
+/// Every request must carry the admin key the daemon made at its start and
+/// recorded in `tasks.lock`: without it (no key, a wrong one, the last
+/// start's, a line that is not JSON) the answer is one refusal line, the
+/// same every time, and nothing is done; the key is new at each start and
+/// is in neither the log nor the daemon's environment or command line.
+#[test]
+fn requests_without_this_starts_admin_key_are_refused_alike() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let mut d = start(root.path(), &state);
+    let sock = state.join("admin.sock");
+    let key = admin_key(&state);
+    assert_eq!(key.len(), 64, "{key}");
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+
+    let dest = root.path().join("snap");
+    let wrong = "0".repeat(64);
+    let refusals: Vec<String> = [
+        json!({"op": "status"}).to_string(),
+        json!({"op": "status", "key": wrong}).to_string(),
+        json!({"op": "status", "key": key[..32]}).to_string(),
+        json!({"op": "status", "key": 7}).to_string(),
+        json!({"op": "snapshot", "to": dest}).to_string(),
+        json!({"op": "reload", "key": wrong}).to_string(),
+        "not json".to_string(),
+    ]
+    .iter()
+    .map(|line| raw_request(&sock, line))
+    .collect();
+    for r in &refusals {
+        assert_eq!(r, &refusals[0], "every refusal is the same line");
+    }
+    let refusal: Value = serde_json::from_str(refusals[0].trim()).unwrap();
+    assert_eq!(refusal["answer"], "error", "{refusal}");
+    assert_eq!(refusal["exit"], 76, "{refusal}");
+    assert!(
+        refusal["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not carry this daemon's admin key"),
+        "{refusal}"
+    );
+    assert!(!dest.exists(), "no snapshot without the key");
+    assert!(
+        !d.notifications().iter().any(|n| n.contains("RELOADING=1")),
+        "no reload without the key"
+    );
+
+    // With the key: served.
+    let served = raw_request(&sock, &json!({"op": "status", "key": key}).to_string());
+    let served: Value = serde_json::from_str(served.trim()).unwrap();
+    assert_eq!(served["answer"], "status", "{served}");
+
+    // Never in the log, the environment or the command line.
+    let log = d.log_text();
+    assert!(
+        log.contains("did not present this start's admin key"),
+        "{log}"
+    );
+    assert!(!log.contains(&key), "the key is not logged");
+    for file in ["environ", "cmdline"] {
+        let text = std::fs::read(format!("/proc/{}/{file}", d.pid())).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&text).contains(&key),
+            "the key is not in /proc/PID/{file}"
+        );
+    }
+
+    // A new start makes a new key; the old one is refused.
+    assert!(d.stop().success());
+    let d = start(root.path(), &state);
+    let again = admin_key(&state);
+    assert_ne!(again, key);
+    let old = raw_request(&sock, &json!({"op": "status", "key": key}).to_string());
+    assert_eq!(old, refusals[0]);
+    assert_eq!(status_json(&state)["store"], "serving");
+    assert!(d.stop().success());
+}
+
 /// Reads what the daemon sends until it closes (or `limit` passes).
 fn read_to_close(s: &mut UnixStream, limit: Duration) -> (String, Duration) {
     let began = Instant::now();
@@ -275,10 +370,9 @@ fn idle_oversize_and_flooding_connections_are_bounded() {
     let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
     assert!(answer.contains("request longer than"), "{answer:?}");
 
-    // A malformed request gets an error, not silence.
-    let mut s = UnixStream::connect(&sock).unwrap();
-    s.write_all(b"{\"op\":\"format_disk\"}\n").unwrap();
-    let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
+    // A malformed request (with the key) gets an error, not silence.
+    let key = admin_key(&state);
+    let answer = raw_request(&sock, &json!({"op": "format_disk", "key": key}).to_string());
     assert!(answer.contains("malformed request"), "{answer:?}");
 
     // A flood of idle connections: the bound is held, the next one is
@@ -292,7 +386,7 @@ fn idle_oversize_and_flooding_connections_are_bounded() {
     for _ in 0..50 {
         let mut s = UnixStream::connect(&sock).unwrap();
         // Refused connections are closed before they are read.
-        let _ = s.write_all(b"{\"op\":\"status\"}\n");
+        let _ = s.write_all(format!("{}\n", json!({"op": "status", "key": key})).as_bytes());
         let (answer, _) = read_to_close(&mut s, Duration::from_secs(10));
         if answer.contains("admin connections already") {
             extra = Some(answer);
@@ -629,7 +723,7 @@ fn stop_during_an_online_snapshot(past_the_admin_limit: bool) {
         assert!(status_json(&state)["tasks"]["retained"].as_u64() == Some(1200));
         std::fs::write(&stall, b"").unwrap();
         let mut socket = UnixStream::connect(state.join("admin.sock")).unwrap();
-        let request = json!({"op": "snapshot", "to": dest});
+        let request = json!({"op": "snapshot", "to": dest, "key": admin_key(&state)});
         socket.write_all(format!("{request}\n").as_bytes()).unwrap();
         std::thread::spawn(move || read_to_close(&mut socket, Duration::from_secs(60)).0)
     } else {

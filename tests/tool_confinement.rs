@@ -815,3 +815,133 @@ max_processes = 3
         "the option-injection warning at warn level in the log: {log}"
     );
 }
+
+/// The admin socket probe: for each socket path given, connect and send
+/// `status`, a `snapshot` into the tool's own scratch directory (where it
+/// could read the copy) and into `io/`, and `reload`, printing each
+/// answer line; then list any snapshot that appeared. Run by perl, which
+/// every Debian system has (perl-base is essential).
+const ADMIN_PROBE: &str = r#"use strict; use warnings; use IO::Socket::UNIX; use Cwd;
+my $io = shift @ARGV;
+my $n = 0;
+for my $sock (@ARGV) {
+  for my $op ("status", "snapshot_scratch", "snapshot_io", "reload") {
+    $n++;
+    my $req = $op eq "status" ? '{"op":"status"}'
+      : $op eq "reload" ? '{"op":"reload"}'
+      : $op eq "snapshot_scratch" ? '{"op":"snapshot","to":"' . getcwd() . "/snap$n" . '"}'
+      : '{"op":"snapshot","to":"' . "$io/snap$n" . '"}';
+    my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Peer => $sock);
+    if (!$s) { print "$op $sock connect failed: $!\n"; next; }
+    print $s "$req\n";
+    my $answer = <$s>;
+    $answer = "" unless defined $answer;
+    chomp $answer;
+    print "$op $sock answer $answer\n";
+  }
+}
+for my $f (glob("snap*"), glob("$io/snap*")) { print "found $f\n"; }
+"#;
+
+/// A tool runs as the daemon's user, so the admin socket's uid check lets
+/// it connect, and Landlock does not mediate `connect` on a pathname
+/// socket: a confined tool that connects to the socket by its real path,
+/// in the runtime directory (`../admin.sock` beside its scratch directory,
+/// as under the unit) or in the state directory, and asks for `status`, a
+/// `snapshot` (into its scratch directory, where it could read the copy,
+/// and elsewhere) and a `reload`, is refused each time, and no snapshot
+/// appears and no reload happens: it cannot present the admin key, which
+/// is only in the state directory's `tasks.lock`.
+#[test]
+fn a_tool_cannot_use_the_admin_socket_at_its_real_path() {
+    for runtime_dir in [true, false] {
+        let fx = Fixture::new();
+        let probe = fx.io.join("probe.pl");
+        std::fs::write(&probe, ADMIN_PROBE).unwrap();
+        let tools = format!(
+            r#"
+[[tool]]
+name = "admin_probe"
+argv = ["/usr/bin/perl", "{probe}", "{io}", "../admin.sock", "{{socket}}"]
+effect = "read_only"
+timeout_secs = 60
+read_paths = ["{io}"]
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.socket]
+type = "string"
+"#,
+            probe = probe.display(),
+            io = fx.io.display(),
+        );
+        let cfg = fx.config(&tools);
+        let run = fx.root.path().join("run");
+        std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
+        let mut builder = Daemon::builder()
+            .config(&cfg)
+            .state_dir(&fx.state)
+            .log(&fx.root.path().join("log"));
+        if runtime_dir {
+            builder = builder.env("RUNTIME_DIRECTORY", &run);
+        }
+        let mut daemon = builder.start();
+        let socket = if runtime_dir {
+            run.join("admin.sock")
+        } else {
+            fx.state.join("admin.sock")
+        };
+        assert!(socket.exists(), "{socket:?}");
+        let got = runtime()
+            .block_on(daemon.client(false).call_tool(
+                "admin_probe",
+                json!({"socket": socket.display().to_string()}),
+                None,
+            ))
+            .unwrap();
+        let text = got["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        eprintln!("runtime directory {runtime_dir}:\n{text}");
+        let answers: Vec<&str> = text.lines().filter(|l| l.contains(" answer ")).collect();
+        // With the runtime directory both paths name the socket; without
+        // it `../admin.sock` is nothing (the scratch directory is in /tmp).
+        let expected = if runtime_dir { 8 } else { 4 };
+        assert_eq!(answers.len(), expected, "{text}");
+        for line in &answers {
+            let answer = line.split_once(" answer ").map(|(_, a)| a).unwrap_or("");
+            let answer: serde_json::Value = serde_json::from_str(answer)
+                .unwrap_or_else(|e| panic!("{line}: not an answer line ({e})\n{text}"));
+            assert_eq!(answer["answer"], "error", "{line}");
+            assert!(
+                answer["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("did not carry this daemon's admin key"),
+                "{line}"
+            );
+        }
+        assert!(!text.contains("found "), "a snapshot appeared:\n{text}");
+        let left: Vec<_> = std::fs::read_dir(&fx.io)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().starts_with("snap"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(
+            !daemon
+                .notifications()
+                .iter()
+                .any(|n| n.contains("RELOADING=1")),
+            "the tool made the daemon reload"
+        );
+        // The operator is still served.
+        let out = taskgate(
+            &["status", "--state-dir", &fx.state.display().to_string()],
+            &[],
+        );
+        assert!(out.status.success(), "{out:?}");
+        assert!(daemon.stop().success());
+    }
+}

@@ -31,6 +31,19 @@ pub struct Target {
     /// The state directory the operator named (resolved), when the socket
     /// was found from it: the daemon's answer must name the same one.
     pub state_dir: Option<PathBuf>,
+    /// The admin key its daemon recorded in `tasks.lock`, presented with
+    /// every request (never printed).
+    key: Option<String>,
+}
+
+/// Makes this process not dumpable before it reads the admin key: a
+/// client run as the service user (the unit's `ExecReload=`) must not
+/// hand the key to a tool that reads its memory through /proc.
+fn protect_client() {
+    // SAFETY: prctl(2) on this process only.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
 }
 
 /// Finds the admin socket of the daemon serving the configured state
@@ -51,12 +64,7 @@ fn locate_with(
     socket: Option<&Path>,
     lenient: bool,
 ) -> Result<Target, Refusal> {
-    if let Some(s) = socket {
-        return Ok(Target {
-            socket: s.to_path_buf(),
-            state_dir: None,
-        });
-    }
+    protect_client();
     // Like `call` and `task`: with nothing named, an operator on a host
     // with the packaged service means that daemon.
     let mut overrides = overrides.clone();
@@ -66,6 +74,13 @@ fn locate_with(
         && Path::new(crate::config::PACKAGE_CONFIG_PATH).exists()
     {
         overrides.config_path = Some(crate::config::PACKAGE_CONFIG_PATH.into());
+    }
+    if let Some(s) = socket {
+        return Ok(Target {
+            socket: s.to_path_buf(),
+            state_dir: None,
+            key: key_for_socket(&overrides, s),
+        });
     }
     let state_dir = match Config::load(&overrides) {
         Ok(config) => config.state_dir,
@@ -83,9 +98,11 @@ fn locate_with(
         Err(e) => return Err(e.into()),
     };
     let dir = fs::canonicalize(&state_dir).unwrap_or(state_dir);
-    let socket = match state_dir::recorded_admin_socket(&dir) {
-        Ok(Some(s)) => s,
-        Ok(None) => super::socket_path(&dir),
+    let (socket, key) = match state_dir::recorded_admin(&dir) {
+        Ok(recorded) => (
+            recorded.socket.unwrap_or_else(|| super::socket_path(&dir)),
+            recorded.key,
+        ),
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
             return Err(Refusal::new(
                 ExitClass::Protocol,
@@ -95,12 +112,33 @@ fn locate_with(
                 ),
             ));
         }
-        Err(_) => super::socket_path(&dir),
+        Err(_) => (super::socket_path(&dir), None),
     };
     Ok(Target {
         socket,
         state_dir: Some(dir),
+        key,
     })
+}
+
+/// The key for a socket named with `--socket`: the one recorded in the
+/// configured state directory's `tasks.lock`, only when that file records
+/// this very socket, so that the key never goes to a socket its daemon
+/// did not make. Without it the daemon refuses the request.
+fn key_for_socket(overrides: &Overrides, socket: &Path) -> Option<String> {
+    let dir = Config::load(overrides)
+        .ok()
+        .map(|c| c.state_dir)
+        .or_else(|| state_dir_without_config(overrides))?;
+    let dir = fs::canonicalize(&dir).unwrap_or(dir);
+    let recorded = state_dir::recorded_admin(&dir).ok()?;
+    let same = |a: &Path, b: &Path| {
+        a == b || matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+    };
+    match recorded.socket {
+        Some(s) if same(&s, socket) => recorded.key,
+        _ => None,
+    }
 }
 
 /// The state directory as `serve` would resolve it before the file:
@@ -174,9 +212,8 @@ pub fn ask(target: &Target, request: &Request, wait: Option<Duration>) -> Result
     stream
         .set_write_timeout(Some(super::REQUEST_READ_TIMEOUT))
         .map_err(io_fail)?;
-    let mut line =
-        serde_json::to_vec(request).map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
-    line.push(b'\n');
+    let line = super::keyed_request(request, target.key.as_deref())
+        .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
     match stream.write_all(&line) {
         // A daemon that refuses a connection answers and closes before
         // reading: its answer is still there to read.

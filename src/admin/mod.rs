@@ -13,6 +13,18 @@
 //! (SO_PEERCRED) before anything is read: only the daemon's own uid and
 //! root are served; anyone else gets one refusal line and is closed.
 //!
+//! The uid check alone would let in every command tool, which runs as the
+//! service user, and Landlock (at the ABIs these hosts run) does not
+//! mediate `connect` on a pathname socket. So every request also carries
+//! the daemon's admin key ([`AdminKey`]): 32 random bytes made at each
+//! start, held in the daemon's memory (which is not dumpable) and written
+//! only into `tasks.lock` in the state directory, which no confined tool
+//! may ever be granted. A request without the right key gets one refusal
+//! line, the same for a missing and a wrong key, before its operation is
+//! looked at. The admin client reads the key from `tasks.lock`, so it
+//! works for whoever may read the state directory: root and the service
+//! user.
+//!
 //! The protocol is one JSON request line, one JSON answer line, then the
 //! daemon closes. Every bound is a named constant: a request longer than
 //! [`MAX_REQUEST_BYTES`] or slower than [`REQUEST_READ_TIMEOUT`] is refused
@@ -40,6 +52,76 @@ pub const REQUEST_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_
 pub const ANSWER_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Admin connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
+
+/// The admin key's length in bytes (64 hex digits in `tasks.lock` and in
+/// a request).
+pub const KEY_BYTES: usize = 32;
+/// The request field that carries the key.
+pub const KEY_FIELD: &str = "key";
+
+/// The key a connection must present. Never printed, logged or put into
+/// an error: it has no `Debug` or `Display`.
+pub struct AdminKey {
+    hex: String,
+}
+
+impl AdminKey {
+    /// A new random key, from the kernel's generator.
+    pub fn generate() -> Result<AdminKey, getrandom::Error> {
+        let mut bytes = [0u8; KEY_BYTES];
+        getrandom::fill(&mut bytes)?;
+        let hex = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        bytes.fill(0);
+        Ok(AdminKey { hex })
+    }
+
+    /// The text written into `tasks.lock`.
+    pub fn as_hex(&self) -> &str {
+        &self.hex
+    }
+
+    /// Whether `presented` is this key, in time that depends only on its
+    /// length (which is public: always 64).
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.hex.as_bytes(), presented.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+        std::hint::black_box(diff) == 0
+    }
+}
+
+/// Splits a request line into the key it presents and the request
+/// itself: `None` for the key when there is none (the line is not a JSON
+/// object, or has no string `key`), and the request's own parse result
+/// for the rest. The key is checked before the request is looked at.
+pub fn split_request(line: &[u8]) -> (Option<String>, Result<Request, serde_json::Error>) {
+    let mut value: serde_json::Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return (None, Err(e)),
+    };
+    let key = value
+        .as_object_mut()
+        .and_then(|o| o.remove(KEY_FIELD))
+        .and_then(|k| match k {
+            serde_json::Value::String(s) => Some(s),
+            _ => None,
+        });
+    (key, serde_json::from_value(value))
+}
+
+/// A request line as the client sends it: the request's fields and the
+/// key.
+pub fn keyed_request(request: &Request, key: Option<&str>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value = serde_json::to_value(request)?;
+    if let (Some(o), Some(key)) = (value.as_object_mut(), key) {
+        o.insert(KEY_FIELD.into(), serde_json::Value::String(key.into()));
+    }
+    let mut line = serde_json::to_vec(&value)?;
+    line.push(b'\n');
+    Ok(line)
+}
 
 /// Where the serving daemon puts its admin socket: `$RUNTIME_DIRECTORY`
 /// (the first, if systemd lists several) when set and absolute, else the

@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{
-    ANSWER_WRITE_TIMEOUT, AdminError, Answer, Fallbacks, MAX_CONNECTIONS, MAX_REQUEST_BYTES, Queue,
-    REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone, Status, TaskCounts,
+    ANSWER_WRITE_TIMEOUT, AdminError, AdminKey, Answer, Fallbacks, MAX_CONNECTIONS,
+    MAX_REQUEST_BYTES, Queue, REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone, Status,
+    TaskCounts,
 };
 use crate::backup::{self, BackupError};
 use crate::exit::{Classify, ExitClass};
@@ -56,6 +57,7 @@ pub struct Admin {
 struct Bound {
     listener: StdListener,
     socket: Socket,
+    key: AdminKey,
     state_dir: PathBuf,
     max_db_pages: u64,
 }
@@ -81,9 +83,18 @@ impl Admin {
     /// but only if it is a socket of ours that nobody answers on.
     pub fn bind(lock: &mut LifetimeLock, state_dir: &Path, max_db_pages: u64) -> Admin {
         let path = super::socket_path(state_dir);
+        let key = match AdminKey::generate() {
+            Ok(k) => k,
+            Err(e) => {
+                let _ = lock.record_admin(None);
+                tracing::error!(error = %e,
+                    "no admin socket: cannot make its key ({e}); serving without `taskgate status` and online snapshots");
+                return Admin::default();
+            }
+        };
         match bind_socket(&path) {
             Ok((listener, socket)) => {
-                if let Err(e) = lock.record_admin(Some(&path)) {
+                if let Err(e) = lock.record_admin(Some((&path, key.as_hex()))) {
                     tracing::warn!(error = %e, "cannot record the admin socket in the lock file ({e}); `taskgate status` needs --socket");
                 }
                 tracing::info!(socket = %path.display(), "admin socket at {}", path.display());
@@ -91,6 +102,7 @@ impl Admin {
                     bound: Some(Bound {
                         listener,
                         socket,
+                        key,
                         state_dir: state_dir.to_path_buf(),
                         max_db_pages,
                     }),
@@ -138,6 +150,7 @@ impl Admin {
             started_mono: Instant::now(),
             snapshot_running: AtomicBool::new(false),
             euid: nix::unistd::geteuid().as_raw(),
+            key: bound.key,
             reloads,
         });
         let stop = CancellationToken::new();
@@ -274,6 +287,8 @@ struct Context {
     started_mono: Instant,
     snapshot_running: AtomicBool,
     euid: u32,
+    /// What every request must present (see the module `admin`).
+    key: AdminKey,
     /// To the serving process, which runs reloads one at a time.
     reloads: mpsc::Sender<ReloadReply>,
 }
@@ -376,11 +391,28 @@ async fn serve(
             format!("request longer than {MAX_REQUEST_BYTES} bytes; closed"),
         )),
         Ok(Err(ReadError::Io(_))) => return,
-        Ok(Ok(line)) => match serde_json::from_slice::<Request>(&line) {
-            Ok(Request::Status) => Answer::Status(Box::new(status(&ctx).await)),
-            Ok(Request::Snapshot { to }) => snapshot(&ctx, to).await,
-            Ok(Request::Reload) => reload(&ctx, &stop).await,
-            Err(e) => Answer::Error(AdminError::new(
+        Ok(Ok(line)) => match super::split_request(&line) {
+            // The key first: without it nothing about the request is
+            // looked at or told.
+            (key, _) if !key.as_deref().is_some_and(|k| ctx.key.matches(k)) => {
+                let (uid, pid) = match stream.peer_cred() {
+                    Ok(c) => (c.uid(), c.pid().unwrap_or(0)),
+                    Err(_) => (u32::MAX, 0),
+                };
+                tracing::warn!(
+                    uid,
+                    pid,
+                    "admin request from uid {uid} pid {pid} refused: it did not present this start's admin key (a tool of the daemon, or a client that cannot read tasks.lock)"
+                );
+                Answer::Error(AdminError::new(
+                    ExitClass::Protocol,
+                    "permission denied: the request did not carry this daemon's admin key; ask with `taskgate status`, `taskgate reload` or `taskgate backup --online` as root or the service user, naming the state directory (--config/--state-dir) so the client can read the key from its tasks.lock",
+                ))
+            }
+            (_, Ok(Request::Status)) => Answer::Status(Box::new(status(&ctx).await)),
+            (_, Ok(Request::Snapshot { to })) => snapshot(&ctx, to).await,
+            (_, Ok(Request::Reload)) => reload(&ctx, &stop).await,
+            (_, Err(e)) => Answer::Error(AdminError::new(
                 ExitClass::Protocol,
                 format!("malformed request: {e}"),
             )),
