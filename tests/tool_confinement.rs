@@ -10,6 +10,7 @@
 mod common;
 
 use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -944,4 +945,135 @@ type = "string"
         assert!(out.status.success(), "{out:?}");
         assert!(daemon.stop().success());
     }
+}
+
+/// The /proc probes of the service-user test: the daemon's (`$1`) and the
+/// shim's (`$PPID`: the tool's parent) environment, memory and maps; the
+/// command lines say which processes these are.
+const PROC_PROBES: &str = r#"r() {{ n=$1; shift; if e=$("$@" 2>&1 >/dev/null); then echo "$n ok"; else echo "$n failed: $e"; fi; }}
+r daemon_environ cat "/proc/$1/environ"
+r daemon_mem cat "/proc/$1/mem"
+r daemon_maps cat "/proc/$1/maps"
+r shim_environ cat "/proc/$PPID/environ"
+r shim_mem cat "/proc/$PPID/mem"
+r shim_maps cat "/proc/$PPID/maps"
+echo "daemon_cmdline $(tr '\0' ' ' < /proc/$1/cmdline)"
+echo "shim_cmdline $(tr '\0' ' ' < /proc/$PPID/cmdline)"
+echo "uid $(id -u)""#;
+
+/// Run as an unprivileged service user (root would bypass all of this),
+/// the daemon and the shim it runs each tool under are not dumpable: a
+/// tool granted `/proc`, confined or not, reading as the same user gets
+/// `Permission denied` for the daemon's and the shim's environment,
+/// memory and maps. The daemon serves calls, its scratch directories and
+/// `taskgate status` as that user all the same.
+#[test]
+fn a_tool_cannot_read_the_daemon_or_its_shim_through_proc() {
+    prereq::require_root("creates a service user and runs the daemon as it");
+    let user = service_user();
+    let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
+    // A directory the service user can enter, holding the binary it runs,
+    // its configuration and its state directory.
+    let bin = binary_for_other_users();
+    let state = bin.dir().join("state");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&state)
+        .unwrap();
+    nix::unistd::chown(&state, Some(user.uid), Some(user.gid)).unwrap();
+    let tool = |name: &str, sandbox: &str| {
+        format!(
+            r#"
+[[tool]]
+name = "{name}"
+argv = ["/bin/sh", "-c", {PROC_PROBES:?}, "probe", "{{pid}}"]
+effect = "read_only"
+timeout_secs = 60
+read_paths = ["/proc"]
+{sandbox}
+[tool.input_schema]
+type = "object"
+[tool.input_schema.properties.pid]
+type = "string"
+"#
+        )
+    };
+    let cfg = bin.dir().join("taskgate.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            tool("proc_probe", ""),
+            tool("proc_probe_unconfined", "sandbox = \"unconfined\"")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let log = bin.dir().join("log");
+    let daemon = Daemon::builder()
+        .program(&bin.path)
+        .user(uid, gid)
+        .config(&cfg)
+        .state_dir(&state)
+        .log(&log)
+        .env("SECRET", "x-daemon-secret")
+        .start();
+    let pid = daemon.pid().as_raw();
+    for name in ["proc_probe", "proc_probe_unconfined"] {
+        let got = runtime()
+            .block_on(
+                daemon
+                    .client(false)
+                    .call_tool(name, json!({"pid": pid.to_string()}), None),
+            )
+            .unwrap();
+        let text = got["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        eprintln!("{name}:\n{text}");
+        let got = probe_results(&text);
+        assert_eq!(got.get("uid"), Some(&uid.to_string()), "{text}");
+        assert!(
+            got.get("daemon_cmdline")
+                .is_some_and(|c| c.contains(" serve ")),
+            "{text}"
+        );
+        assert!(
+            got.get("shim_cmdline")
+                .is_some_and(|c| c.contains(" exec-tool ")),
+            "{text}"
+        );
+        for denied in [
+            "daemon_environ",
+            "daemon_mem",
+            "daemon_maps",
+            "shim_environ",
+            "shim_mem",
+            "shim_maps",
+        ] {
+            let line = got.get(denied).map(String::as_str).unwrap_or("missing");
+            assert!(
+                line.starts_with("failed:") && line.contains("Permission denied"),
+                "{name}: {denied}: {line}\n{text}"
+            );
+        }
+    }
+    // The operator's view as the service user and as root.
+    let out = std::process::Command::new(&bin.path)
+        .args(["status", "--state-dir", &state.display().to_string()])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir("/")
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "status as the service user: {out:?}");
+    let out = taskgate(
+        &["status", "--state-dir", &state.display().to_string()],
+        &[],
+    );
+    assert!(out.status.success(), "status as root: {out:?}");
+    assert!(daemon.stop().success());
 }

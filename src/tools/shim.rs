@@ -405,6 +405,12 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
     handle(STOP_NOW, on_stop);
     // SAFETY: plain prctl(2) calls on this process.
     unsafe {
+        // The daemon's `exec` of this binary made the shim dumpable again:
+        // not dumpable, its /proc files (environment, memory, maps,
+        // descriptors) belong to root, out of reach of the tool it runs
+        // as the same user. The tool's own `exec` makes the tool dumpable
+        // again, which concerns only itself.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         libc::prctl(libc::PR_SET_PDEATHSIG, PARENT_DEATH as libc::c_int, 0, 0, 0);
     }
