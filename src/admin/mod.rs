@@ -25,6 +25,14 @@
 //! works for whoever may read the state directory: root and the service
 //! user.
 //!
+//! Why a key and not the peer's ancestry (refusing a peer that descends
+//! from the daemon or from a tool shim): the ancestry is read from /proc
+//! after the fact, by a pid the peer may no longer own, and a tool's
+//! process can leave it (an orphan whose shim died is reparented to
+//! init), so such a check would be escapable and racy; refusing what it
+//! catches adds nothing the key does not already refuse. The key holds
+//! however the peer was started, and costs one comparison.
+//!
 //! The protocol is one JSON request line, one JSON answer line, then the
 //! daemon closes. Every bound is a named constant: a request longer than
 //! [`MAX_REQUEST_BYTES`] or slower than [`REQUEST_READ_TIMEOUT`] is refused
