@@ -21,6 +21,13 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:8765/mcp";
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 /// Bound on one HTTP exchange.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// The wait after a busy answer that names none (`Retry-After` absent or
+/// unreadable): the daemon's own hint is one second.
+const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(1);
+/// Bounds on the wait a busy answer asks for: never a spin, never longer
+/// than a person would wait for one request.
+const MIN_BUSY_WAIT: Duration = Duration::from_millis(10);
+const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -47,6 +54,15 @@ pub enum ClientError {
     },
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// Every attempt was answered busy (`TG_SERVER_BUSY`, or the 503 of the
+    /// connection bound); `last` is the final answer.
+    #[error(
+        "the server was still busy after {answers} busy answers, each retried after the wait it asked for: {last}"
+    )]
+    StillBusy {
+        answers: u32,
+        last: Box<ClientError>,
+    },
 }
 
 impl Classify for ClientError {
@@ -63,6 +79,7 @@ impl Classify for ClientError {
             ClientError::Status { .. } | ClientError::Decode(_) | ClientError::Rpc { .. } => {
                 ExitClass::Protocol
             }
+            ClientError::StillBusy { last, .. } => last.exit_class(),
         }
     }
 }
@@ -80,6 +97,18 @@ pub struct Client {
     conn: tokio::sync::Mutex<Option<Sender>>,
     /// Sent as `Authorization: Bearer …` when set.
     token: Option<String>,
+    /// How many times one request is sent again after a busy answer.
+    busy_retries: u32,
+    /// Busy answers received so far, over all requests.
+    busy_answers: std::sync::atomic::AtomicU64,
+}
+
+/// One HTTP answer, before it is read as JSON-RPC.
+struct Answer {
+    status: u16,
+    /// `Retry-After` in delta-seconds, when present and readable.
+    retry_after: Option<Duration>,
+    text: String,
 }
 
 impl Client {
@@ -95,7 +124,26 @@ impl Client {
             next_id: std::sync::atomic::AtomicU64::new(1),
             conn: tokio::sync::Mutex::new(None),
             token: None,
+            busy_retries: 0,
+            busy_answers: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Sends a request again, up to `retries` times, when the server answers
+    /// that it is busy, each time after the wait the answer asks for
+    /// (`data.retryAfterMs`, else `Retry-After`, else one second; within
+    /// 10 ms..=30 s). Such a request was refused before the server read it,
+    /// so sending it again is safe. Without this a busy answer is an error
+    /// at once.
+    pub fn with_busy_retries(mut self, retries: u32) -> Client {
+        self.busy_retries = retries;
+        self
+    }
+
+    /// Busy answers this client has received (each retried while retries
+    /// were left).
+    pub fn busy_answers(&self) -> u64 {
+        self.busy_answers.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sends `token` as a bearer credential with every request.
@@ -133,10 +181,54 @@ impl Client {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         params["_meta"] = self.meta(extra_meta);
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let exchange = self.exchange(method, name, body.to_string());
-        let text = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-            .await
-            .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))??;
+        let body = body.to_string();
+        let mut answers = 0u32;
+        loop {
+            let exchange = self.exchange(method, name, body.clone());
+            let answer = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+                .await
+                .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))??;
+            let wait = busy_wait(&answer);
+            let outcome = self.read_answer(answer, id);
+            let Some(wait) = wait else {
+                return outcome;
+            };
+            self.busy_answers
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            answers += 1;
+            if answers > self.busy_retries {
+                let last = match outcome {
+                    Err(e) => e,
+                    Ok(_) => {
+                        return Err(ClientError::Decode(
+                            "a 503 busy answer that also carried a result".into(),
+                        ));
+                    }
+                };
+                return Err(if self.busy_retries == 0 {
+                    last
+                } else {
+                    ClientError::StillBusy {
+                        answers,
+                        last: Box::new(last),
+                    }
+                });
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// The `result` of an answer, or the error it carries.
+    fn read_answer(&self, answer: Answer, id: u64) -> Result<Value, ClientError> {
+        let text = answer.text;
+        // JSON-RPC errors may come with a 4xx status; the body says more.
+        if answer.status >= 400 && !text.trim_start().starts_with('{') && !text.contains("data:") {
+            return Err(ClientError::Status {
+                url: self.url.clone(),
+                status: answer.status,
+                body: text.trim().to_string(),
+            });
+        }
         let message = response_message(&text, id)?;
         if let Some(err) = message.get("error") {
             return Err(ClientError::Rpc {
@@ -183,7 +275,7 @@ impl Client {
         method: &str,
         name: Option<&str>,
         body: String,
-    ) -> Result<String, ClientError> {
+    ) -> Result<Answer, ClientError> {
         let host = self.uri.host().unwrap_or("127.0.0.1");
         let port = self.uri.port_u16().unwrap_or(80);
         let http = |e: hyper::Error| ClientError::Http {
@@ -224,6 +316,12 @@ impl Client {
             })?;
         let resp = sender.send_request(req).await.map_err(http)?;
         let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         let limited = http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES);
         let bytes = limited
             .collect()
@@ -236,16 +334,11 @@ impl Client {
         // The connection serves the next request too.
         *slot = Some(sender);
         drop(slot);
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        // JSON-RPC errors may come with a 4xx status; the body says more.
-        if status >= 400 && !text.trim_start().starts_with('{') && !text.contains("data:") {
-            return Err(ClientError::Status {
-                url: self.url.clone(),
-                status,
-                body: text.trim().to_string(),
-            });
-        }
-        Ok(text)
+        Ok(Answer {
+            status,
+            retry_after,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        })
     }
 
     /// `tools/call`.
@@ -298,6 +391,34 @@ impl Client {
             }
         }
     }
+}
+
+/// How long to wait before sending again, if `answer` says the server is
+/// busy: a 503 carrying `TG_SERVER_BUSY` (a request bound), or the plain
+/// 503 of the connection bound. Any other 503 (`TG_SERVER_STOPPING`,
+/// `TG_SESSIONS_FULL`) is not a busy answer: sending again would not help.
+fn busy_wait(answer: &Answer) -> Option<Duration> {
+    if answer.status != 503 {
+        return None;
+    }
+    let hinted_ms = match serde_json::from_str::<Value>(&answer.text) {
+        Ok(v) => {
+            let error = v.get("error")?;
+            if error.get("code").and_then(Value::as_i64) != Some(crate::wire::SERVER_BUSY.code) {
+                return None;
+            }
+            error.pointer("/data/retryAfterMs").and_then(Value::as_u64)
+        }
+        // The connection bound answers in plain text, before any request
+        // was read.
+        Err(_) if answer.retry_after.is_some() => None,
+        Err(_) => return None,
+    };
+    let wait = hinted_ms
+        .map(Duration::from_millis)
+        .or(answer.retry_after)
+        .unwrap_or(DEFAULT_BUSY_WAIT);
+    Some(wait.clamp(MIN_BUSY_WAIT, MAX_BUSY_WAIT))
 }
 
 fn poll_interval(task: &Value) -> Duration {

@@ -189,6 +189,79 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
     assert!(daemon.stop().success());
 }
 
+/// A client told to retry busy answers sends the refused request again
+/// after the wait the answer asks for (`Retry-After: 1`), counts every busy
+/// answer, and gives up after its bound with an error that says so; one
+/// told nothing is refused at once, as before.
+#[test]
+fn busy_answers_are_retried_after_their_hint_a_bounded_number_of_times() {
+    let (root, daemon) = limits_daemon(
+        "[server]\nmax_concurrent_requests = 1\n[tasks]\nmax_running = 2\npoll_interval_ms = 50\n",
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        // One slow synchronous call holds the only request slot for 4 s.
+        let url = daemon.url();
+        let started = Fifo::new(&started_fifo(root.path()));
+        let slow = tokio::spawn(async move {
+            taskgate::client::Client::new(&url, false)
+                .unwrap()
+                .call_tool("hold", json!({"seconds": 4}), None)
+                .await
+        });
+        started.read(Duration::from_secs(20));
+        let held = Instant::now();
+
+        let plain = daemon.client(false);
+        assert_refused_busy(plain.call_tool("nap", json!({"seconds": 0}), None).await);
+        assert_eq!(plain.busy_answers(), 1);
+
+        // One retry: a second busy answer a second later, then it gives up.
+        let once = daemon.client(false).with_busy_retries(1);
+        let t = Instant::now();
+        match once.call_tool("nap", json!({"seconds": 0}), None).await {
+            Err(ClientError::StillBusy { answers, last }) => {
+                assert_eq!(answers, 2);
+                assert_refused_busy(Err(*last));
+            }
+            other => panic!("expected the client to give up, got {other:?}"),
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "sent again after {:?}, before the Retry-After of 1 s",
+            t.elapsed()
+        );
+        assert!(
+            held.elapsed() < Duration::from_secs(4),
+            "the slot was freed meanwhile"
+        );
+        assert_eq!(once.busy_answers(), 2);
+
+        // Retries enough to outlast the slow call: it goes through.
+        let patient = daemon.client(false).with_busy_retries(10);
+        let done = patient
+            .call_tool("nap", json!({"seconds": 0}), None)
+            .await
+            .unwrap();
+        assert_eq!(done["content"][0]["text"], "rested");
+        assert!(patient.busy_answers() >= 1, "{}", patient.busy_answers());
+        assert!(held.elapsed() >= Duration::from_secs(3));
+        let slow = slow.await.unwrap().unwrap();
+        assert_eq!(slow["content"][0]["text"], "rested");
+    });
+    assert!(daemon.stop().success());
+}
+
+fn assert_refused_busy(r: Result<serde_json::Value, ClientError>) {
+    match r {
+        Err(ClientError::Rpc { code, message, .. }) => {
+            assert_eq!(code, wire::SERVER_BUSY.code);
+            assert!(message.contains("max_concurrent_requests = 1"), "{message}");
+        }
+        other => panic!("expected a busy refusal, got {other:?}"),
+    }
+}
+
 #[test]
 fn spilled_results_go_when_their_task_expires() {
     use taskgate::artifacts::Artifacts;
