@@ -186,7 +186,9 @@ pub struct BenchArgs {
     /// Tasks to create (e.g. 1000 or 10000).
     #[arg(long, default_value_t = 1000)]
     pub tasks: usize,
-    /// Concurrent clients in the throughput phases.
+    /// Concurrent clients in the throughput phases (1..=1024); the
+    /// benchmark daemon's request, connection and queue bounds are sized
+    /// from it.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
     /// Where to create the scratch directory: the filesystem under test.

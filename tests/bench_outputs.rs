@@ -1,6 +1,8 @@
-//! `taskgate bench --tasks 1000` runs to the end on this machine and writes
-//! well-formed outputs. The figures themselves are not judged here: a
-//! benchmark is never a pass/fail timing test.
+//! `taskgate bench --tasks 1000` at its documented defaults (concurrency
+//! 32) runs to the end on this machine and writes well-formed outputs,
+//! with the daemon configured for the load it drives. The figures
+//! themselves are not judged here: a benchmark is never a pass/fail timing
+//! test.
 
 mod common;
 
@@ -16,8 +18,6 @@ fn bench_writes_json_markdown_and_svg() {
             "bench",
             "--tasks",
             "1000",
-            "--concurrency",
-            "16",
             "--dir",
             root.path().to_str().unwrap(),
             "--out",
@@ -31,11 +31,38 @@ fn bench_writes_json_markdown_and_svg() {
         stdout.contains("baseline: 1-row commit") && stdout.contains("peak WAL"),
         "{stdout}"
     );
+    assert!(stdout.contains("busy answers (TG_SERVER_BUSY"), "{stdout}");
 
     let json: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
     assert_eq!(json["parameters"]["tasks"], 1000);
-    assert_eq!(json["parameters"]["concurrency"], 16);
+    // The default of --concurrency.
+    assert_eq!(json["parameters"]["concurrency"], 32);
+    assert!(
+        json["parameters"]["busy_retries_per_request"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    // The daemon was configured for 32 requests at once: every bound such a
+    // request passes admits them all (polls too, which count apart from
+    // calls), and the store keeps every task.
+    let cfg = &json["daemon_config"];
+    for (section, key) in [
+        ("server", "max_connections"),
+        ("server", "max_concurrent_requests"),
+        ("server", "reserved_control_requests"),
+        ("store", "queue_depth"),
+    ] {
+        let v = cfg[section][key].as_u64().unwrap_or(0);
+        assert!(v >= 32, "{section}.{key} = {v}: {cfg}");
+    }
+    assert!(
+        cfg["store"]["max_live_tasks"].as_u64().unwrap() >= 1500,
+        "{cfg}"
+    );
+    assert!(cfg["tasks"]["max_running"].as_u64().unwrap() >= 1, "{cfg}");
+    assert_eq!(cfg["tasks"]["poll_interval_ms"], 50, "{cfg}");
     for key in ["kernel", "filesystem", "cpus"] {
         assert!(!json["host"][key].is_null(), "host.{key}");
     }
@@ -48,6 +75,14 @@ fn bench_writes_json_markdown_and_svg() {
         for p in ["p50_ms", "p95_ms", "p99_ms", "max_ms"] {
             assert!(json[phase]["latency"][p].as_f64().is_some(), "{phase}.{p}");
         }
+        // Counted, and none came: no client ever had more than one
+        // request in flight, and the daemon admits them all.
+        assert_eq!(
+            json[phase]["busy_answers"].as_u64(),
+            Some(0),
+            "{phase}: {}",
+            json[phase]
+        );
     }
     assert!(
         json["baseline"]["single_row"]["commits_per_sec"]
@@ -74,6 +109,13 @@ fn bench_writes_json_markdown_and_svg() {
     assert!(md.starts_with("# taskgate bench"));
     assert!(md.contains("| baseline: 1-row commit |"));
     assert!(md.contains("![latency distribution](latency.svg)"));
+    let reserved = cfg["server"]["reserved_control_requests"].as_u64().unwrap();
+    assert!(
+        md.contains("The benchmark daemon was configured for this load: ")
+            && md.contains(&format!("server.reserved_control_requests = {reserved}")),
+        "{md}"
+    );
+    assert!(md.contains("Busy answers (TG_SERVER_BUSY"), "{md}");
 
     let svg = std::fs::read_to_string(out.join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -90,4 +132,36 @@ fn bench_writes_json_markdown_and_svg() {
         .filter(|n| n.starts_with("taskgate-bench-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A concurrency the daemon's ranges cannot serve is a usage error naming
+/// the key and the flag's range, refused before anything is created.
+#[test]
+fn bench_refuses_a_concurrency_the_daemon_cannot_serve() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "10",
+            "--concurrency",
+            "1025",
+            "--dir",
+            root.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    let stderr = one_line_stderr(&output);
+    assert!(
+        stderr.contains("server.reserved_control_requests")
+            && stderr.contains("at most 1024")
+            && stderr.contains("--concurrency 1..=1024"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
 }

@@ -12,10 +12,16 @@
 //! 3. completion: every task polled until it ended (all must complete);
 //! 4. retained: polls of random tasks with all N retained.
 //!
+//! The daemon is configured for the load the benchmark drives
+//! ([`sizing`]), and that configuration is recorded with the results. A
+//! busy answer is sent again after the wait it asks for, a bounded number
+//! of times, and counted per phase.
+//!
 //! The WAL size is sampled throughout and the daemon's peak RSS read at
 //! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
 
 mod report;
+mod sizing;
 
 use std::io::Write as _;
 use std::os::unix::net::UnixDatagram;
@@ -35,6 +41,7 @@ use crate::tools::builtin::BENCH_TOOL;
 use crate::wire;
 
 pub use report::Summary;
+pub use sizing::Sizing;
 
 /// Commits of the single-row baseline.
 const BASELINE_SINGLES: usize = 400;
@@ -48,6 +55,10 @@ const RETAINED_POLLS: usize = 5000;
 const WAL_SAMPLE: Duration = Duration::from_millis(10);
 /// The poll interval the benchmark daemon advertises.
 const BENCH_POLL_INTERVAL_MS: u64 = 50;
+/// How many times one request is sent again after a busy answer
+/// (`TG_SERVER_BUSY`) before the run fails. The daemon is sized so that
+/// none should come; a few are retried and counted rather than end a run.
+const BENCH_BUSY_RETRIES: u32 = 5;
 
 /// What the operator asked for.
 #[derive(Debug, Clone)]
@@ -73,6 +84,25 @@ struct Phase {
     latencies: Vec<Duration>,
     elapsed: Duration,
     refused: u64,
+    /// Busy answers received (and retried).
+    busy: u64,
+}
+
+/// What the workers of one concurrent phase did.
+struct Run {
+    latencies: Vec<Duration>,
+    /// (index, task ID) of the calls that created a task, by index.
+    ids: Vec<(usize, String)>,
+    refused: u64,
+    busy: u64,
+    elapsed: Duration,
+}
+
+/// A benchmark client: it retries busy answers, a bounded number of times.
+fn bench_client(url: &str) -> Result<Client, Refusal> {
+    Ok(Client::new(url, true)
+        .map_err(client_refusal)?
+        .with_busy_retries(BENCH_BUSY_RETRIES))
 }
 
 /// A running benchmark daemon; killed if dropped.
@@ -290,7 +320,7 @@ impl Progress {
 /// Creations one after another from one client: the latency of one
 /// creation against one raw commit.
 async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase, Refusal> {
-    let client = Client::new(url, true).map_err(client_refusal)?;
+    let client = bench_client(url)?;
     let mut phase = Phase::default();
     let start = Instant::now();
     for i in 0..n {
@@ -305,6 +335,7 @@ async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase,
         progress.show("serial", i + 1, n);
     }
     phase.elapsed = start.elapsed();
+    phase.busy = client.busy_answers();
     Ok(phase)
 }
 
@@ -319,7 +350,7 @@ async fn concurrent<F, Fut>(
     c: usize,
     progress: Arc<AtomicUsize>,
     work: F,
-) -> Result<(Vec<Duration>, Vec<(usize, String)>, u64, Duration), Refusal>
+) -> Result<Run, Refusal>
 where
     F: Fn(Arc<Client>, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(Vec<Duration>, Option<String>, u64), ClientError>>
@@ -330,7 +361,7 @@ where
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..c.max(1) {
-        let client = Arc::new(Client::new(url, true).map_err(client_refusal)?);
+        let client = Arc::new(bench_client(url)?);
         let (next, work, progress) = (next.clone(), work.clone(), progress.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
@@ -349,22 +380,28 @@ where
                 }
                 progress.fetch_add(1, Ordering::Relaxed);
             }
-            Ok::<_, ClientError>((lat, ids, refused))
+            Ok::<_, ClientError>((lat, ids, refused, client.busy_answers()))
         });
     }
-    let mut latencies = Vec::with_capacity(n);
-    let mut ids = Vec::with_capacity(n);
-    let mut refused = 0;
+    let mut run = Run {
+        latencies: Vec::with_capacity(n),
+        ids: Vec::with_capacity(n),
+        refused: 0,
+        busy: 0,
+        elapsed: Duration::ZERO,
+    };
     while let Some(r) = set.join_next().await {
-        let (l, i, r) = r
+        let (l, i, r, b) = r
             .map_err(|e| refusal(ExitClass::Io, format!("benchmark worker failed: {e}")))?
             .map_err(client_refusal)?;
-        latencies.extend(l);
-        ids.extend(i);
-        refused += r;
+        run.latencies.extend(l);
+        run.ids.extend(i);
+        run.refused += r;
+        run.busy += b;
     }
-    ids.sort();
-    Ok((latencies, ids, refused, start.elapsed()))
+    run.ids.sort();
+    run.elapsed = start.elapsed();
+    Ok(run)
 }
 
 /// Watches `what` while `fut` runs, drawing the progress bar.
@@ -426,9 +463,15 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
     if opts.tasks == 0 || opts.tasks > 1_000_000 {
         return Err(refusal(ExitClass::Usage, "--tasks must be 1..=1000000"));
     }
-    if opts.concurrency == 0 || opts.concurrency > 1024 {
-        return Err(refusal(ExitClass::Usage, "--concurrency must be 1..=1024"));
+    if opts.concurrency == 0 {
+        return Err(refusal(
+            ExitClass::Usage,
+            format!("--concurrency must be 1..={}", sizing::max_concurrency()),
+        ));
     }
+    // Refused before anything is created: a load the daemon's ranges
+    // cannot serve.
+    let sizing = Sizing::for_load(opts.concurrency, opts.tasks, SERIAL_TASKS.min(opts.tasks))?;
     let base = base_dir(opts)?;
     // The pid keeps two runs started in the same second apart.
     let stamp = format!(
@@ -445,14 +488,19 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
         .unwrap_or_else(|| PathBuf::from(format!("taskgate-bench-{stamp}")));
     std::fs::create_dir_all(&out)
         .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", out.display())))?;
-    let result = run_in(opts, &scratch, &out);
+    let result = run_in(opts, &sizing, &scratch, &out);
     if !opts.keep {
         let _ = std::fs::remove_dir_all(&scratch);
     }
     result
 }
 
-fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Refusal> {
+fn run_in(
+    opts: &BenchOptions,
+    sizing: &Sizing,
+    scratch: &Path,
+    out: &Path,
+) -> Result<String, Refusal> {
     let progress = Progress {
         tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
@@ -475,20 +523,9 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
     ));
 
     let config = scratch.join("bench.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nmax_connections = {conns}\nmax_concurrent_requests = {conns}\n\
-             [store]\nmax_live_tasks = {live}\n\
-             [tasks]\nmax_running = {running}\npoll_interval_ms = {BENCH_POLL_INTERVAL_MS}\n",
-            conns = (c * 2 + 16).min(4096),
-            live = (n * 2 + 1000).min(1_000_000),
-            // A runner holds its slot until its completion is committed,
-            // a batch behind its creation: room for two batches of C.
-            running = (c * 4).clamp(8, 1024),
-        ),
-    )
-    .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", config.display())))?;
+    std::fs::write(&config, sizing.toml())
+        .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", config.display())))?;
+    progress.done(&format!("daemon: {}", sizing.line()));
     let daemon = start_daemon(scratch, &config)?;
     let wal_path = scratch.join("state").join("tasks.db-wal");
     let peak_wal = Arc::new(AtomicU64::new(0));
@@ -521,7 +558,7 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
 
         let count = Arc::new(AtomicUsize::new(0));
         let cpu_before = CpuClock::now(daemon_pid);
-        let (create_lat, ids, _, create_elapsed) = with_progress(
+        let create = with_progress(
             &progress,
             "create",
             n,
@@ -533,6 +570,8 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
             }),
         )
         .await?;
+        let create_elapsed = create.elapsed;
+        let ids = create.ids;
         let create_cpu = CpuClock::now(daemon_pid).since(cpu_before, create_elapsed);
         // A call the daemon could not take as a task (slots or store busy)
         // ran synchronously: correct behaviour, reported as a figure.
@@ -550,7 +589,7 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
         let ids: Arc<Vec<String>> = Arc::new(ids.into_iter().map(|(_, id)| id).collect());
         let count = Arc::new(AtomicUsize::new(0));
         let all = ids.clone();
-        let (complete_lat, _, too_soon, complete_elapsed) = with_progress(
+        let complete = with_progress(
             &progress,
             "complete",
             n,
@@ -589,8 +628,9 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
         )
         .await?;
         progress.done(&format!(
-            "complete: all {n} tasks completed ({} polls, {too_soon} refused as too soon)",
-            complete_lat.len()
+            "complete: all {n} tasks completed ({} polls, {} refused as too soon)",
+            complete.latencies.len(),
+            complete.refused
         ));
 
         let polls = RETAINED_POLLS.min(n);
@@ -599,7 +639,7 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
         let order = Arc::new(order);
         let count = Arc::new(AtomicUsize::new(0));
         let all = ids.clone();
-        let (retained_lat, _, _, retained_elapsed) = with_progress(
+        let retained = with_progress(
             &progress,
             "poll",
             polls,
@@ -620,19 +660,22 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
             synchronous,
             serial,
             Phase {
-                latencies: create_lat,
+                latencies: create.latencies,
                 elapsed: create_elapsed,
                 refused: 0,
+                busy: create.busy,
             },
             Phase {
-                latencies: complete_lat,
-                elapsed: complete_elapsed,
-                refused: too_soon,
+                latencies: complete.latencies,
+                elapsed: complete.elapsed,
+                refused: complete.refused,
+                busy: complete.busy,
             },
             Phase {
-                latencies: retained_lat,
-                elapsed: retained_elapsed,
+                latencies: retained.latencies,
+                elapsed: retained.elapsed,
                 refused: 0,
+                busy: retained.busy,
             },
         ))
     })?;
@@ -657,10 +700,16 @@ fn run_in(opts: &BenchOptions, scratch: &Path, out: &Path) -> Result<String, Ref
         dir: scratch.to_path_buf(),
         host: facts,
         baseline: base,
-        serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0),
-        create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0),
-        complete: report::PhaseFigures::of(&complete.latencies, complete.elapsed, complete.refused),
-        retained: report::PhaseFigures::of(&retained.latencies, retained.elapsed, 0),
+        daemon_config: sizing.clone(),
+        serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
+        create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
+        complete: report::PhaseFigures::of(
+            &complete.latencies,
+            complete.elapsed,
+            complete.refused,
+            complete.busy,
+        ),
+        retained: report::PhaseFigures::of(&retained.latencies, retained.elapsed, 0, retained.busy),
         synchronous,
         create_cpu,
         peak_wal_bytes: peak_wal.load(Ordering::Relaxed),

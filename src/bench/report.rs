@@ -55,16 +55,20 @@ pub struct PhaseFigures {
     /// Polls refused as too soon (`TG_TASK_POLL_TOO_SOON`).
     #[serde(rename = "refused_too_soon")]
     pub refused: u64,
+    /// Busy answers (`TG_SERVER_BUSY`), each sent again after the wait it
+    /// asked for; not counted in `latency`, whose samples span the retries.
+    pub busy_answers: u64,
 }
 
 impl PhaseFigures {
-    pub fn of(sample: &[Duration], elapsed: Duration, refused: u64) -> PhaseFigures {
+    pub fn of(sample: &[Duration], elapsed: Duration, refused: u64, busy: u64) -> PhaseFigures {
         let s = elapsed.as_secs_f64().max(1e-9);
         PhaseFigures {
             latency: Summary::of(sample),
             elapsed_s: s,
             per_sec: sample.len() as f64 / s,
             refused,
+            busy_answers: busy,
         }
     }
 }
@@ -134,6 +138,8 @@ pub struct Report {
     pub concurrency: usize,
     pub dir: PathBuf,
     pub host: HostFacts,
+    /// The benchmark daemon's configuration, sized from the load.
+    pub daemon_config: super::Sizing,
     pub baseline: Baseline,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
@@ -168,6 +174,8 @@ struct BenchJson<'a> {
     taskgate_version: &'a str,
     generated_at: String,
     parameters: Parameters,
+    /// The configuration the benchmark daemon ran with, by section.
+    daemon_config: serde_json::Value,
     host: &'a HostFacts,
     baseline: BaselineJson,
     serial_create: PhaseFigures,
@@ -188,6 +196,8 @@ struct Parameters {
     tasks: usize,
     concurrency: usize,
     directory: String,
+    /// How many times one request is sent again after a busy answer.
+    busy_retries_per_request: u32,
 }
 
 #[derive(Serialize)]
@@ -282,7 +292,9 @@ impl Report {
                 tasks: self.tasks,
                 concurrency: self.concurrency,
                 directory: self.dir.display().to_string(),
+                busy_retries_per_request: super::BENCH_BUSY_RETRIES,
             },
+            daemon_config: self.daemon_config.json(),
             host: &self.host,
             baseline: BaselineJson {
                 single_row: SingleRow {
@@ -363,6 +375,19 @@ impl Report {
         ]
     }
 
+    /// Busy answers per phase, as one line.
+    fn busy_line(&self) -> String {
+        format!(
+            "busy answers (TG_SERVER_BUSY, each retried after the wait it asked for, at most {} times): \
+             serial {}, create {}, complete {}, poll {}",
+            super::BENCH_BUSY_RETRIES,
+            self.serial.busy_answers,
+            self.create.busy_answers,
+            self.complete.busy_answers,
+            self.retained.busy_answers
+        )
+    }
+
     /// The table printed on the terminal.
     pub fn table(&self) -> String {
         let mut s = String::new();
@@ -385,6 +410,7 @@ impl Report {
                 self.synchronous
             );
         }
+        let _ = writeln!(s, "{}", self.busy_line());
         let _ = writeln!(
             s,
             "create phase CPU: host {:.0}% busy; daemon {:.0}%, bench client {:.0}% of one CPU ({} CPUs)",
@@ -434,6 +460,11 @@ impl Report {
              (WAL, synchronous=FULL, 4 KiB pages); read taskgate's rows as ratios to them: on a shared \
              host absolute times alone vary several-fold between runs.\n"
         );
+        let _ = writeln!(
+            s,
+            "The benchmark daemon was configured for this load: {}.\n",
+            self.daemon_config.line()
+        );
         let _ = writeln!(s, "| latency (ms) | n | p50 | p95 | p99 | max | rate |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|");
         for r in self.rows() {
@@ -455,6 +486,7 @@ impl Report {
              not the disk.\n",
             self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
         );
+        let _ = writeln!(s, "{}.\n", upper_first(&self.busy_line()));
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
         for t in self.targets() {
             let _ = writeln!(
@@ -612,6 +644,13 @@ impl Report {
         }
         Ok(())
     }
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
