@@ -1675,7 +1675,11 @@ fn a_legacy_session_answers_only_the_caller_that_opened_it() {
             } else {
                 assert_eq!(theirs.status, 404, "{who} {what}: {}", theirs.raw);
             }
-            assert_eq!(theirs.status, nothing.status, "{who} {what}: {}", theirs.raw);
+            assert_eq!(
+                theirs.status, nothing.status,
+                "{who} {what}: {}",
+                theirs.raw
+            );
             assert_eq!(theirs.body, nothing.body, "{who} {what}: {}", theirs.raw);
         }
     }
@@ -1753,7 +1757,12 @@ fn a_malformed_authorization_header_is_refused_not_taken_for_none() {
         let r = with_header(&header);
         assert_eq!(r.status, 401, "{header:?}: {}", r.raw);
         assert_eq!(r.challenge.as_deref(), Some(INVALID_REQUEST), "{header:?}");
-        assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{header:?}: {}", r.raw);
+        assert_eq!(
+            r.code(),
+            wire::UNAUTHENTICATED.code,
+            "{header:?}: {}",
+            r.raw
+        );
         assert!(r.body["result"].is_null(), "{header:?}: {}", r.raw);
     }
     // A well-formed bearer credential is still checked as a token.

@@ -1180,7 +1180,10 @@ fn runs_of(root: &tempfile::TempDir) -> usize {
 fn a_retry_gets_its_task_whatever_the_slots_and_the_owners_limit_say() {
     for (extra, refusal) in [
         ("max_running = 2", wire::RUN_SLOTS_BUSY),
-        ("max_running = 3\nmax_running_per_owner = 2", wire::OWNER_LIMIT),
+        (
+            "max_running = 3\nmax_running_per_owner = 2",
+            wire::OWNER_LIMIT,
+        ),
     ] {
         let (_root, daemon) = retry_daemon(extra, &[]);
         let rt = runtime();
@@ -1210,9 +1213,8 @@ fn a_retry_gets_its_task_whatever_the_slots_and_the_owners_limit_say() {
             let mut calls = tokio::task::JoinSet::new();
             for _ in 0..40 {
                 let c = daemon.client(true);
-                calls.spawn(async move {
-                    c.call_tool("linger", json!({}), Some("op-first")).await
-                });
+                calls
+                    .spawn(async move { c.call_tool("linger", json!({}), Some("op-first")).await });
             }
             let mut same = 0;
             while let Some(answer) = calls.join_next().await {
@@ -1223,7 +1225,8 @@ fn a_retry_gets_its_task_whatever_the_slots_and_the_owners_limit_say() {
             assert_eq!(same, 40);
             // A retry with other arguments is still a conflict.
             assert_refused(
-                c.call_tool("linger", json!({"x": 1}), Some("op-first")).await,
+                c.call_tool("linger", json!({"x": 1}), Some("op-first"))
+                    .await,
                 wire::IDEMPOTENCY_CONFLICT,
             );
             for t in [&first, &second] {
@@ -1270,7 +1273,11 @@ fn a_call_with_an_operation_id_never_falls_back_to_a_synchronous_run() {
             wire::STORE_BUSY,
         );
         assert_eq!(error["data"]["retryable"], true, "{error}");
-        assert_eq!(runs_of(&root), 1, "a call with an operation ID ran synchronously");
+        assert_eq!(
+            runs_of(&root),
+            1,
+            "a call with an operation ID ran synchronously"
+        );
         // ...while a call without one may still run synchronously.
         let now = c.call_tool("once", json!({}), None).await.unwrap();
         assert_eq!(now["resultType"], "complete", "{now}");

@@ -594,7 +594,9 @@ impl Layers {
         items
             .iter()
             .map(|v| {
-                let text = v.as_str().ok_or_else(|| invalid(format!("{v} is not text")))?;
+                let text = v
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("{v} is not text")))?;
                 normalize_origin(text).ok_or_else(|| invalid(format!("{text:?} is not one")))
             })
             .collect()

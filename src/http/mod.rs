@@ -240,7 +240,10 @@ impl App {
             .layer(middleware::from_fn_with_state(gate, auth::authenticate))
             // First of all: a browser page from a foreign origin is refused
             // before it can be taken for the local caller.
-            .layer(middleware::from_fn_with_state(origins, origin::check_origin));
+            .layer(middleware::from_fn_with_state(
+                origins,
+                origin::check_origin,
+            ));
         if let Some(authenticator) = &auth {
             let settings = authenticator.settings();
             if let Some(path) = auth::metadata_path(&settings) {
@@ -967,7 +970,9 @@ impl BoundedSessions {
     /// Whether `owner` opened session `id`. A session without a recorded
     /// opener belongs to nobody.
     fn opened_by(&self, id: &str, owner: &str) -> bool {
-        lock_owners(&self.owners).get(id).is_some_and(|o| o == owner)
+        lock_owners(&self.owners)
+            .get(id)
+            .is_some_and(|o| o == owner)
     }
 }
 
@@ -1020,7 +1025,12 @@ async fn bind_sessions(
                 .is_none_or(|v| v.as_bytes() < b"2026-07-28".as_slice());
             if request.method() == axum::http::Method::DELETE
                 && legacy
-                && !(owned && sessions.inner.has_session(&id.as_str().into()).await.unwrap_or(false))
+                && !(owned
+                    && sessions
+                        .inner
+                        .has_session(&id.as_str().into())
+                        .await
+                        .unwrap_or(false))
             {
                 return (StatusCode::NOT_FOUND, SESSION_NOT_FOUND).into_response();
             }

@@ -91,16 +91,12 @@ pub async fn check_origin(
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
     let text = first.to_str().ok().filter(|t| t.len() <= MAX_ORIGIN_BYTES);
-    let allowed = origins.next().is_none()
-        && text.is_some_and(|origin| policy.allows(origin, host));
+    let allowed =
+        origins.next().is_none() && text.is_some_and(|origin| policy.allows(origin, host));
     if allowed {
         return next.run(request).await;
     }
-    let shown: String = text
-        .unwrap_or("(unreadable)")
-        .chars()
-        .take(200)
-        .collect();
+    let shown: String = text.unwrap_or("(unreadable)").chars().take(200).collect();
     tracing::debug!(origin = %shown, "a request from a browser origin that may not call was refused");
     let refusal = Refusal {
         code: wire::ORIGIN_NOT_ALLOWED,
