@@ -944,12 +944,18 @@ spawned_sleeps() {
   WHY="the tool's sleeps did not both start: 985: $(cx pgrep -fx 'sleep 985' | tr '\n' ' ') 984: $(cx pgrep -fx 'sleep 984' | tr '\n' ' ')"
   return 1
 }
+# process_absent CMDLINE: true only when pgrep inside the container ran and
+# found no such process (exit 1); a failed nsenter or a timeout is not
+# "gone".
+process_absent() {
+  [ "$(cx /bin/sh -c 'pgrep -fx "$1" >/dev/null; echo "pgrep=$?"' sh "$1" 2>>"$log")" = "pgrep=1" ]
+}
 # sleeps_gone SECONDS: neither sleep of cspawn is left after SECONDS.
 SLEEPS_GONE_AFTER=""
 sleeps_gone() {
   local i t0=$(date +%s.%N)
   for i in $(seq 1 $(($1 * 5))); do
-    if ! cx pgrep -fx 'sleep 985' >/dev/null && ! cx pgrep -fx 'sleep 984' >/dev/null; then
+    if process_absent 'sleep 985' && process_absent 'sleep 984'; then
       SLEEPS_GONE_AFTER=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
       return 0
     fi

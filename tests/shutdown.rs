@@ -28,13 +28,17 @@ const DEFAULT_LOAD_ROUNDS: u32 = 3;
 /// Longest a stop may take here (the tools' grace included).
 const STOP_LIMIT: Duration = Duration::from_secs(30);
 
+/// Rounds from `var`, else `default`. Zero is refused: a run with no
+/// rounds would pass having tested nothing.
 fn rounds(var: &str, default: u32) -> u32 {
-    match std::env::var(var) {
+    let n = match std::env::var(var) {
         Ok(s) => s
             .parse()
             .unwrap_or_else(|_| panic!("{var} must be a number")),
         Err(_) => default,
-    }
+    };
+    assert!(n >= 1, "{var}={n}: at least one round, or this test tests nothing");
+    n
 }
 
 fn stopping_notified(notes: &[String]) -> bool {
