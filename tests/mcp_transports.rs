@@ -278,6 +278,9 @@ trait Wire {
     /// Sends `text` exactly as given and returns the error answering it
     /// (whose id is `id`), with the HTTP status where there is one.
     fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply);
+    /// Sends a request as [`Wire::send`] does and returns the response with
+    /// the HTTP status where there is one.
+    fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply);
     fn log(&self) -> String;
     fn daemon_pid(&self) -> i32;
 
@@ -412,6 +415,10 @@ impl Wire for StdioWire {
                 self.early.insert(v["id"].to_string(), line);
             }
         }
+    }
+
+    fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply) {
+        (None, self.send(msg))
     }
 
     fn next_id(&mut self) -> u64 {
@@ -652,6 +659,18 @@ impl Wire for HttpWire {
         let raw = r
             .message
             .unwrap_or_else(|| panic!("HTTP {} with no JSON-RPC body to {text:?}", r.status));
+        (Some(r.status), Reply::new(raw))
+    }
+
+    fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply) {
+        let r = self.post(&msg);
+        let raw = r.message.unwrap_or_else(|| {
+            panic!(
+                "HTTP {} with no JSON-RPC response to {msg}; log:\n{}",
+                r.status,
+                self.proc.log_text()
+            )
+        });
         (Some(r.status), Reply::new(raw))
     }
 
@@ -1265,5 +1284,134 @@ fn stdio_foreign_expired_and_unknown_ids_get_identical_errors() {
     let (foreign, expired) = seed_tasks(&fx.state);
     let mut w = StdioWire::start(&fx, "stdio.log");
     ids_look_the_same(&mut w, &foreign, &expired);
+    w.close_and_expect_clean_exit();
+}
+
+// ---------------------------------------------------------------------------
+// Methods taskgate does not serve are method-not-found whatever their
+// parameters; for a 2026-07-28 request, initialize and ping are such
+// methods (the stateless binding answers them 404 over HTTP). A legacy
+// initialize keeps opening a legacy session.
+
+fn assert_method_not_found(status: Option<u16>, r: &Reply, id: &Value, http: u16, what: &str) {
+    assert_eq!(
+        r.code(),
+        Some(wire::METHOD_NOT_FOUND.code),
+        "{what}: {}",
+        r.raw
+    );
+    assert_eq!(
+        r.error()["data"]["name"],
+        wire::METHOD_NOT_FOUND.name,
+        "{what}: {}",
+        r.raw
+    );
+    assert_eq!(
+        &r.msg["id"], id,
+        "{what}: the error must echo the id: {}",
+        r.raw
+    );
+    if let Some(status) = status {
+        assert_eq!(status, http, "{what}: {}", r.raw);
+    }
+}
+
+fn modern_requests_for_methods_not_served_are_method_not_found(w: &mut dyn Wire) {
+    let mut legacy_shaped_with_meta = json!({
+        "protocolVersion": LEGACY,
+        "capabilities": {},
+        "clientInfo": {"name": "c", "version": "1"},
+    });
+    legacy_shaped_with_meta["_meta"] = meta(false);
+    let mut cases: Vec<(&str, Option<Value>)> = vec![
+        // The conformance suite's probe of a removed method.
+        ("initialize", Some(json!({"_meta": meta(false)}))),
+        ("initialize", Some(legacy_shaped_with_meta)),
+        ("ping", Some(json!({"_meta": meta(false)}))),
+    ];
+    for method in ["tasks/result", "tasks/list"] {
+        for params in [
+            Some(json!({"_meta": meta(true)})),
+            Some(json!({"_meta": meta(true), "taskId": UNKNOWN_ID})),
+            Some(json!({})),
+            Some(json!([])),
+            Some(json!([UNKNOWN_ID])),
+            None,
+        ] {
+            cases.push((method, params));
+        }
+    }
+    for (method, params) in cases {
+        let id = json!(w.next_id());
+        let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": method});
+        if let Some(p) = &params {
+            msg["params"] = p.clone();
+        }
+        // Over HTTP with MCP-Protocol-Version: 2026-07-28; over stdio the
+        // _meta alone declares the version (or nothing does).
+        let (status, r) = w.send_text(&msg.to_string(), &id);
+        assert_method_not_found(status, &r, &id, 404, &msg.to_string());
+    }
+    // The daemon goes on serving what it serves.
+    let r = w.call("tools/list", json!({}), true);
+    assert!(r.result()["tools"].is_array(), "{}", r.raw);
+}
+
+fn legacy_initialize_still_opens_a_session_and_unserved_methods_are_not_found(w: &mut dyn Wire) {
+    // rmcp's own client offers its newest version, 2026-07-28, inside a
+    // legacy initialize: that is the handshake's offer, answered with the
+    // newest legacy revision.
+    let id = w.next_id();
+    let init = w.send(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": V2026,
+            "capabilities": {},
+            "clientInfo": {"name": "legacy-client", "version": "1"},
+        },
+    }));
+    assert_eq!(init.result()["protocolVersion"], LEGACY, "{}", init.raw);
+    w.notify(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for method in ["tasks/result", "tasks/list"] {
+        for params in [Some(json!({})), Some(json!([])), None] {
+            let id = json!(w.next_id());
+            let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": method});
+            if let Some(p) = params {
+                msg["params"] = p;
+            }
+            let what = msg.to_string();
+            // A legacy session gets its errors in a 200, as the library
+            // answers it: a 404 would tell it the session has gone.
+            let (status, r) = w.exchange(msg);
+            assert_method_not_found(status, &r, &id, 200, &what);
+        }
+    }
+    let r = w.legacy("ping", json!({}));
+    assert_eq!(r.result(), &json!({}), "{}", r.raw);
+    let r = w.legacy("tools/list", json!({}));
+    assert!(r.result()["tools"].is_array(), "{}", r.raw);
+}
+
+#[test]
+fn http_methods_not_served_are_method_not_found_whatever_their_params() {
+    let fx = Fixture::new();
+    let mut w = HttpWire::start(&fx, "http.log");
+    modern_requests_for_methods_not_served_are_method_not_found(&mut w);
+    legacy_initialize_still_opens_a_session_and_unserved_methods_are_not_found(&mut w);
+    w.stop_and_expect_clean_exit();
+}
+
+#[test]
+fn stdio_methods_not_served_are_method_not_found_whatever_their_params() {
+    let fx = Fixture::new();
+    let mut w = StdioWire::start(&fx, "stdio.log");
+    modern_requests_for_methods_not_served_are_method_not_found(&mut w);
+    w.close_and_expect_clean_exit();
+
+    // A legacy client is a separate process: initialize comes first.
+    let mut w = StdioWire::start(&fx, "stdio-legacy.log");
+    legacy_initialize_still_opens_a_session_and_unserved_methods_are_not_found(&mut w);
     w.close_and_expect_clean_exit();
 }

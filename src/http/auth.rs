@@ -289,7 +289,7 @@ fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
     if let Some(url) = metadata_url(settings) {
         params.push(format!("resource_metadata=\"{url}\""));
     }
-    let refusal = Refusal { code, message, id };
+    let refusal = Refusal::new(code, message, id);
     let mut body = refusal.to_json();
     if let (Some(Value::Object(extra)), Some(Value::Object(d))) =
         (data, body.pointer_mut("/error/data"))

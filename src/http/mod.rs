@@ -399,14 +399,14 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let too_large = || {
-        let refusal = Refusal {
-            code: wire::REQUEST_TOO_LARGE,
-            message: format!(
+        let refusal = Refusal::new(
+            wire::REQUEST_TOO_LARGE,
+            format!(
                 "the request body is larger than server.max_request_bytes = {}",
                 intake.max_request_bytes
             ),
-            id: serde_json::Value::Null,
-        };
+            serde_json::Value::Null,
+        );
         // The rest of the body is never read: the connection must close.
         json_rpc_error(StatusCode::PAYLOAD_TOO_LARGE, &refusal, true)
     };
@@ -435,18 +435,22 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
             return StatusCode::BAD_REQUEST.into_response();
         }
         Err(_elapsed) => {
-            let refusal = Refusal {
-                code: wire::REQUEST_TIMEOUT,
-                message: format!(
+            let refusal = Refusal::new(
+                wire::REQUEST_TIMEOUT,
+                format!(
                     "the request body did not arrive within server.body_read_timeout_ms = {}",
                     intake.body_read_timeout.as_millis()
                 ),
-                id: serde_json::Value::Null,
-            };
+                serde_json::Value::Null,
+            );
             return json_rpc_error(StatusCode::REQUEST_TIMEOUT, &refusal, true);
         }
     };
-    match screen::screen(&bytes) {
+    let header_version = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    match screen::screen(&bytes, header_version) {
         Ok(kind) => {
             name_the_task(&mut parts.headers, &kind);
             let id = match &kind {
@@ -459,7 +463,23 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
                 .await;
             as_json_rpc(response, id).await
         }
-        Err(refusal) => json_rpc_error(StatusCode::BAD_REQUEST, &refusal, false),
+        Err(refusal) => json_rpc_error(refusal_status(&refusal), &refusal, false),
+    }
+}
+
+/// The HTTP status of the screen's refusal. Method-not-found is the
+/// stateless binding's 404 for a 2026-07-28 request; a legacy request gets
+/// it in a 200, as the library answers a legacy session (a legacy client
+/// takes a 404 for a session that has gone). Everything else the screen
+/// refuses is a malformed request: 400.
+fn refusal_status(refusal: &Refusal) -> StatusCode {
+    match (
+        refusal.code.code == wire::METHOD_NOT_FOUND.code,
+        refusal.modern,
+    ) {
+        (true, true) => StatusCode::NOT_FOUND,
+        (true, false) => StatusCode::OK,
+        (false, _) => StatusCode::BAD_REQUEST,
     }
 }
 
@@ -507,11 +527,7 @@ async fn as_json_rpc(response: Response, id: serde_json::Value) -> Response {
             .to_string(),
         false => text,
     };
-    let refusal = Refusal {
-        code: wire::HTTP_REFUSED,
-        message,
-        id,
-    };
+    let refusal = Refusal::new(wire::HTTP_REFUSED, message, id);
     let mut wrapped = json_rpc_error(parts.status, &refusal, false);
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {

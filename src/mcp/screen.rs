@@ -12,13 +12,22 @@
 //! types the handler receives, so the library sees nothing it would
 //! misreport.
 //!
+//! A request for a method taskgate does not serve is answered here too,
+//! with method-not-found whatever its parameters: the library would first
+//! hold an array or a missing `params`, or a 2026-07-28 request without its
+//! `_meta`, against the request, as if the method existed. Which methods
+//! exist depends on the protocol era the request declares: `initialize`
+//! and `ping` belong to the legacy revisions (2025-11-25 and earlier) and
+//! are gone from 2026-07-28, which carries the version, identity and
+//! capabilities in every request's `_meta` instead of a handshake.
+//!
 //! The screen also tells the transports what a message is (a `tools/call`
 //! or something else), so the HTTP side can count it against the right
 //! request budget without trusting a header.
 
 use rmcp::model::{
     CallToolRequestParams, CancelTaskParams, GetTaskParams, InitializeRequestParams,
-    NumberOrString, PaginatedRequestParams, UpdateTaskParams,
+    NumberOrString, PaginatedRequestParams, ProtocolVersion, UpdateTaskParams,
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -57,14 +66,22 @@ pub struct Refusal {
     pub message: String,
     /// The request's id when it could be read, else `null`.
     pub id: Value,
+    /// The request declared a protocol version without the `initialize`
+    /// handshake (2026-07-28 or later), so it is served statelessly: over
+    /// HTTP its method-not-found is a 404, where a legacy request gets its
+    /// errors in a 200.
+    pub modern: bool,
 }
 
 impl Refusal {
-    fn new(code: WireCode, message: impl Into<String>, id: Value) -> Refusal {
+    /// A refusal of a request that declared no 2026-07-28 version (or could
+    /// not be read far enough to tell).
+    pub fn new(code: WireCode, message: impl Into<String>, id: Value) -> Refusal {
         Refusal {
             code,
             message: message.into(),
             id,
+            modern: false,
         }
     }
 
@@ -82,10 +99,35 @@ impl Refusal {
     }
 }
 
+/// The methods taskgate answers in either era. Every other request is
+/// method-not-found.
+const SERVED: &[&str] = &[
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "tasks/get",
+    "tasks/cancel",
+    "tasks/update",
+];
+
+/// The methods of the legacy revisions only: 2026-07-28 removed them.
+const LEGACY_ONLY: &[&str] = &["initialize", "ping"];
+
+/// The key of `_meta` that carries a 2026-07-28 request's protocol version.
+const VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+
 /// Looks at one message's bytes. `Ok` when it is a single well-formed
 /// JSON-RPC message; `Err` with the error to send back otherwise (for a
 /// notification or response, the caller decides whether anything is sent).
-pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
+///
+/// `header_version` is the protocol version the transport carries beside
+/// the message (HTTP's `MCP-Protocol-Version`); stdio has none. A request
+/// is of the 2026-07-28 era when the version in its `_meta` names a
+/// revision without the `initialize` handshake, or, when its `_meta` names
+/// none, the header does. The version inside a legacy `initialize`'s
+/// parameters is not such a declaration: it is the legacy handshake's
+/// offer, answered with the newest legacy revision.
+pub fn screen(bytes: &[u8], header_version: Option<&str>) -> Result<Kind, Refusal> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         Refusal::new(
             wire::PARSE_ERROR,
@@ -159,13 +201,22 @@ pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
         ));
     };
     let params = object.get("params");
+    let modern = declares_modern(params, header_version);
+    let refuse = |code: WireCode, message: String| Refusal {
+        modern,
+        ..Refusal::new(code, message, echo.clone())
+    };
+    if id.is_some()
+        && let Err(problem) = served(method, modern)
+    {
+        return Err(refuse(wire::METHOD_NOT_FOUND, problem));
+    }
     if let Some(p) = params
         && !p.is_object()
     {
-        return Err(Refusal::new(
+        return Err(refuse(
             wire::INVALID_PARAMS,
             format!("invalid params for {method}: \"params\" must be an object"),
-            echo,
         ));
     }
     if id.is_none() {
@@ -174,10 +225,9 @@ pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
         });
     }
     if let Err(problem) = check_params(method, params) {
-        return Err(Refusal::new(
+        return Err(refuse(
             wire::INVALID_PARAMS,
             format!("invalid params for {method}: {problem}"),
-            echo,
         ));
     }
     let target = match method {
@@ -194,8 +244,49 @@ pub fn screen(bytes: &[u8]) -> Result<Kind, Refusal> {
     })
 }
 
+/// Whether a request declares a protocol version without the `initialize`
+/// handshake: its `_meta` first, the transport's header when `_meta` names
+/// no version (the order in which the library reads them).
+fn declares_modern(params: Option<&Value>, header_version: Option<&str>) -> bool {
+    let in_meta = params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(VERSION_META_KEY))
+        .and_then(Value::as_str);
+    in_meta
+        .or(header_version)
+        // Dated revisions order lexically, as the library compares them.
+        .is_some_and(|v| v >= ProtocolVersion::NO_INITIALIZE.as_str())
+}
+
+/// `Ok` when taskgate serves `method` in the request's era; else what to
+/// send instead.
+fn served(method: &str, modern: bool) -> Result<(), String> {
+    if SERVED.contains(&method) {
+        return Ok(());
+    }
+    if LEGACY_ONLY.contains(&method) {
+        if !modern {
+            return Ok(());
+        }
+        let legacy: Vec<&str> = ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .filter(|v| v.has_initialize())
+            .map(ProtocolVersion::as_str)
+            .collect();
+        return Err(format!(
+            "method not found: {method} does not exist at protocol {} and later, which this request declares; send each request with its own _meta (server/discover lists what this server supports), or open a legacy session with initialize at one of {} and no 2026-07-28 _meta or MCP-Protocol-Version",
+            ProtocolVersion::NO_INITIALIZE,
+            legacy.join(", ")
+        ));
+    }
+    Err(format!(
+        "method not found: taskgate does not serve {method:?}; it serves {} (and initialize and ping to legacy clients)",
+        SERVED.join(", ")
+    ))
+}
+
 /// The parameters of the methods taskgate serves must deserialize into the
-/// types the handler gets. Other methods are the library's to answer.
+/// types the handler gets.
 fn check_params(method: &str, params: Option<&Value>) -> Result<(), String> {
     match method {
         "initialize" => required::<InitializeRequestParams>(params),
@@ -228,7 +319,7 @@ mod tests {
     use super::*;
 
     fn refused(body: &str) -> Refusal {
-        match screen(body.as_bytes()) {
+        match screen(body.as_bytes(), None) {
             Err(r) => r,
             Ok(kind) => panic!("{body} passed the screen as {kind:?}"),
         }
@@ -241,7 +332,7 @@ mod tests {
             assert_eq!(r.code.code, -32700, "{body}");
             assert_eq!(r.id, Value::Null);
         }
-        let r = screen(&[0xff, 0xfe, b'{']).unwrap_err();
+        let r = screen(&[0xff, 0xfe, b'{'], None).unwrap_err();
         assert_eq!(r.code.code, -32700);
     }
 
@@ -295,26 +386,147 @@ mod tests {
     #[test]
     fn well_formed_messages_pass_and_say_what_they_are() {
         let call = r#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"},"_meta":{"x":1}}}"#;
-        let kind = screen(call.as_bytes()).unwrap();
+        let kind = screen(call.as_bytes(), None).unwrap();
         assert!(kind.is_call());
         let get = r#"{"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId":"t"}}"#;
-        assert!(!screen(get.as_bytes()).unwrap().is_call());
+        assert!(!screen(get.as_bytes(), None).unwrap().is_call());
         let list = r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#;
-        assert!(screen(list.as_bytes()).is_ok());
-        let unknown = r#"{"jsonrpc":"2.0","id":4,"method":"nope","params":{"a":1}}"#;
-        assert!(
-            screen(unknown.as_bytes()).is_ok(),
-            "the library answers -32601"
-        );
+        assert!(screen(list.as_bytes(), None).is_ok());
         let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
         assert_eq!(
-            screen(note.as_bytes()).unwrap(),
+            screen(note.as_bytes(), None).unwrap(),
             Kind::Notification {
                 method: "notifications/initialized".into()
             }
         );
         let answer = r#"{"jsonrpc":"2.0","id":9,"result":{}}"#;
-        assert_eq!(screen(answer.as_bytes()).unwrap(), Kind::Response);
+        assert_eq!(screen(answer.as_bytes(), None).unwrap(), Kind::Response);
+    }
+
+    const MODERN_META: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    const LEGACY_INIT: &str = r#"{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}"#;
+
+    fn request(method: &str, params: Option<&str>) -> String {
+        match params {
+            Some(p) => format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{p}}}"#),
+            None => format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}"}}"#),
+        }
+    }
+
+    fn not_found(body: &str, header: Option<&str>) -> Refusal {
+        let r = match screen(body.as_bytes(), header) {
+            Err(r) => r,
+            Ok(kind) => panic!("{body} with {header:?} passed the screen as {kind:?}"),
+        };
+        assert_eq!(
+            (r.code.code, &r.id),
+            (-32601, &Value::from(7)),
+            "{body} with {header:?}: {r:?}"
+        );
+        assert_eq!(r.to_json()["error"]["data"]["name"], "TG_METHOD_NOT_FOUND");
+        r
+    }
+
+    #[test]
+    fn initialize_and_ping_declaring_2026_07_28_are_method_not_found() {
+        let modern_meta = format!(r#"{{"_meta":{MODERN_META}}}"#);
+        let legacy_with_modern_meta = format!(
+            r#"{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"c","version":"1"}},"_meta":{MODERN_META}}}"#
+        );
+        for (params, header) in [
+            // The conformance suite's probe: 2026-07-28 in _meta and header.
+            (Some(modern_meta.as_str()), Some("2026-07-28")),
+            // stdio: the _meta alone declares it.
+            (Some(modern_meta.as_str()), None),
+            (Some(legacy_with_modern_meta.as_str()), None),
+            // HTTP: the header alone declares it.
+            (Some(LEGACY_INIT), Some("2026-07-28")),
+            (None, Some("2026-07-28")),
+            (Some("[]"), Some("2026-07-28")),
+            // A later revision has no handshake either.
+            (Some(LEGACY_INIT), Some("2027-01-01")),
+        ] {
+            let r = not_found(&request("initialize", params), header);
+            assert!(r.modern, "{params:?} {header:?}");
+            for said in ["2026-07-28", "2025-11-25", "server/discover"] {
+                assert!(r.message.contains(said), "{}", r.message);
+            }
+            let r = not_found(&request("ping", params), header);
+            assert!(r.modern, "{params:?} {header:?}");
+        }
+    }
+
+    #[test]
+    fn legacy_initialize_and_ping_still_pass() {
+        // The version inside initialize's params is the legacy handshake's
+        // offer (rmcp's own client offers 2026-07-28 there by default): it
+        // is answered with the newest legacy revision, not refused.
+        let offers_2026 = LEGACY_INIT.replace("2025-11-25", "2026-07-28");
+        for (params, header) in [
+            (LEGACY_INIT, None),
+            (LEGACY_INIT, Some("2025-11-25")),
+            (offers_2026.as_str(), None),
+        ] {
+            let body = request("initialize", Some(params));
+            assert!(
+                matches!(screen(body.as_bytes(), header), Ok(Kind::Request { .. })),
+                "{body} with {header:?}"
+            );
+        }
+        for header in [None, Some("2025-11-25"), Some("2025-06-18")] {
+            let body = request("ping", None);
+            assert!(screen(body.as_bytes(), header).is_ok(), "{header:?}");
+        }
+        // A legacy initialize with broken params is still invalid params.
+        let r = refused(&request("initialize", Some("{}")));
+        assert_eq!((r.code.code, r.modern), (-32602, false));
+    }
+
+    #[test]
+    fn methods_taskgate_does_not_serve_are_method_not_found_whatever_their_params() {
+        let modern_meta = format!(r#"{{"_meta":{MODERN_META}}}"#);
+        let legacy_meta = r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2025-11-25"}}"#;
+        for method in [
+            "tasks/result",
+            "tasks/list",
+            "logging/setLevel",
+            "resources/subscribe",
+            "nope",
+        ] {
+            for params in [
+                Some(modern_meta.as_str()),
+                Some(legacy_meta),
+                Some("{}"),
+                Some("[]"),
+                Some("[1,2]"),
+                Some("\"x\""),
+                Some("5"),
+                Some("null"),
+                None,
+            ] {
+                for header in [None, Some("2026-07-28"), Some("2025-11-25")] {
+                    let r = not_found(&request(method, params), header);
+                    let modern = match params {
+                        Some(p) if p == modern_meta => true,
+                        Some(p) if p == legacy_meta => false,
+                        _ => header == Some("2026-07-28"),
+                    };
+                    assert_eq!(r.modern, modern, "{method} {params:?} {header:?}");
+                    assert!(r.message.contains(method), "{}", r.message);
+                }
+            }
+        }
+        // A notification gets no answer: it is not refused for its method.
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/whatever","params":{}}"#;
+        assert!(screen(note.as_bytes(), Some("2026-07-28")).is_ok());
+        // What taskgate serves still passes with a modern _meta.
+        for method in ["server/discover", "tools/list"] {
+            let body = request(method, Some(&modern_meta));
+            assert!(
+                screen(body.as_bytes(), Some("2026-07-28")).is_ok(),
+                "{method}"
+            );
+        }
     }
 
     #[test]

@@ -113,11 +113,11 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 tracing::warn!(error = %e, "reading stdin failed: {e}");
                 break;
             }
-            Ok(Line::TooLong) => Refusal {
-                code: wire::REQUEST_TOO_LARGE,
-                message: format!("the message is longer than server.max_request_bytes = {max}"),
-                id: serde_json::Value::Null,
-            },
+            Ok(Line::TooLong) => Refusal::new(
+                wire::REQUEST_TOO_LARGE,
+                format!("the message is longer than server.max_request_bytes = {max}"),
+                serde_json::Value::Null,
+            ),
             Ok(Line::Whole(mut line)) => {
                 if line.last() == Some(&b'\r') {
                     line.pop();
@@ -125,7 +125,9 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                match screen::screen(&line) {
+                // stdio carries no version beside the message: its `_meta` alone
+                // declares the era.
+                match screen::screen(&line, None) {
                     Ok(_) => {
                         line.push(b'\n');
                         if to_library.write_all(&line).await.is_err() {
