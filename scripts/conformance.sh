@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs the official MCP conformance suite's Tasks scenarios against a real
-# taskgate serving examples/conformance.toml over HTTP on loopback.
+# Runs the official MCP conformance suite's Tasks scenarios and its
+# server-stateless scenario (the 2026-07-28 stateless lifecycle) against a
+# real taskgate serving examples/conformance.toml over HTTP on loopback.
 #
 #   scripts/conformance.sh [path/to/taskgate]
 #
 # With TASKGATE_CONFORMANCE_URL set, the suite runs against the daemon
 # serving there instead of one the script starts. TASKGATE_CONFORMANCE_SCENARIOS
-# (space-separated) replaces the Tasks scenarios with others; with
+# (space-separated) replaces those scenarios with others; with
 # TASKGATE_CONFORMANCE_LIST=1 the script only prints the suite's server
 # scenarios (`list --server`).
 #
@@ -61,7 +62,7 @@ echo "== taskgate serving $url"
 scenarios=(tasks-lifecycle tasks-capability-negotiation tasks-wire-fields
   tasks-request-state-removal tasks-mrtr-input tasks-request-headers
   tasks-dispatch-and-envelope tasks-status-notifications
-  tasks-required-task-error tasks-mrtr-composition)
+  tasks-required-task-error tasks-mrtr-composition server-stateless)
 if [ -n "${TASKGATE_CONFORMANCE_SCENARIOS:-}" ]; then
   read -r -a scenarios <<<"$TASKGATE_CONFORMANCE_SCENARIOS"
 fi

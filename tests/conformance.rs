@@ -1,4 +1,5 @@
-//! The official MCP conformance suite's Tasks scenarios, and its
+//! The official MCP conformance suite's Tasks scenarios and its
+//! `server-stateless` scenario, with `[auth]` off and on, and its
 //! authorization scenarios with `[auth]` on, against the real daemon
 //! (scripts/conformance.sh; Node 22 and the suite come from the npm
 //! registry into target/conformance). Every check must pass except those
@@ -14,11 +15,18 @@ use std::os::unix::fs::PermissionsExt;
 /// writes each scenario's results to a fixed place under target/conformance.
 static SUITE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The scenarios scripts/conformance.sh runs when it is not told which:
+/// the ten Tasks scenarios and `server-stateless`.
+const DEFAULT_SCENARIOS: usize = 11;
+
 fn suite_lock() -> std::sync::MutexGuard<'static, ()> {
     // A test that failed while holding it leaves nothing half-done to guard.
     SUITE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The Tasks scenarios and `server-stateless` (the 2026-07-28 stateless
+/// lifecycle: per-request `_meta`, discovery, version and header errors,
+/// removed methods such as `initialize` answered 404 / -32601).
 #[test]
 fn official_conformance_suite_tasks_scenarios() {
     prereq::require_tool("npm");
@@ -47,7 +55,12 @@ fn official_conformance_suite_tasks_scenarios() {
         out.status.success(),
         "conformance failures:\n{stdout}\n{stderr}"
     );
-    assert_eq!(stdout.matches("PASS ").count(), 10, "{stdout}");
+    assert!(stdout.contains("PASS server-stateless"), "{stdout}");
+    assert_eq!(
+        stdout.matches("PASS ").count(),
+        DEFAULT_SCENARIOS,
+        "{stdout}"
+    );
 }
 
 /// Words that mark a server scenario of the suite as one about
@@ -108,8 +121,8 @@ const AUTH_EXPECTED_FAILURES: &[(&str, &str)] = &[
 /// The suite's authorization scenarios against an auth-enabled taskgate
 /// (static tokens and an advertised JWT issuer; loopback without a token is
 /// the local owner): every such scenario in the pinned suite is either
-/// expected to pass or listed above with its reason, and the Tasks
-/// scenarios still pass with authentication on.
+/// expected to pass or listed above with its reason, and the Tasks and
+/// `server-stateless` scenarios still pass with authentication on.
 #[test]
 fn official_conformance_suite_authorization_scenarios() {
     prereq::require_tool("npm");
@@ -208,11 +221,17 @@ fn official_conformance_suite_authorization_scenarios() {
             _ => {}
         }
     }
-    // With authentication on, the Tasks scenarios pass as they do without.
+    // With authentication on, the Tasks and server-stateless scenarios pass
+    // as they do without.
     let (ok, stdout) = run(None);
     let log = daemon.log_text();
     assert!(daemon.stop().success(), "daemon log:\n{log}");
     assert!(surprises.is_empty(), "{surprises:#?}");
     assert!(ok, "conformance failures with [auth] on:\n{stdout}");
-    assert_eq!(stdout.matches("PASS ").count(), 10, "{stdout}");
+    assert!(stdout.contains("PASS server-stateless"), "{stdout}");
+    assert_eq!(
+        stdout.matches("PASS ").count(),
+        DEFAULT_SCENARIOS,
+        "{stdout}"
+    );
 }
