@@ -96,9 +96,15 @@ registry! {
     /// Request parameters that are malformed (other than tool arguments).
     INVALID_PARAMS = (-32602, "TG_INVALID_PARAMS",
         "a request parameter is malformed; the message names it");
-    /// A method this session does not have (`tasks/*` on a legacy session).
+    /// A method taskgate does not serve, or not to this request's protocol
+    /// era (`tasks/*` on a legacy session, `initialize` at 2026-07-28).
     METHOD_NOT_FOUND = (-32601, "TG_METHOD_NOT_FOUND",
-        "this method does not exist for this session; tasks/* need protocol 2026-07-28 with the tasks extension declared");
+        "this method does not exist for this request's protocol version or session; the message names the methods served; tasks/* need protocol 2026-07-28 with the tasks extension declared");
+    /// HTTP headers that do not mirror the body: `Mcp-Method` missing or
+    /// another method, `MCP-Protocol-Version` missing or another version
+    /// than the request's `_meta` names.
+    HEADER_MISMATCH = (-32020, "TG_HEADER_MISMATCH",
+        "the Mcp-Method or MCP-Protocol-Version header is missing or does not match the request body; send headers that mirror the body's method and _meta version");
     /// A tool that runs only as a task, called without the Tasks extension.
     TASKS_REQUIRED = (-32021, "TG_TASKS_REQUIRED",
         "this tool runs only as a task; declare the io.modelcontextprotocol/tasks extension on protocol 2026-07-28");
@@ -136,7 +142,7 @@ registry! {
 }
 
 /// Codes fixed by JSON-RPC or MCP, which several named errors may share.
-pub const PROTOCOL_CODES: &[i64] = &[-32700, -32600, -32602, -32601, -32603, -32021];
+pub const PROTOCOL_CODES: &[i64] = &[-32700, -32600, -32602, -32601, -32603, -32021, -32020];
 
 impl WireCode {
     /// The `data` object every taskgate error carries: its name and help.

@@ -278,6 +278,8 @@ trait Wire {
     /// Sends `text` exactly as given and returns the error answering it
     /// (whose id is `id`), with the HTTP status where there is one.
     fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply);
+    /// As [`Wire::send_text`], over HTTP with `Mcp-Method: method` too.
+    fn send_text_as(&mut self, text: &str, id: &Value, method: &str) -> (Option<u16>, Reply);
     /// Sends a request as [`Wire::send`] does and returns the response with
     /// the HTTP status where there is one.
     fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply);
@@ -417,6 +419,10 @@ impl Wire for StdioWire {
         }
     }
 
+    fn send_text_as(&mut self, text: &str, id: &Value, _method: &str) -> (Option<u16>, Reply) {
+        self.send_text(text, id)
+    }
+
     fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply) {
         (None, self.send(msg))
     }
@@ -519,6 +525,31 @@ impl HttpWire {
                 self.proc.log_text()
             ),
         }
+    }
+
+    /// Posts `text` as it is with `MCP-Protocol-Version: 2026-07-28` (and
+    /// `Mcp-Method` when given) and returns the error answering it.
+    fn post_text(&mut self, text: &str, id: &Value, method: Option<&str>) -> (Option<u16>, Reply) {
+        let mut headers = vec![
+            ("content-type", "application/json".to_string()),
+            ("accept", "application/json, text/event-stream".to_string()),
+            ("mcp-protocol-version", V2026.to_string()),
+        ];
+        if let Some(m) = method {
+            headers.push(("mcp-method", m.to_string()));
+        }
+        let exchange = post(self.port, headers, text.to_string(), Some(id.clone()));
+        let r = match self
+            .rt
+            .block_on(async { tokio::time::timeout(STEP, exchange).await })
+        {
+            Ok(r) => r,
+            Err(_) => panic!("no HTTP response to {text:?} within {STEP:?}"),
+        };
+        let raw = r
+            .message
+            .unwrap_or_else(|| panic!("HTTP {} with no JSON-RPC body to {text:?}", r.status));
+        (Some(r.status), Reply::new(raw))
     }
 
     /// SIGTERM: the daemon must stop cleanly with exit 0.
@@ -643,23 +674,11 @@ impl Wire for HttpWire {
     }
 
     fn send_text(&mut self, text: &str, id: &Value) -> (Option<u16>, Reply) {
-        let headers = vec![
-            ("content-type", "application/json".to_string()),
-            ("accept", "application/json, text/event-stream".to_string()),
-            ("mcp-protocol-version", V2026.to_string()),
-        ];
-        let exchange = post(self.port, headers, text.to_string(), Some(id.clone()));
-        let r = match self
-            .rt
-            .block_on(async { tokio::time::timeout(STEP, exchange).await })
-        {
-            Ok(r) => r,
-            Err(_) => panic!("no HTTP response to {text:?} within {STEP:?}"),
-        };
-        let raw = r
-            .message
-            .unwrap_or_else(|| panic!("HTTP {} with no JSON-RPC body to {text:?}", r.status));
-        (Some(r.status), Reply::new(raw))
+        self.post_text(text, id, None)
+    }
+
+    fn send_text_as(&mut self, text: &str, id: &Value, method: &str) -> (Option<u16>, Reply) {
+        self.post_text(text, id, Some(method))
     }
 
     fn exchange(&mut self, msg: Value) -> (Option<u16>, Reply) {
@@ -1347,10 +1366,16 @@ fn modern_requests_for_methods_not_served_are_method_not_found(w: &mut dyn Wire)
         if let Some(p) = &params {
             msg["params"] = p.clone();
         }
-        // Over HTTP with MCP-Protocol-Version: 2026-07-28; over stdio the
-        // _meta alone declares the version (or nothing does).
-        let (status, r) = w.send_text(&msg.to_string(), &id);
+        // Over HTTP with MCP-Protocol-Version: 2026-07-28 and Mcp-Method;
+        // over stdio the _meta alone declares the version (or nothing does).
+        let (status, r) = w.send_text_as(&msg.to_string(), &id, method);
         assert_method_not_found(status, &r, &id, 404, &msg.to_string());
+        // Without Mcp-Method, an HTTP request's headers do not mirror its
+        // body: that is refused first, as for any method.
+        let (status, r) = w.send_text(&msg.to_string(), &id);
+        if let Some(status) = status {
+            assert_eq!((status, r.code()), (400, Some(-32020)), "{msg}: {}", r.raw);
+        }
     }
     // The daemon goes on serving what it serves.
     let r = w.call("tools/list", json!({}), true);

@@ -446,11 +446,12 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
             return json_rpc_error(StatusCode::REQUEST_TIMEOUT, &refusal, true);
         }
     };
-    let header_version = parts
-        .headers
-        .get("mcp-protocol-version")
-        .and_then(|v| v.to_str().ok());
-    match screen::screen(&bytes, header_version) {
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let mirrored = screen::Mirrored {
+        version: header("mcp-protocol-version"),
+        method: header("mcp-method"),
+    };
+    match screen::screen(&bytes, Some(&mirrored)) {
         Ok(kind) => {
             name_the_task(&mut parts.headers, &kind);
             let id = match &kind {
@@ -473,6 +474,7 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
 /// takes a 404 for a session that has gone). Everything else the screen
 /// refuses is a malformed request: 400.
 fn refusal_status(refusal: &Refusal) -> StatusCode {
+    // (A header mismatch is a 400 like the rest.)
     match (
         refusal.code.code == wire::METHOD_NOT_FOUND.code,
         refusal.modern,

@@ -99,6 +99,15 @@ impl Refusal {
     }
 }
 
+/// The values an HTTP request mirrors from its body into headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mirrored<'a> {
+    /// `MCP-Protocol-Version`.
+    pub version: Option<&'a str>,
+    /// `Mcp-Method`.
+    pub method: Option<&'a str>,
+}
+
 /// The methods taskgate answers in either era. Every other request is
 /// method-not-found.
 const SERVED: &[&str] = &[
@@ -120,14 +129,14 @@ const VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 /// JSON-RPC message; `Err` with the error to send back otherwise (for a
 /// notification or response, the caller decides whether anything is sent).
 ///
-/// `header_version` is the protocol version the transport carries beside
-/// the message (HTTP's `MCP-Protocol-Version`); stdio has none. A request
-/// is of the 2026-07-28 era when the version in its `_meta` names a
-/// revision without the `initialize` handshake, or, when its `_meta` names
-/// none, the header does. The version inside a legacy `initialize`'s
-/// parameters is not such a declaration: it is the legacy handshake's
-/// offer, answered with the newest legacy revision.
-pub fn screen(bytes: &[u8], header_version: Option<&str>) -> Result<Kind, Refusal> {
+/// `headers` is what the transport carries beside the message (HTTP's
+/// mirrored headers); stdio has none. A request is of the 2026-07-28 era
+/// when the version in its `_meta` names a revision without the
+/// `initialize` handshake, or, when its `_meta` names none, the
+/// `MCP-Protocol-Version` header does. The version inside a legacy
+/// `initialize`'s parameters is not such a declaration: it is the legacy
+/// handshake's offer, answered with the newest legacy revision.
+pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         Refusal::new(
             wire::PARSE_ERROR,
@@ -201,7 +210,15 @@ pub fn screen(bytes: &[u8], header_version: Option<&str>) -> Result<Kind, Refusa
         ));
     };
     let params = object.get("params");
-    let modern = declares_modern(params, header_version);
+    let meta_version = params
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(VERSION_META_KEY))
+        .and_then(Value::as_str);
+    let header_version = headers.and_then(|h| h.version);
+    // Dated revisions order lexically, as the library compares them.
+    let modern = meta_version
+        .or(header_version)
+        .is_some_and(|v| v >= ProtocolVersion::NO_INITIALIZE.as_str());
     let refuse = |code: WireCode, message: String| Refusal {
         modern,
         ..Refusal::new(code, message, echo.clone())
@@ -209,6 +226,16 @@ pub fn screen(bytes: &[u8], header_version: Option<&str>) -> Result<Kind, Refusa
     if id.is_some()
         && let Err(problem) = served(method, modern)
     {
+        // The library checks a request's headers against its body before
+        // anything else; the screen, answering in its place, does the same.
+        if let Some(h) = headers
+            && let Some(mismatch) = mismatch(h, method, meta_version, modern)
+        {
+            return Err(Refusal {
+                modern,
+                ..Refusal::new(wire::HEADER_MISMATCH, mismatch, echo)
+            });
+        }
         return Err(refuse(wire::METHOD_NOT_FOUND, problem));
     }
     if let Some(p) = params
@@ -244,18 +271,38 @@ pub fn screen(bytes: &[u8], header_version: Option<&str>) -> Result<Kind, Refusa
     })
 }
 
-/// Whether a request declares a protocol version without the `initialize`
-/// handshake: its `_meta` first, the transport's header when `_meta` names
-/// no version (the order in which the library reads them).
-fn declares_modern(params: Option<&Value>, header_version: Option<&str>) -> bool {
-    let in_meta = params
-        .and_then(|p| p.get("_meta"))
-        .and_then(|m| m.get(VERSION_META_KEY))
-        .and_then(Value::as_str);
-    in_meta
-        .or(header_version)
-        // Dated revisions order lexically, as the library compares them.
-        .is_some_and(|v| v >= ProtocolVersion::NO_INITIALIZE.as_str())
+/// What is wrong with a request's mirrored headers, if anything: a
+/// 2026-07-28 request must mirror its method in `Mcp-Method`, and any
+/// request whose `_meta` names a version must name the same one in
+/// `MCP-Protocol-Version`.
+fn mismatch(
+    headers: &Mirrored,
+    method: &str,
+    meta_version: Option<&str>,
+    modern: bool,
+) -> Option<String> {
+    match headers.method {
+        None if modern => {
+            return Some(format!(
+                "the Mcp-Method header is missing; send Mcp-Method: {method}"
+            ));
+        }
+        Some(m) if modern && m != method => {
+            return Some(format!(
+                "the Mcp-Method header ({m}) does not match the body's method ({method})"
+            ));
+        }
+        _ => {}
+    }
+    match (meta_version, headers.version) {
+        (Some(v), None) => Some(format!(
+            "the MCP-Protocol-Version header is missing; send MCP-Protocol-Version: {v}, the version in _meta"
+        )),
+        (Some(v), Some(h)) if v != h => Some(format!(
+            "the MCP-Protocol-Version header ({h}) does not match the _meta protocol version ({v})"
+        )),
+        _ => None,
+    }
 }
 
 /// `Ok` when taskgate serves `method` in the request's era; else what to
@@ -413,8 +460,20 @@ mod tests {
         }
     }
 
+    /// Over HTTP (`header` is its MCP-Protocol-Version) with an Mcp-Method
+    /// that mirrors the body's method; over stdio when `header` is `None`.
+    fn screened(body: &str, header: Option<&str>) -> Result<Kind, Refusal> {
+        let parsed: Value = serde_json::from_str(body).unwrap();
+        let method = parsed["method"].as_str();
+        let mirrored = header.map(|version| Mirrored {
+            version: Some(version),
+            method,
+        });
+        screen(body.as_bytes(), mirrored.as_ref())
+    }
+
     fn not_found(body: &str, header: Option<&str>) -> Refusal {
-        let r = match screen(body.as_bytes(), header) {
+        let r = match screened(body, header) {
             Err(r) => r,
             Ok(kind) => panic!("{body} with {header:?} passed the screen as {kind:?}"),
         };
@@ -469,13 +528,13 @@ mod tests {
         ] {
             let body = request("initialize", Some(params));
             assert!(
-                matches!(screen(body.as_bytes(), header), Ok(Kind::Request { .. })),
+                matches!(screened(&body, header), Ok(Kind::Request { .. })),
                 "{body} with {header:?}"
             );
         }
         for header in [None, Some("2025-11-25"), Some("2025-06-18")] {
             let body = request("ping", None);
-            assert!(screen(body.as_bytes(), header).is_ok(), "{header:?}");
+            assert!(screened(&body, header).is_ok(), "{header:?}");
         }
         // A legacy initialize with broken params is still invalid params.
         let r = refused(&request("initialize", Some("{}")));
@@ -505,6 +564,16 @@ mod tests {
                 None,
             ] {
                 for header in [None, Some("2026-07-28"), Some("2025-11-25")] {
+                    // A header naming another version than _meta is a
+                    // header mismatch (headers_that_do_not_mirror_…).
+                    let meta_says = match params {
+                        Some(p) if p == modern_meta => Some("2026-07-28"),
+                        Some(p) if p == legacy_meta => Some("2025-11-25"),
+                        _ => None,
+                    };
+                    if header.is_some() && meta_says.is_some() && header != meta_says {
+                        continue;
+                    }
                     let r = not_found(&request(method, params), header);
                     let modern = match params {
                         Some(p) if p == modern_meta => true,
@@ -518,15 +587,83 @@ mod tests {
         }
         // A notification gets no answer: it is not refused for its method.
         let note = r#"{"jsonrpc":"2.0","method":"notifications/whatever","params":{}}"#;
-        assert!(screen(note.as_bytes(), Some("2026-07-28")).is_ok());
+        assert!(screened(note, Some("2026-07-28")).is_ok());
         // What taskgate serves still passes with a modern _meta.
         for method in ["server/discover", "tools/list"] {
             let body = request(method, Some(&modern_meta));
-            assert!(
-                screen(body.as_bytes(), Some("2026-07-28")).is_ok(),
-                "{method}"
-            );
+            assert!(screened(&body, Some("2026-07-28")).is_ok(), "{method}");
         }
+    }
+
+    #[test]
+    fn headers_that_do_not_mirror_an_unserved_request_are_a_header_mismatch() {
+        let meta = format!(r#"{{"_meta":{MODERN_META}}}"#);
+        let body = request("tasks/list", Some(&meta));
+        let bare = request("initialize", None);
+        for (body, version, method, said) in [
+            (
+                &body,
+                Some("2026-07-28"),
+                None,
+                "Mcp-Method header is missing",
+            ),
+            (
+                &body,
+                Some("2026-07-28"),
+                Some("tools/list"),
+                "(tools/list) does not match",
+            ),
+            (
+                &body,
+                None,
+                Some("tasks/list"),
+                "MCP-Protocol-Version header is missing",
+            ),
+            (
+                &body,
+                Some("2027-01-01"),
+                Some("tasks/list"),
+                "(2027-01-01) does not match",
+            ),
+            (
+                &bare,
+                Some("2026-07-28"),
+                Some("tools/call"),
+                "does not match",
+            ),
+        ] {
+            let h = Mirrored { version, method };
+            let r = screen(body.as_bytes(), Some(&h)).unwrap_err();
+            assert_eq!((r.code.code, &r.id), (-32020, &Value::from(7)), "{h:?}");
+            assert_eq!(r.code.name, "TG_HEADER_MISMATCH");
+            assert!(r.message.contains(said), "{h:?}: {}", r.message);
+        }
+        // Mirrored headers: method-not-found.
+        let h = Mirrored {
+            version: Some("2026-07-28"),
+            method: Some("tasks/list"),
+        };
+        let r = screen(body.as_bytes(), Some(&h)).unwrap_err();
+        assert_eq!((r.code.code, r.modern), (-32601, true));
+        // A legacy request's _meta version must match the header too.
+        let legacy_meta = request(
+            "tasks/list",
+            Some(r#"{"_meta":{"io.modelcontextprotocol/protocolVersion":"2025-11-25"}}"#),
+        );
+        let h = Mirrored {
+            version: Some("2026-07-28"),
+            method: Some("tasks/list"),
+        };
+        let r = screen(legacy_meta.as_bytes(), Some(&h)).unwrap_err();
+        assert_eq!(r.code.code, -32020, "{}", r.message);
+        // A legacy request mirrors nothing else: method-not-found.
+        let legacy = request("tasks/list", Some("[]"));
+        let h = Mirrored {
+            version: Some("2025-11-25"),
+            method: None,
+        };
+        let r = screen(legacy.as_bytes(), Some(&h)).unwrap_err();
+        assert_eq!((r.code.code, r.modern), (-32601, false));
     }
 
     #[test]
