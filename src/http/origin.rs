@@ -104,6 +104,7 @@ pub async fn check_origin(
             "requests from the web origin {shown:?} are not allowed; the operator can list it in server.allowed_origins"
         ),
         id: serde_json::Value::Null,
+        modern: false,
     };
     super::json_rpc_error(StatusCode::FORBIDDEN, &refusal, true)
 }
