@@ -62,7 +62,9 @@ fn man_pages_render_including_the_configuration_page() {
         .arg(dir.path().join("man5/taskgate.toml.5"))
         .output()
         .unwrap_or_else(|e| {
-            panic!("groff cannot be run ({e}): apt-get install groff-base, which scripts/test.sh does")
+            panic!(
+                "groff cannot be run ({e}): apt-get install groff-base, which scripts/test.sh does"
+            )
         });
     let stderr = String::from_utf8_lossy(&render.stderr);
     assert!(

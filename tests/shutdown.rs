@@ -37,7 +37,10 @@ fn rounds(var: &str, default: u32) -> u32 {
             .unwrap_or_else(|_| panic!("{var} must be a number")),
         Err(_) => default,
     };
-    assert!(n >= 1, "{var}={n}: at least one round, or this test tests nothing");
+    assert!(
+        n >= 1,
+        "{var}={n}: at least one round, or this test tests nothing"
+    );
     n
 }
 
