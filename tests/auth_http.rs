@@ -521,27 +521,7 @@ fn a_legacy_session_is_scope_checked_too() {
     let f = start("local_owner = \"never\"", "");
     let port = port(&f);
     let token = secret('r');
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "old", "version": "1"}}})
-    .to_string();
-    let r = exchange(
-        port,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{init}",
-            init.len()
-        ),
-    );
-    assert_eq!(r.status, 200, "{}", r.raw);
-    let session = r
-        .raw
-        .lines()
-        .find_map(|l| {
-            l.split_once(':')
-                .filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
-        })
-        .map(|(_, v)| v.trim().to_string())
-        .expect("session id");
+    let session = open_session(port, Some(&token), "2025-06-18");
     // No Mcp-Method header: only the body says this is a tools/call.
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "nap", "arguments": {}}})
@@ -1563,7 +1543,8 @@ type = "object"
     )
 }
 
-/// One raw `/mcp` request of protocol 2025-11-25 (a legacy session's).
+/// One raw `/mcp` request of a legacy session (protocol 2025-11-25 unless
+/// `extra_headers` names another).
 fn legacy(
     port: u16,
     verb: &str,
@@ -1578,23 +1559,37 @@ fn legacy(
     let session = session
         .map(|s| format!("Mcp-Session-Id: {s}\r\n"))
         .unwrap_or_default();
+    // 2025-11-25 unless the extra headers name the version.
+    let version = match extra_headers.contains("MCP-Protocol-Version") {
+        true => "",
+        false => "MCP-Protocol-Version: 2025-11-25\r\n",
+    };
     exchange(
         port,
         &format!(
-            "{verb} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{auth}{session}{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{verb} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{version}{auth}{session}{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         ),
     )
 }
 
-/// Opens a 2025-11-25 session as the holder of `token` (the local caller
-/// when `None`); its id.
-fn open_session(port: u16, token: Option<&str>) -> String {
+/// Opens a session of protocol `version` (before 2026-07-28) as the holder
+/// of `token` (the local caller when `None`); its id.
+fn open_session(port: u16, token: Option<&str>, version: &str) -> String {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
+        "protocolVersion": version, "capabilities": {},
         "clientInfo": {"name": "old", "version": "1"}}})
     .to_string();
-    let r = legacy(port, "POST", token, None, "", &init);
+    let r = exchange(
+        port,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n{init}",
+            token
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default(),
+            init.len()
+        ),
+    );
     assert_eq!(r.status, 200, "{}", r.raw);
     let session = r
         .raw
@@ -1606,7 +1601,14 @@ fn open_session(port: u16, token: Option<&str>) -> String {
         .map(|(_, v)| v.trim().to_string())
         .expect("session id");
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
-    let r = legacy(port, "POST", token, Some(&session), "", &note);
+    let r = legacy(
+        port,
+        "POST",
+        token,
+        Some(&session),
+        &format!("MCP-Protocol-Version: {version}\r\n"),
+        &note,
+    );
     assert_eq!(r.status, 202, "{}", r.raw);
     session
 }
@@ -1633,7 +1635,7 @@ fn a_legacy_session_answers_only_the_caller_that_opened_it() {
     );
     let port = port(&f);
     let alice = secret('a');
-    let session = open_session(port, Some(&alice));
+    let session = open_session(port, Some(&alice), "2025-11-25");
 
     // Alice's synchronous call is in flight while the strangers try.
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
