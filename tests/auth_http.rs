@@ -559,6 +559,20 @@ fn another_tenants_task_reads_exactly_like_an_unknown_one() {
             rpc(port, Some(&carol), method, p)
         };
         let (foreign, nothing) = (with(&id), with(unknown));
+        // Two broken answers would compare equal too: the answer must be
+        // the one for an unknown task.
+        assert_eq!(
+            nothing.code(),
+            wire::UNKNOWN_TASK.code,
+            "{method}: {}",
+            nothing.raw
+        );
+        assert_eq!(
+            nothing.body["error"]["data"]["name"],
+            wire::UNKNOWN_TASK.name,
+            "{method}: {}",
+            nothing.raw
+        );
         assert_eq!(foreign.status, nothing.status, "{method}");
         assert_eq!(
             foreign.body.to_string().replace(&id, "ID"),
@@ -576,9 +590,16 @@ fn another_tenants_task_reads_exactly_like_an_unknown_one() {
             json!({"name": "artifact_read", "arguments": {"taskId": task}}),
         )
     };
+    let nothing = read(unknown);
+    assert_eq!(
+        nothing.body["error"]["data"]["name"],
+        wire::ARTIFACT_UNAVAILABLE.name,
+        "{}",
+        nothing.raw
+    );
     assert_eq!(
         read(&id).body.to_string().replace(&id, "ID"),
-        read(unknown).body.to_string().replace(unknown, "ID")
+        nothing.body.to_string().replace(unknown, "ID")
     );
     // And Alice's task was not touched by Carol's cancel.
     assert_ne!(status_of(port, &alice, &id), "cancelled");
