@@ -15,6 +15,10 @@ pub const STALL_FILE_ENV: &str = "TASKGATE_TEST_STALL_FILE";
 /// if its queue were full (`StoreError::Busy`), without reaching the store
 /// thread.
 pub const BUSY_FILE_ENV: &str = "TASKGATE_TEST_BUSY_FILE";
+/// While this file exists, the store deletes no expired row (neither the
+/// timed sweep nor the one a creating batch does), so a test can be sure an
+/// expired row is still there when its request arrives.
+pub const HOLD_SWEEP_FILE_ENV: &str = "TASKGATE_TEST_HOLD_SWEEP_FILE";
 /// Names a crash point at which the process aborts (SIGABRT, no cleanup).
 pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 
@@ -45,6 +49,14 @@ pub fn busy_file() -> Option<PathBuf> {
         return None;
     }
     std::env::var_os(BUSY_FILE_ENV).map(PathBuf::from)
+}
+
+/// The sweep-hold file named in the environment, when hooks are compiled in.
+pub fn hold_sweep_file() -> Option<PathBuf> {
+    if !compiled_in() {
+        return None;
+    }
+    std::env::var_os(HOLD_SWEEP_FILE_ENV).map(PathBuf::from)
 }
 
 /// Aborts the process when the environment names this crash point.

@@ -117,6 +117,10 @@ fn daemon(fx: &Fixture, log_name: &str, stdio: bool) -> common::Daemon {
         .config(&fx.config)
         .state_dir(&fx.state)
         .log(&fx.path(log_name))
+        .env(
+            taskgate::testhooks::HOLD_SWEEP_FILE_ENV,
+            fx.path(HOLD_SWEEP_FILE),
+        )
         .ready_within(STEP);
     if stdio {
         opts = opts.stdio();
@@ -1111,15 +1115,51 @@ fn stdio_client_without_tasks_runs_optional_now_and_is_refused_required() {
 
 const TTL_MS: i64 = 300;
 
+/// While this file exists in the fixture, the daemon sweeps no expired row
+/// (a test hook): the expired task is still a row when it is asked for, so
+/// "expired" cannot quietly become "unknown".
+const HOLD_SWEEP_FILE: &str = "hold-sweep";
+
+/// Holds the daemon's expiry sweep for the fixture.
+fn hold_sweep(fx: &Fixture) {
+    std::fs::write(fx.path(HOLD_SWEEP_FILE), "").unwrap();
+}
+
+/// After the daemon stopped: the expired task is still a row of the store
+/// (read with the store's clock set to when it was seeded, before it
+/// expired), so the daemon answered for an expired task, not a swept one.
+fn assert_still_a_row(state: &Path, expired: &str, seeded_ms: i64) {
+    let rt = common::runtime();
+    rt.block_on(async {
+        let (clock, _) = Clock::manual(seeded_ms);
+        let (store, _) = Store::open(StoreOptions {
+            clock,
+            ..StoreOptions::new(state.join("tasks.db"))
+        })
+        .unwrap();
+        let id = taskgate::store::TaskId::parse(expired).unwrap();
+        let row = store
+            .get(&id, &taskgate::tasks::local_owner())
+            .await
+            .unwrap();
+        assert!(
+            row.is_some(),
+            "the expired task was swept before it was asked for: the test compared an unknown ID with itself"
+        );
+        store.shutdown().await.unwrap();
+    });
+}
+
 /// Before the daemon runs: one task of another owner, and one short-lived
 /// task of the daemon's own (local) owner created a minute ago, so that it
 /// has expired when the daemon opens the store (restart recovery fails a
 /// task that was running, and a failed task that has not yet expired is
 /// kept for TERMINAL_RETENTION_MS, 1 h). Returns (foreign, expired).
-fn seed_tasks(state: &Path) -> (String, String) {
+fn seed_tasks(state: &Path) -> (String, String, i64) {
+    let seeded_ms = Clock::system().now_ms() - 60_000;
     let rt = common::runtime();
     rt.block_on(async {
-        let (clock, _) = Clock::manual(Clock::system().now_ms() - 60_000);
+        let (clock, _) = Clock::manual(seeded_ms);
         let (store, _) = Store::open(StoreOptions {
             clock,
             ..StoreOptions::new(state.join("tasks.db"))
@@ -1147,7 +1187,7 @@ fn seed_tasks(state: &Path) -> (String, String) {
             .id
             .to_string();
         store.shutdown().await.unwrap();
-        (foreign, expiring)
+        (foreign, expiring, seeded_ms)
     })
 }
 
@@ -1291,19 +1331,23 @@ fn stdio_malformed_messages_get_json_rpc_errors() {
 #[test]
 fn http_foreign_expired_and_unknown_ids_get_identical_errors() {
     let fx = Fixture::new();
-    let (foreign, expired) = seed_tasks(&fx.state);
+    let (foreign, expired, seeded_ms) = seed_tasks(&fx.state);
+    hold_sweep(&fx);
     let mut w = HttpWire::start(&fx, "http.log");
     ids_look_the_same(&mut w, &foreign, &expired);
     w.stop_and_expect_clean_exit();
+    assert_still_a_row(&fx.state, &expired, seeded_ms);
 }
 
 #[test]
 fn stdio_foreign_expired_and_unknown_ids_get_identical_errors() {
     let fx = Fixture::new();
-    let (foreign, expired) = seed_tasks(&fx.state);
+    let (foreign, expired, seeded_ms) = seed_tasks(&fx.state);
+    hold_sweep(&fx);
     let mut w = StdioWire::start(&fx, "stdio.log");
     ids_look_the_same(&mut w, &foreign, &expired);
     w.close_and_expect_clean_exit();
+    assert_still_a_row(&fx.state, &expired, seeded_ms);
 }
 
 // ---------------------------------------------------------------------------

@@ -463,6 +463,9 @@ pub struct StoreOptions {
     /// Test hook: while this file exists every command is refused as busy.
     #[doc(hidden)]
     pub busy_file: Option<PathBuf>,
+    /// Test hook: while this file exists no expired row is deleted.
+    #[doc(hidden)]
+    pub hold_sweep_file: Option<PathBuf>,
 }
 
 impl StoreOptions {
@@ -479,6 +482,7 @@ impl StoreOptions {
             expected_identity: None,
             stall_file: None,
             busy_file: None,
+            hold_sweep_file: None,
         }
     }
 
@@ -494,6 +498,7 @@ impl StoreOptions {
             expected_identity: None,
             stall_file: crate::testhooks::stall_file(),
             busy_file: crate::testhooks::busy_file(),
+            hold_sweep_file: crate::testhooks::hold_sweep_file(),
         }
     }
 }

@@ -595,7 +595,7 @@ impl Worker {
         let mut delta: i64 = 0;
         let mut done: Vec<(WriteReply, WriteOk)> = Vec::with_capacity(writes.len());
 
-        if writes.iter().any(|(_, w, _)| matches!(w, Write::Create(_))) {
+        if writes.iter().any(|(_, w, _)| matches!(w, Write::Create(_))) && !self.sweep_held() {
             // Creation clears some expired rows on the way (bounded).
             match self.in_savepoint(|c| records::delete_expired(c, now, SWEEP_BATCH)) {
                 Ok(n) => delta -= n as i64,
@@ -801,9 +801,20 @@ impl Worker {
         Ok((WriteOk::Create(Created::New(record)), delta + 1))
     }
 
+    /// Test hook: expired rows are kept while the hold file exists.
+    fn sweep_held(&self) -> bool {
+        self.options
+            .hold_sweep_file
+            .as_ref()
+            .is_some_and(|f| f.exists())
+    }
+
     fn sweep(&mut self) -> Result<u64, StoreError> {
         if let Some(e) = self.disabled() {
             return Err(e);
+        }
+        if self.sweep_held() {
+            return Ok(0);
         }
         match records::delete_expired(self.conn(), self.now_ms(), SWEEP_BATCH) {
             Ok(n) => {
