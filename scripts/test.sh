@@ -15,9 +15,14 @@
 #
 # Then it runs `cargo test --locked --no-fail-fast` (every test binary, even
 # after one fails) and the package's system test (scripts/system-test.sh),
-# and ends with a summary: cargo test's result lines, the system test's
-# PASS/FAIL lines, the time each took and a closing `N passed, N failed`.
-# Nothing is skipped: a test that cannot run fails and says why.
+# and ends with a summary (scripts/test-summary.py): cargo test's result
+# lines, what each test binary ran against the least it must pass
+# (tests/expected-tests.txt; a binary that crashed is named and counted as
+# failed), the system test's PASS/FAIL lines, the time each took and a
+# closing `N passed, N failed, N skipped`. Nothing is skipped: a test that
+# cannot run fails and says why; the only ignored tests are the child
+# entry points listed in tests/expected-tests.txt, which their parent tests
+# run in processes of their own.
 #
 #   --check            only check (and install) the prerequisites
 #   --no-system-test   cargo test only, without the package's system test
@@ -82,9 +87,10 @@ check_prereqs() {
   # npm may come from elsewhere than Debian (with its own node): only ask
   # apt for it when there is none at all.
   command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"
-  # The independent FastMCP client is installed from PyPI into a venv.
+  # The independent FastMCP client is installed from PyPI into a venv;
+  # python3 itself (which python3-venv brings) writes the summary.
   python3 -c 'import venv, ensurepip' 2>/dev/null \
-    || apt_need python3-venv python3-venv "a venv for the independent FastMCP client (fastmcp-tasks from PyPI)"
+    || apt_need python3-venv python3-venv "a venv for the independent FastMCP client (fastmcp-tasks from PyPI), and python3 for the summary"
   if [ "$system_test" -eq 1 ]; then
     command -v lintian >/dev/null || apt_need lintian lintian "system test: the package must be lintian-clean"
     command -v debootstrap >/dev/null || apt_need debootstrap debootstrap "system test: builds the container's Debian 12 root"
@@ -176,38 +182,22 @@ if [ "$system_test" -eq 1 ]; then
 fi
 
 # -------------------------------------------------------------- summary --
+# scripts/test-summary.py reads the logs binary by binary: cargo test's own
+# result lines, what each test binary ran (a crashed one counted as failed,
+# by name), each binary against its least number of passing tests in
+# tests/expected-tests.txt, the ignored tests (only the child entry points
+# listed there), the system test's PASS/FAIL lines, and the closing line.
 echo "== summary"
-grep -E "^(test result:|     Running|   Doc-tests|failures:|    [a-zA-Z0-9_:]+$|error(\[E[0-9]+\])?:)" \
-  "$logs/cargo-test.log" || true
-# Ignored tests, by name: counted below as skipped, never as passed.
-grep -E "^test .* \.\.\. ignored" "$logs/cargo-test.log" || true
-# cargo's own result lines: "test result: ok. 12 passed; 0 failed; 1 ignored; ..."
-read -r t_pass t_fail t_ign < <(awk '/^test result:/ {
-    for (i = 1; i <= NF; i++) {
-      if ($(i+1) ~ /^passed/) p += $i
-      if ($(i+1) ~ /^failed/) f += $i
-      if ($(i+1) ~ /^ignored/) g += $i
-    } } END { print p + 0, f + 0, g + 0 }' "$logs/cargo-test.log")
-if [ "$test_status" -ne 0 ] && [ "$t_fail" -eq 0 ]; then
-  # It stopped before reporting a failed test (a build error, a crash).
-  echo "cargo test exited $test_status without a failed test: counted as one failure"
-  t_fail=1
-fi
-echo "cargo test: exit $test_status, ${test_secs}s"
-s_pass=0 s_fail=0
+summary_args=(--cargo-log "$logs/cargo-test.log" --cargo-status "$test_status"
+  --cargo-secs "$test_secs" --expected "$repo/tests/expected-tests.txt")
+# Arguments to cargo test choose part of the suite: what did not run and
+# the minimums are then not checked.
+[ ${#cargo_args[@]} -gt 0 ] && summary_args+=(--partial)
 if [ "$system_test" -eq 1 ]; then
-  grep -E "^(PASS|FAIL|SUMMARY)" "$logs/system-test.log" || true
-  s_pass=$(grep -c "^PASS " "$logs/system-test.log" || true)
-  s_fail=$(grep -c "^FAIL " "$logs/system-test.log" || true)
-  if [ "$sys_status" -ne 0 ] && [ "$s_fail" -eq 0 ]; then
-    echo "scripts/system-test.sh exited $sys_status without a FAIL line: counted as one failure"
-    s_fail=1
-  fi
-  echo "system test: exit $sys_status, ${sys_secs}s"
-else
-  echo "system test: not run (--no-system-test)"
+  summary_args+=(--system-log "$logs/system-test.log" --system-status "$sys_status"
+    --system-secs "$sys_secs")
 fi
-echo "total time: $(($(date +%s) - started))s"
-# Ignored tests (#[ignore]) are reported as skipped, never as passed.
-echo "$((t_pass + s_pass)) passed, $((t_fail + s_fail)) failed, $t_ign skipped"
-[ "$test_status" -eq 0 ] && [ "$sys_status" -eq 0 ]
+summary_status=0
+python3 "$repo/scripts/test-summary.py" "${summary_args[@]}" \
+  --total-secs "$(($(date +%s) - started))" || summary_status=$?
+[ "$test_status" -eq 0 ] && [ "$sys_status" -eq 0 ] && [ "$summary_status" -eq 0 ]
