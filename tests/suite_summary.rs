@@ -335,7 +335,7 @@ fn the_checked_in_list_names_every_test_binary_and_its_child_entry_points() {
                     .lines()
                     .last()
                     .unwrap_or("")
-                    .contains(&marked),
+                    .contains(marked),
                 "{name}: {child} is listed as a child entry point but not marked {marked}…\"]"
             );
         }
