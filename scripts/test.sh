@@ -26,7 +26,10 @@
 #
 #   --check            only check (and install) the prerequisites
 #   --no-system-test   cargo test only, without the package's system test
-#   -- ARGS            passed to cargo test (e.g. `-- --test fault_injection`)
+#   -- ARGS            passed to cargo test (e.g. `-- --test fault_injection`);
+#                      binaries left out are then not checked, and with
+#                      anything but `--test NAME`, `--lib`, `--bins`, `--doc`
+#                      neither are the minimums
 #
 # Logs: target/test-logs/cargo-test.log and system-test.log.
 set -euo pipefail
@@ -190,9 +193,24 @@ fi
 echo "== summary"
 summary_args=(--cargo-log "$logs/cargo-test.log" --cargo-status "$test_status"
   --cargo-secs "$test_secs" --expected "$repo/tests/expected-tests.txt")
-# Arguments to cargo test choose part of the suite: what did not run and
-# the minimums are then not checked.
-[ ${#cargo_args[@]} -gt 0 ] && summary_args+=(--partial)
+# Arguments to cargo test choose part of the suite. When they only name
+# binaries (`--test NAME`, `--lib`, `--bins`, `--doc`), each binary that ran
+# is still held to its minimum and those that did not are not checked; any
+# other argument (a test name filter, `--skip`, ...) leaves out the
+# minimums as well.
+if [ ${#cargo_args[@]} -gt 0 ]; then
+  scope=--selected
+  i=0
+  while [ "$i" -lt ${#cargo_args[@]} ]; do
+    case ${cargo_args[$i]} in
+      --test | --bin) i=$((i + 1)) ;;
+      --lib | --bins | --tests | --doc) ;;
+      *) scope=--partial ;;
+    esac
+    i=$((i + 1))
+  done
+  summary_args+=("$scope")
+fi
 if [ "$system_test" -eq 1 ]; then
   summary_args+=(--system-log "$logs/system-test.log" --system-status "$sys_status"
     --system-secs "$sys_secs")

@@ -344,3 +344,23 @@ fn the_checked_in_list_names_every_test_binary_and_its_child_entry_points() {
     assert_eq!(listed, binaries_in_the_tree());
     assert!(Path::new(&repo().join("scripts/test-summary.py")).is_file());
 }
+
+#[test]
+fn a_run_of_chosen_binaries_holds_each_to_its_minimum_and_leaves_out_the_rest() {
+    let log = [LIB_OK, CRASHED.replace("4 tests", "1 test").as_str()].concat();
+    // The store binary ran one test, reported it and ended normally.
+    let log = log.replace(
+        "test limits_are_named ... ok\nerror: test failed, to rerun pass `--test store_behaviour`",
+        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s\n",
+    );
+    let s = summarize(&log, 0, EXPECTED, &["--selected"]);
+    assert_eq!(
+        s.checks(),
+        [
+            "FAIL check: tests/store_behaviour.rs passed 1 tests, fewer than the 4 it must pass \
+          (counted as one failure)"
+        ]
+    );
+    assert_eq!(s.last(), "4 passed, 1 failed, 0 skipped");
+    assert_eq!(s.status, 1);
+}
