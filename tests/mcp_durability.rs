@@ -389,3 +389,81 @@ fn marker_scan(level: Option<&str>) {
         "raw values in the log at {level:?}: {leaked:#?}"
     );
 }
+
+/// Invariant 2 at the daemon: every task handle a client received names a
+/// committed row. Eight clients create tasks as fast as they can; the
+/// daemon is SIGKILLed while they do; after a restart every handle any of
+/// them received answers `tasks/get` with its task (interrupted or done),
+/// never as unknown. A daemon that replied (or started the run) before the
+/// commit returned would lose the rows of the replies in flight at the kill.
+#[test]
+fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = write_config(
+        root.path(),
+        &format!(
+            "\n[store]\nmax_live_tasks = 100000\n{}",
+            tool("quick", "printf done", "required")
+        ),
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let rt = runtime();
+    let (handles, refused) = rt.block_on(async {
+        let handles = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (c, handles, stop) = (daemon.client(true), handles.clone(), stop.clone());
+            clients.spawn(async move {
+                let mut failed = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    match c.call_tool("quick", json!({"arg": "x"}), None).await {
+                        Ok(created) => handles.lock().unwrap().push(task_id(&created)),
+                        // Busy answers under load, and connections cut by the kill.
+                        Err(_) => failed += 1,
+                    }
+                }
+                failed
+            });
+        }
+        // The kill lands while creates are in flight: after 300 handles,
+        // with the clients still sending.
+        while handles.lock().unwrap().len() < 300 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        daemon.kill();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut refused = 0;
+        while let Some(failed) = clients.join_next().await {
+            refused += failed.unwrap();
+        }
+        let handles = handles.lock().unwrap().clone();
+        (handles, refused)
+    });
+    assert!(handles.len() >= 300, "only {} handles", handles.len());
+    // The kill cut some requests off: it came while they were in flight.
+    assert!(refused > 0, "no request was in flight at the kill");
+
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("log2"));
+    rt.block_on(async {
+        let c = daemon.client(true);
+        let mut lost = Vec::new();
+        for id in &handles {
+            match c.get_task(id).await {
+                Ok(t) => assert!(t["status"].is_string(), "{id}: {t}"),
+                Err(ClientError::Rpc { code, .. }) if code == wire::UNKNOWN_TASK.code => {
+                    lost.push(id.clone())
+                }
+                Err(e) => panic!("tasks/get {id}: {e}"),
+            }
+        }
+        assert!(
+            lost.is_empty(),
+            "{} of {} handles the clients received name no task after the restart: {lost:?}",
+            lost.len(),
+            handles.len()
+        );
+    });
+    assert!(daemon.stop().success());
+}
