@@ -541,3 +541,55 @@ fn official_conformance_suite_authorization_scenarios() {
     assert!(ok, "conformance failures with [auth] on:\n{stdout}");
     assert_default_verdicts(&stdout);
 }
+
+/// The baseline's own rules, without the suite: the files parse, every
+/// entry names one check and has a reason above it, and a whole-scenario
+/// entry, an entry without a reason, a duplicate and an unknown section are
+/// refused with the line named.
+#[test]
+fn the_baseline_lists_checks_each_with_a_reason() {
+    let baseline = Baseline::load();
+    assert!(
+        baseline
+            .listed
+            .keys()
+            .any(|k| k == "tasks-mrtr-composition:sep-2663-mrtr-synchronous-before-task-creation"),
+        "{:?}",
+        baseline.listed
+    );
+    for scenario in DEFAULT_SCENARIOS {
+        assert!(
+            baseline.checks.contains_key(*scenario),
+            "checks.txt records no checks of {scenario}"
+        );
+    }
+    for (text, refusal) in [
+        (
+            "server:\n  # why\n  - tasks-mrtr-composition\n",
+            "line 3: 'tasks-mrtr-composition' is not 'scenario:check-id'",
+        ),
+        (
+            "server:\n  - a:b\n",
+            "line 2: 'a:b' has no comment above it",
+        ),
+        (
+            "server:\n  # why\n  - a:b\n  # why\n  - a:b\n",
+            "line 5: 'a:b' is listed twice",
+        ),
+        (
+            "passes:\n  # why\n  - a:b\n",
+            "line 1: unknown section 'passes'",
+        ),
+        ("  # why\n  - a:b\n", "line 2: an entry outside a section"),
+    ] {
+        let e = parse_listed(text).expect_err(text);
+        assert!(e.starts_with(refusal), "{text:?}: {e}");
+    }
+    assert_eq!(
+        parse_listed("skipped:\n  # why\n  - a:b\ninfo: []\n")
+            .expect("a valid list")
+            .get("a:b")
+            .copied(),
+        Some("SKIPPED")
+    );
+}
