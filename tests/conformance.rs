@@ -545,7 +545,7 @@ fn official_conformance_suite_authorization_scenarios() {
 /// The baseline's own rules, without the suite: the files parse, every
 /// entry names one check and has a reason above it, and a whole-scenario
 /// entry, an entry without a reason, a duplicate and an unknown section are
-/// refused with the line named.
+/// refused with the line named; verdict lines are read whole.
 #[test]
 fn the_baseline_lists_checks_each_with_a_reason() {
     let baseline = Baseline::load();
@@ -591,5 +591,10 @@ fn the_baseline_lists_checks_each_with_a_reason() {
             .get("a:b")
             .copied(),
         Some("SKIPPED")
+    );
+    // A verdict names its scenario whole: `PASS auth-x-y` is not `PASS auth-x`.
+    assert_eq!(
+        verdicts("== x\nPASS auth-x-y\n    [c ] SUCCESS\nFAIL b\n"),
+        [("PASS", "auth-x-y"), ("FAIL", "b")]
     );
 }
