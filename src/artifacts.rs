@@ -43,6 +43,14 @@ pub enum ArtifactError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(
+        "{path}: this process cannot list and write it ({source}); serving writes results there: make it writable by uid {uid} (mode 0700, on a file system mounted read-write)"
+    )]
+    Unwritable {
+        path: PathBuf,
+        uid: u32,
+        source: nix::errno::Errno,
+    },
+    #[error(
         "result of {size} bytes exceeds the {limit}-byte artifact limit (tasks.artifact_max_bytes)"
     )]
     TooLarge { size: u64, limit: u64 },
@@ -55,7 +63,9 @@ pub enum ArtifactError {
 impl Classify for ArtifactError {
     fn exit_class(&self) -> ExitClass {
         match self {
-            ArtifactError::Unsafe { .. } => ExitClass::UnsafePath,
+            ArtifactError::Unsafe { .. } | ArtifactError::Unwritable { .. } => {
+                ExitClass::UnsafePath
+            }
             _ => ExitClass::Io,
         }
     }
@@ -83,65 +93,42 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ArtifactError + '_ {
     }
 }
 
-impl Artifacts {
-    /// Opens (creating 0700 if missing) the artifacts directory inside an
-    /// already checked state directory, removes the temporary files of
-    /// writes a crash interrupted, and counts the bytes in use.
-    pub fn open(
-        state_dir: &Path,
-        max_one: u64,
-        max_total: u64,
-    ) -> Result<Artifacts, ArtifactError> {
-        let dir = state_dir.join(DIR_NAME);
-        match fs::symlink_metadata(&dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::DirBuilder::new()
-                    .mode(0o700)
-                    .create(&dir)
-                    .map_err(io_err(&dir))?;
-            }
-            Err(e) => return Err(io_err(&dir)(e)),
-            Ok(_) => {}
+/// What opening the artifacts directory will find and do, learnt without
+/// writing anything: startup inspects before the database is first written,
+/// so a directory that would refuse the start refuses it while every file is
+/// still as it was.
+#[derive(Debug)]
+pub struct Inspection {
+    dir: PathBuf,
+    exists: bool,
+    used: u64,
+    /// Temporary files of writes a crash interrupted, removed by
+    /// [`Inspection::open`].
+    temporaries: Vec<PathBuf>,
+    max_one: u64,
+    max_total: u64,
+}
+
+impl Inspection {
+    /// Creates the directory (0700) when it was missing, removes the
+    /// temporaries of interrupted writes (nothing refers to them: they
+    /// were never renamed into place), durably, and starts counting.
+    pub fn open(self) -> Result<Artifacts, ArtifactError> {
+        let dir = self.dir;
+        if !self.exists {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(io_err(&dir))?;
         }
-        let meta = fs::symlink_metadata(&dir).map_err(io_err(&dir))?;
-        let me = nix::unistd::geteuid().as_raw();
-        if !meta.is_dir() || meta.file_type().is_symlink() {
-            return Err(ArtifactError::Unsafe {
-                path: dir,
-                problem: "not a directory (a symlink or a file); remove it".into(),
-            });
+        for path in &self.temporaries {
+            fs::remove_file(path).map_err(io_err(path))?;
         }
-        if meta.uid() != me || meta.mode() & 0o077 != 0 {
-            return Err(ArtifactError::Unsafe {
-                path: dir,
-                problem: format!(
-                    "must be owned by uid {me} with mode 0700 (found uid {}, mode {:04o})",
-                    meta.uid(),
-                    meta.mode() & 0o7777
-                ),
-            });
-        }
-        let mut used = 0;
-        let mut removed = 0;
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let path = entry.path();
-            let m = entry.metadata().map_err(io_err(&path))?;
-            if !m.is_file() {
-                continue;
-            }
-            if is_temporary(&entry.file_name()) {
-                // Never renamed into place: nothing refers to it.
-                fs::remove_file(&path).map_err(io_err(&path))?;
-                removed += 1;
-            } else {
-                used += m.len();
-            }
-        }
-        if removed > 0 {
+        if !self.temporaries.is_empty() {
             File::open(&dir)
                 .and_then(|d| d.sync_all())
                 .map_err(io_err(&dir))?;
+            let removed = self.temporaries.len();
             tracing::info!(
                 removed,
                 "removed {removed} temporary artifact files left by an interrupted write"
@@ -149,10 +136,103 @@ impl Artifacts {
         }
         Ok(Artifacts {
             dir,
+            max_one: self.max_one,
+            max_total: self.max_total,
+            used: Mutex::new(self.used),
+        })
+    }
+}
+
+impl Artifacts {
+    /// Opens the artifacts directory inside an already checked state
+    /// directory: [`Artifacts::inspect`], then [`Inspection::open`].
+    pub fn open(
+        state_dir: &Path,
+        max_one: u64,
+        max_total: u64,
+    ) -> Result<Artifacts, ArtifactError> {
+        let me = nix::unistd::geteuid().as_raw();
+        Self::inspect(state_dir, me, max_one, max_total)?.open()
+    }
+
+    /// Reads the artifacts directory without changing it: it must be a
+    /// private directory of ours that we can list and write (serving writes
+    /// results and removes what a crash left); its bytes in use are
+    /// counted and the temporaries of interrupted writes listed. A missing
+    /// directory is fine: opening creates it. `owner` is the uid the state
+    /// directory belongs to (an operator's `check` may run as root).
+    pub fn inspect(
+        state_dir: &Path,
+        owner: u32,
+        max_one: u64,
+        max_total: u64,
+    ) -> Result<Inspection, ArtifactError> {
+        let dir = state_dir.join(DIR_NAME);
+        let mut inspection = Inspection {
+            dir,
+            exists: false,
+            used: 0,
+            temporaries: Vec::new(),
             max_one,
             max_total,
-            used: Mutex::new(used),
-        })
+        };
+        let dir = &inspection.dir;
+        let meta = match fs::symlink_metadata(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(inspection),
+            Err(e) => return Err(io_err(dir)(e)),
+            Ok(meta) => meta,
+        };
+        let me = owner;
+        if !meta.is_dir() || meta.file_type().is_symlink() {
+            return Err(ArtifactError::Unsafe {
+                path: dir.clone(),
+                problem: "not a directory (a symlink or a file); remove it".into(),
+            });
+        }
+        if meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(ArtifactError::Unsafe {
+                path: dir.clone(),
+                problem: format!(
+                    "must be owned by uid {me} with mode 0700 (found uid {}, mode {:04o})",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                ),
+            });
+        }
+        // Permission bits alone do not say it (root passes them; a
+        // read-only mount does not): ask the kernel, as this process.
+        nix::unistd::faccessat(
+            nix::fcntl::AT_FDCWD,
+            dir,
+            nix::unistd::AccessFlags::R_OK
+                | nix::unistd::AccessFlags::W_OK
+                | nix::unistd::AccessFlags::X_OK,
+            nix::fcntl::AtFlags::AT_EACCESS,
+        )
+        .map_err(|source| ArtifactError::Unwritable {
+            path: dir.clone(),
+            uid: me,
+            source,
+        })?;
+        let mut used = 0;
+        let mut temporaries = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let path = entry.path();
+            let m = entry.metadata().map_err(io_err(&path))?;
+            if !m.is_file() {
+                continue;
+            }
+            if is_temporary(&entry.file_name()) {
+                temporaries.push(path);
+            } else {
+                used += m.len();
+            }
+        }
+        inspection.exists = true;
+        inspection.used = used;
+        inspection.temporaries = temporaries;
+        Ok(inspection)
     }
 
     fn path_of(&self, id: &TaskId) -> PathBuf {

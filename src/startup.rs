@@ -1,10 +1,14 @@
 //! Opening a state directory, for `serve` and for `check`: the private
 //! directory and its files, the lifetime lock (startup steps 3–4 in
-//! docs/ARCHITECTURE.md), then the store (steps 5–8: validation, opening
-//! for writing, artifacts, recovery).
+//! docs/ARCHITECTURE.md), then the artifacts and the store (steps 5–9:
+//! inspection, validation, opening for writing, artifacts, recovery).
 //!
 //! A refused start leaves every file as it was: everything that can refuse
-//! runs read-only before the first file is created or written.
+//! runs read-only before the first file is created or written (the state
+//! directory's files, the lock, the database's validation, the artifacts
+//! directory); after the first write only an I/O error can stop a start,
+//! and every write step is a transaction or a cleanup the next start
+//! repeats.
 //!
 //! Step 1, the effective settings, is one function ([`effective`]) for
 //! `serve`, `check`, `check --config-only` and a reload: what one accepts
@@ -108,6 +112,16 @@ pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
     // A directory that held a store serves that store only: an empty or
     // replaced tasks.db is refused before anything is written.
     options.expected_identity = claimed.recorded_store();
+    // Read-only, like the database's validation inside `begin_open`: an
+    // artifacts directory that would refuse the start refuses it before
+    // the database is initialised or migrated and before the lock file
+    // records the store. Past this point only an I/O error stops a start.
+    let artifacts = Artifacts::inspect(
+        claimed.dir.path(),
+        claimed.dir.owner(),
+        config.tasks.artifact_max_bytes,
+        config.tasks.artifacts_max_total_bytes,
+    )?;
     let opening = Store::begin_open(options)?;
     // Validated: from here on this process serves the directory, and the
     // directory records which store it holds (the first start after an
@@ -115,11 +129,7 @@ pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
     claimed
         .lock
         .record_store(Some(opening.identity().as_str()))?;
-    let artifacts = Artifacts::open(
-        claimed.dir.path(),
-        config.tasks.artifact_max_bytes,
-        config.tasks.artifacts_max_total_bytes,
-    )?;
+    let artifacts = artifacts.open()?;
     // Before recovery commits: a task it ends never committed a result, so
     // a result spilled for it must not be served. Removed first, a crash in
     // between leaves the task unfinished and this runs again.
@@ -149,6 +159,13 @@ pub fn check(overrides: &Overrides) -> Result<(StateDirSource, CheckOutcome), Re
         return Ok((source, CheckOutcome::NotCreatedYet(config.state_dir)));
     }
     let claimed = claim_as(&config, Actor::Operator)?;
+    // What serve would refuse, check refuses: the artifacts directory too.
+    Artifacts::inspect(
+        claimed.dir.path(),
+        claimed.dir.owner(),
+        config.tasks.artifact_max_bytes,
+        config.tasks.artifacts_max_total_bytes,
+    )?;
     let (report, _) = store::check_identified(
         &claimed.dir.db_path(),
         config.store.max_db_pages,

@@ -1385,6 +1385,21 @@ fn credential_marker_scan(level: &str) {
         assert_eq!(r.status, 200, "{}", r.raw);
         status_of(port, token, &running);
     }
+    // A call refused for its scope (the reader may only read), its
+    // arguments carrying a marker.
+    let reader = secret(TOKENS.iter().find(|t| t.id == "reader").unwrap().seed);
+    let refused_arg = "REFUSED-SCOPE-ARGUMENT-MARKER-41d2";
+    markers.push((
+        refused_arg.to_string(),
+        "argument of a call refused for its scope",
+    ));
+    let r = rpc(
+        port,
+        Some(&reader),
+        "tools/call",
+        json!({"name": "nap", "arguments": {"note": refused_arg}}),
+    );
+    assert_eq!(r.status, 403, "{}", r.raw);
     // Refused tokens.
     for token in [&unknown, &jwt_forged] {
         let r = rpc(port, Some(token), "tools/list", json!({}));
@@ -1439,8 +1454,9 @@ fn credential_marker_scan(level: &str) {
     after.push((log_path.clone(), std::fs::read(&log_path).unwrap()));
     let log = String::from_utf8_lossy(&after[after.len() - 1].1).to_string();
     // The scan means something only if the level took effect.
+    let shown = format!(" {} ", level.to_uppercase());
     assert!(
-        log.contains("DEBUG") || log.contains("TRACE"),
+        log.lines().any(|l| l.contains(&shown)),
         "no {level} events in the log:\n{log}"
     );
     scan(&after);

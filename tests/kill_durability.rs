@@ -3,8 +3,12 @@
 //! after every kill the database passes `integrity_check` and holds every ID
 //! ever acknowledged. Then the store opens (restart recovery) once more.
 //!
-//! `TASKGATE_KILL_ROUNDS` sets the number of rounds (default 50);
-//! `TASKGATE_KILL_SEED` replays the kill delays of an earlier run.
+//! The test proves it did something: the child acknowledged tasks, and in
+//! at least one round in 20 the kill cut off the acknowledgement of rows
+//! that had committed (the kill landed between a COMMIT and its answer).
+//!
+//! `TASKGATE_KILL_ROUNDS` sets the number of rounds (default 50, at least
+//! 20); `TASKGATE_KILL_SEED` replays the kill delays of an earlier run.
 
 mod common;
 
@@ -25,6 +29,13 @@ const CHILD_TEST: &str = "kill_child";
 const ROUNDS_ENV: &str = "TASKGATE_KILL_ROUNDS";
 const SEED_ENV: &str = "TASKGATE_KILL_SEED";
 const DEFAULT_ROUNDS: u32 = 50;
+const MIN_ROUNDS: u32 = 20;
+/// At least one round in this many (of those whose child got past opening
+/// the store) must have cut off the acknowledgement of committed rows:
+/// proof that kills land inside the commit-to-answer window, where a store
+/// answering before its COMMIT would lose rows. About one round in five
+/// does here.
+const CUT_OFF_SHARE: u32 = 20;
 /// Concurrent create loops in the child.
 const LOOPS: usize = 16;
 /// Each loop's pause after an acknowledgement. Unpaced, 16 loops commit
@@ -140,10 +151,15 @@ fn seed() -> u64 {
 }
 
 fn rounds() -> u32 {
-    match std::env::var(ROUNDS_ENV) {
+    let rounds = match std::env::var(ROUNDS_ENV) {
         Ok(s) => s.parse().expect("TASKGATE_KILL_ROUNDS must be a number"),
         Err(_) => DEFAULT_ROUNDS,
-    }
+    };
+    assert!(
+        rounds >= MIN_ROUNDS,
+        "{ROUNDS_ENV}={rounds}: at least {MIN_ROUNDS} rounds, or the share of kills that cut off committed rows proves nothing"
+    );
+    rounds
 }
 
 fn spawn_child(db: &Path) -> Child {
@@ -244,6 +260,8 @@ fn acknowledged_tasks_survive_sigkill() {
     let mut acked: HashSet<String> = HashSet::new();
     let mut present: HashSet<String> = HashSet::new();
     let mut opened_rounds = 0u32;
+    // Rounds whose kill cut off the acknowledgement of committed rows.
+    let mut rounds_cut_off = 0u32;
 
     for round in 1..=rounds {
         let delay =
@@ -297,9 +315,14 @@ fn acknowledged_tasks_survive_sigkill() {
             missing.len(),
             &missing[..missing.len().min(5)]
         );
+        let unacked_before = present.len() - (acked.len() - round_acks);
         present = found.unwrap_or_default();
+        // Rows this round committed whose acknowledgement the kill cut off:
+        // the kill landed between a COMMIT and the answer to its writers.
+        let cut_off = present.len() - acked.len() - unacked_before;
+        rounds_cut_off += u32::from(cut_off > 0);
         println!(
-            "round {round:>3}: killed after {:>4} ms, opened={opened}, acked {round_acks:>5}, total acked {:>6}, rows {:>6}, checked in {} ms",
+            "round {round:>3}: killed after {:>4} ms, opened={opened}, acked {round_acks:>5}, committed unacknowledged {cut_off:>3}, total acked {:>6}, rows {:>6}, checked in {} ms",
             delay.as_millis(),
             acked.len(),
             present.len(),
@@ -313,9 +336,14 @@ fn acknowledged_tasks_survive_sigkill() {
     );
     let unacknowledged = present.len() - acked.len();
     println!(
-        "kill test summary: rounds {rounds}, rounds past open {opened_rounds}, acknowledged {}, committed but unacknowledged {unacknowledged}, rows {}, seed {seed}",
+        "kill test summary: rounds {rounds}, rounds past open {opened_rounds}, rounds whose kill cut off committed rows {rounds_cut_off}, acknowledged {}, committed but unacknowledged {unacknowledged}, rows {}, seed {seed}",
         acked.len(),
         present.len()
+    );
+
+    assert!(
+        rounds_cut_off * CUT_OFF_SHARE >= opened_rounds,
+        "only {rounds_cut_off} of {opened_rounds} kills cut off committed rows (at least one in {CUT_OFF_SHARE} must): the kills did not land inside commits ({SEED_ENV}={seed})"
     );
 
     // Startup (validation and restart recovery) passes on what the last kill

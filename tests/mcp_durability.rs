@@ -275,18 +275,86 @@ fn a_repeated_creation_returns_the_same_task_and_runs_once() {
     assert!(daemon.stop().success());
 }
 
-/// Every byte of the state directory: database, WAL, artifacts.
+/// Every byte of every file in the state directory (database, WAL, its
+/// shared-memory index, the lock file, artifacts), and their names.
 fn state_bytes(state: &Path) -> Vec<u8> {
-    let mut all = Vec::new();
-    for name in ["tasks.db", "tasks.db-wal"] {
-        all.extend(std::fs::read(state.join(name)).unwrap_or_default());
-    }
-    if let Ok(entries) = std::fs::read_dir(state.join("artifacts")) {
-        for e in entries.flatten() {
-            all.extend(std::fs::read(e.path()).unwrap_or_default());
+    fn walk(dir: &Path, all: &mut Vec<u8>, seen: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            all.extend(e.file_name().as_encoded_bytes());
+            if meta.is_dir() {
+                walk(&path, all, seen);
+            } else if meta.is_file() {
+                seen.push(e.file_name().to_string_lossy().into_owned());
+                all.extend(std::fs::read(&path).unwrap_or_default());
+            }
         }
     }
+    let (mut all, mut seen) = (Vec::new(), Vec::new());
+    walk(state, &mut all, &mut seen);
+    assert!(
+        seen.iter().any(|n| n == "tasks.db") && seen.iter().any(|n| n == "tasks.lock"),
+        "the scan sees the database and the lock file: {seen:?}"
+    );
     all
+}
+
+/// `server.max_request_bytes` in the marker scan: small, so a request
+/// past it is cheap to send.
+const MAX_REQUEST: usize = 8192;
+
+/// Calls that carry the markers and are refused, each with the answer it
+/// must get (so the scan covers the refusal paths, not a transport error).
+async fn refused_calls_carrying(c: &Client, arg_marker: &str, op_marker: &str) {
+    // Arguments the tool's schema refuses: a schema error must not quote
+    // the value it refused.
+    let err = c
+        .call_tool(
+            "quiet",
+            json!({"arg": [format!("{arg_marker}-schema")]}),
+            Some(&format!("{op_marker}-schema")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc { code, .. } if *code == wire::INVALID_PARAMS.code),
+        "schema-invalid call: {err}"
+    );
+    // The operation ID of the first call again, with other arguments.
+    let err = c
+        .call_tool(
+            "quiet",
+            json!({"arg": format!("{arg_marker}-conflict")}),
+            Some(&format!("{op_marker}-0")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Rpc { code, .. } if *code == wire::IDEMPOTENCY_CONFLICT.code),
+        "reused operation ID: {err}"
+    );
+    // A request past `server.max_request_bytes`, markers at both ends.
+    let padding = "p".repeat(MAX_REQUEST);
+    let err = c
+        .call_tool(
+            "quiet",
+            json!({"arg": format!("{arg_marker}-oversize {padding} {arg_marker}-oversize")}),
+            Some(&format!("{op_marker}-oversize")),
+        )
+        .await
+        .unwrap_err();
+    let too_large = match &err {
+        ClientError::Status { status, .. } => *status == 413,
+        ClientError::Rpc { code, error, .. } => {
+            *code == wire::REQUEST_TOO_LARGE.code
+                && error.to_string().contains("TG_REQUEST_TOO_LARGE")
+        }
+        _ => false,
+    };
+    assert!(too_large, "oversize request: {err}");
 }
 
 fn contains(hay: &[u8], needle: &str) -> bool {
@@ -311,8 +379,10 @@ fn raw_arguments_and_operation_ids_never_reach_the_log_at_trace() {
 }
 
 /// Calls tools with markers in the arguments and the operation reference
-/// (as tasks, failing and not, and synchronously), then scans the log, the
-/// database, its WAL and the artifacts for them.
+/// (as tasks, failing and not, and synchronously), and has calls carrying
+/// them refused (arguments the schema refuses, an operation ID reused with
+/// other arguments, a request past the size bound), then scans the log
+/// and every file of the state directory for them.
 fn marker_scan(level: Option<&str>) {
     let root = private_dir();
     let state = state_dir(root.path());
@@ -324,6 +394,12 @@ fn marker_scan(level: Option<&str>) {
             tool("failing", "exit 3", "optional")
         ),
     );
+    let config_text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("[server]\nmax_request_bytes = {MAX_REQUEST}\n{config_text}"),
+    )
+    .unwrap();
     let arg_marker = "RAW-ARGUMENT-MARKER-7f3a";
     let op_marker = "RAW-OPERATION-MARKER-9c1e";
     let rt = runtime();
@@ -356,6 +432,7 @@ fn marker_scan(level: Option<&str>) {
             .call_tool("quiet", json!({"arg": arg_marker}), None)
             .await
             .unwrap();
+        refused_calls_carrying(&c, arg_marker, op_marker).await;
         // While serving: the WAL holds the recent writes.
         let live = state_bytes(&state);
         assert!(contains(&live, "no echo"), "the scan sees stored results");
@@ -370,11 +447,12 @@ fn marker_scan(level: Option<&str>) {
     });
     assert!(daemon.stop().success());
     let log = std::fs::read_to_string(&log_path).unwrap();
-    if level.is_some() {
+    if let Some(level) = level {
         // The scan means something only if the level took effect.
+        let shown = level.to_uppercase();
         assert!(
-            log.contains("DEBUG") || log.contains("TRACE"),
-            "no debug events in the log at {level:?}:\n{log}"
+            log.lines().any(|l| l.contains(&format!(" {shown} "))),
+            "no {level} events in the log:\n{log}"
         );
     }
     let after = state_bytes(&state);

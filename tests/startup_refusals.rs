@@ -76,6 +76,20 @@ fn served_before(dir: &Path) {
 /// directory exactly as it was.
 fn assert_refused(dir: &Path, extra: &[&str], code: i32, needles: &[&str]) {
     served_before(dir);
+    assert_refused_as_is(dir, extra, code, needles, &|args| {
+        taskgate(args, &[("HOME", "/nonexistent")])
+    });
+}
+
+/// [`assert_refused`] for a directory prepared to the last byte (no lock
+/// file is added), with `run` running the binary with `args`.
+fn assert_refused_as_is(
+    dir: &Path,
+    extra: &[&str],
+    code: i32,
+    needles: &[&str],
+    run: &dyn Fn(&[&str]) -> std::process::Output,
+) {
     let before = tree(dir);
     let dir_s = dir.to_str().unwrap();
     for sub in ["check", "serve"] {
@@ -84,7 +98,7 @@ fn assert_refused(dir: &Path, extra: &[&str], code: i32, needles: &[&str]) {
             args.extend(["--listen", "127.0.0.1:0"]);
         }
         args.extend(extra);
-        let out = taskgate(&args, &[("HOME", "/nonexistent")]);
+        let out = run(&args);
         let line = one_line_stderr(&out);
         assert_eq!(out.status.code(), Some(code), "{sub}: {line}");
         assert!(line.starts_with("taskgate: refused: "), "{line}");
@@ -781,4 +795,93 @@ fn a_store_made_before_identities_gets_one_on_its_first_start() {
     let out = taskgate(&["check", "--state-dir", dir_s], &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("6 tasks retained"));
+}
+
+/// Runs the binary with `args` where `dir` cannot be written by this
+/// process: mode 0500 for a user; for root, whom permission bits do not
+/// stop, a read-only bind mount of `dir` in a private mount namespace.
+fn taskgate_with_read_only(dir: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        let mut cmd = std::process::Command::new("/usr/bin/unshare");
+        cmd.args(["-m", "--propagation", "private", "/bin/sh", "-c"])
+            .arg(r#"mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 97; shift; exec "$@""#)
+            .arg("sh")
+            .arg(dir)
+            .arg(BIN);
+        cmd
+    } else {
+        std::process::Command::new(BIN)
+    };
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent");
+    let out = cmd.output().expect("run taskgate");
+    assert_ne!(
+        out.status.code(),
+        Some(97),
+        "the read-only mount failed: {out:?}"
+    );
+    out
+}
+
+/// The refusals that come after the database's validation in startup's
+/// order (the artifacts directory, which serving writes to) are decided
+/// before the first write too: a start that would initialise a new
+/// database, migrate a schema-1 one, or record a store's identity in the
+/// lock file refuses with every file as it was, the interrupted write's
+/// temporary file included.
+#[test]
+fn an_artifacts_directory_serve_cannot_write_refuses_before_anything_is_written() {
+    let v1 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
+    let cases: [(&str, &dyn Fn(&Path)); 3] = [
+        ("no database yet (would be initialised)", &|_| {}),
+        ("a schema-1 database (would be migrated)", &|dir| {
+            std::fs::copy(&v1, dir.join("tasks.db")).unwrap();
+            chmod(&dir.join("tasks.db"), 0o600);
+        }),
+        ("a store not yet recorded in the lock file", &|dir| {
+            populate(dir, 3);
+        }),
+    ];
+    for (what, prepare) in cases {
+        let root = private_dir();
+        let dir = state_dir(root.path());
+        prepare(&dir);
+        served_before(&dir);
+        let artifacts = dir.join("artifacts");
+        std::fs::create_dir(&artifacts).unwrap();
+        let tmp = artifacts.join(format!(
+            ".{}.tmp",
+            taskgate::store::TaskId::generate().unwrap().as_str()
+        ));
+        std::fs::write(&tmp, b"half a result").unwrap();
+        chmod(&tmp, 0o600);
+        let mode = if nix::unistd::geteuid().is_root() {
+            0o700
+        } else {
+            0o500
+        };
+        chmod(&artifacts, mode);
+        let lock_before = std::fs::read(dir.join("tasks.lock")).unwrap();
+        println!("{what}");
+        assert_refused_as_is(
+            &dir,
+            &[],
+            77,
+            &["artifacts", "cannot list and write it"],
+            &|args| taskgate_with_read_only(&artifacts, args),
+        );
+        assert_eq!(
+            std::fs::read(dir.join("tasks.lock")).unwrap(),
+            lock_before,
+            "{what}"
+        );
+        assert!(tmp.exists(), "{what}: the temporary was removed");
+        chmod(&artifacts, 0o700);
+        // Writable again, the same directory serves.
+        serve_once(&dir);
+        assert!(!tmp.exists(), "{what}: a start removes the temporaries");
+        assert!(recorded_store(&dir).is_some(), "{what}");
+    }
 }

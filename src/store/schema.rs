@@ -547,13 +547,13 @@ fn file_len(path: &Path) -> Option<u64> {
 }
 
 /// A database validated, initialised or migrated, and not yet recovered.
-pub(crate) struct Prepared {
-    pub conn: Connection,
-    pub initialized: bool,
-    pub migrated_from: Option<i64>,
+pub(super) struct Prepared {
+    pub(super) conn: Connection,
+    pub(super) initialized: bool,
+    pub(super) migrated_from: Option<i64>,
     /// Tasks that were working when the last process stopped.
-    pub unfinished: Vec<records::Unfinished>,
-    pub identity: StoreId,
+    pub(super) unfinished: Vec<records::Unfinished>,
+    pub(super) identity: StoreId,
 }
 
 /// Opening for service, first half: validates without writing, then

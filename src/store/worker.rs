@@ -189,6 +189,9 @@ struct AfterBatch {
     snapshot: Option<SnapshotJob>,
 }
 
+/// The store thread's state. It is made on the store thread and is not
+/// `Send` (the connection is behind an `Rc`), so the compiler keeps the
+/// connection on that thread: invariant 1 ([`WORKER_STAYS_ON_ITS_THREAD`]).
 struct Worker {
     /// `None` only after close. Shared (on this thread only) so that a
     /// snapshot's backup can borrow it while the worker goes on serving
@@ -202,6 +205,19 @@ struct Worker {
     options: StoreOptions,
     shared: Arc<Shared>,
 }
+
+/// Fails to compile if `Worker` becomes `Send` (say, the `Rc` around the
+/// connection were dropped, or it were held in a `Mutex`): the
+/// two blanket impls make `some_item` ambiguous for a `Send` type only.
+#[allow(dead_code)]
+const WORKER_STAYS_ON_ITS_THREAD: fn() = || {
+    trait AmbiguousIfSend<A> {
+        fn some_item() {}
+    }
+    impl<T: ?Sized> AmbiguousIfSend<()> for T {}
+    impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
+    let _ = <Worker as AmbiguousIfSend<_>>::some_item;
+};
 
 impl Worker {
     /// Runs one statement from the statement cache: the transaction and
@@ -447,6 +463,9 @@ impl Worker {
     }
 
     fn process(&mut self, batch: Vec<Envelope>) -> AfterBatch {
+        // The store's event at trace level: how many commands each batch
+        // held (never what they carry), to watch group commit at work.
+        tracing::trace!(commands = batch.len(), "store batch");
         let mut writes = Vec::new();
         let mut maintenance = Vec::new();
         let mut after = AfterBatch::default();
