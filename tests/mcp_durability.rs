@@ -469,11 +469,15 @@ fn marker_scan(level: Option<&str>) {
 }
 
 /// Invariant 2 at the daemon: every task handle a client received names a
-/// committed row. Eight clients create tasks as fast as they can; the
+/// committed row. Eight clients create tasks as fast as they can on a slow
+/// disk (strace holds each of SQLite's writes 10 ms before it starts); the
 /// daemon is SIGKILLed while they do; after a restart every handle any of
 /// them received answers `tasks/get` with its task (interrupted or done),
-/// never as unknown. A daemon that replied (or started the run) before the
-/// commit returned would lose the rows of the replies in flight at the kill.
+/// never as unknown. A SIGKILL loses only what never reached the kernel: a
+/// COMMIT whose WAL frames were written survives it, fsynced or not. So a
+/// daemon that replied (or started the run) before its COMMIT is caught
+/// only while the frames wait to be written; on a fast disk that window is
+/// shorter than a reply takes to reach its client, here it is not.
 #[test]
 fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
     let root = private_dir();
@@ -485,19 +489,43 @@ fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
             tool("quick", "printf done", "required")
         ),
     );
+    prereq::require_tool("strace");
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
+    let strace_log = root.path().join("strace.log");
+    let strace = common::strace::Strace::attach(
+        daemon.child.id() as i32,
+        &strace_log,
+        &[
+            "-e",
+            "trace=pwrite64,pwritev,pwritev2",
+            "-e",
+            "inject=pwrite64,pwritev,pwritev2:delay_enter=10000",
+        ],
+    );
     let rt = runtime();
     let (handles, refused) = rt.block_on(async {
         let handles = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let enough = std::sync::Arc::new(tokio::sync::Notify::new());
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut clients = tokio::task::JoinSet::new();
         for _ in 0..8 {
-            let (c, handles, stop) = (daemon.client(true), handles.clone(), stop.clone());
+            let (c, handles, enough, stop) = (
+                daemon.client(true),
+                handles.clone(),
+                enough.clone(),
+                stop.clone(),
+            );
             clients.spawn(async move {
                 let mut failed = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                     match c.call_tool("quick", json!({"arg": "x"}), None).await {
-                        Ok(created) => handles.lock().unwrap().push(task_id(&created)),
+                        Ok(created) => {
+                            let mut handles = handles.lock().unwrap();
+                            handles.push(task_id(&created));
+                            if handles.len() >= 300 {
+                                enough.notify_one();
+                            }
+                        }
                         // Busy answers under load, and connections cut by the kill.
                         Err(_) => failed += 1,
                     }
@@ -507,9 +535,7 @@ fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
         }
         // The kill lands while creates are in flight: after 300 handles,
         // with the clients still sending.
-        while handles.lock().unwrap().len() < 300 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        enough.notified().await;
         daemon.kill();
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let mut refused = 0;
@@ -519,6 +545,13 @@ fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
         let handles = handles.lock().unwrap().clone();
         (handles, refused)
     });
+    drop(strace);
+    let delayed = std::fs::read_to_string(&strace_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("(DELAYED)"))
+        .count();
+    assert!(delayed >= 10, "only {delayed} writes were slowed");
     assert!(handles.len() >= 300, "only {} handles", handles.len());
     // The kill cut some requests off: it came while they were in flight.
     assert!(refused > 0, "no request was in flight at the kill");
