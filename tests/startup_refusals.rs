@@ -834,7 +834,8 @@ fn taskgate_with_read_only(dir: &Path, args: &[&str]) -> std::process::Output {
 #[test]
 fn an_artifacts_directory_serve_cannot_write_refuses_before_anything_is_written() {
     let v1 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1.db");
-    let cases: [(&str, &dyn Fn(&Path)); 3] = [
+    type Prepare<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Prepare); 3] = [
         ("no database yet (would be initialised)", &|_| {}),
         ("a schema-1 database (would be migrated)", &|dir| {
             std::fs::copy(&v1, dir.join("tasks.db")).unwrap();
