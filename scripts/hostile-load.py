@@ -74,8 +74,10 @@ import time
 PROTOCOL = "2026-07-28"
 LEGACY_PROTOCOL = "2025-11-25"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-SESSIONS_FULL = -32058
-SERVER_BUSY = -32052
+# taskgate's own refusals are told apart by the name in their error's
+# data (its registry: `taskgate wire-codes`), never by a copied number.
+SESSIONS_FULL = "TG_SESSIONS_FULL"
+SERVER_BUSY = "TG_SERVER_BUSY"
 HOST = "127.0.0.1"
 
 # ---------------------------------------------------------------- figures
@@ -319,6 +321,12 @@ def get_status(port, path, timeout=5.0):
 
 
 # ---------------------------------------------------------------- the daemon
+
+
+def error_name(response):
+    """The registered name of taskgate's JSON-RPC error in a response."""
+    error = (response.json() or {}).get("error") or {}
+    return (error.get("data") or {}).get("name")
 
 
 def key_reference(binary):
@@ -1062,11 +1070,9 @@ def scenario_sessions(opts, keys, report):
                         tally["other"][r] = tally["other"].get(r, 0) + 1
                     elif r.status == 200 and r.header("mcp-session-id"):
                         tally["accepted"] += 1
-                    elif r.status == 503 and (r.json() or {}).get("error", {}).get(
-                            "code") == SESSIONS_FULL:
+                    elif r.status == 503 and error_name(r) == SESSIONS_FULL:
                         tally["refused_sessions_full"] += 1
-                    elif r.status == 503 and (r.json() or {}).get("error", {}).get(
-                            "code") == SERVER_BUSY:
+                    elif r.status == 503 and error_name(r) == SERVER_BUSY:
                         tally["refused_server_busy"] += 1
                     else:
                         k = "http {}".format(r.status)

@@ -109,6 +109,18 @@ pub enum Command {
     /// Internal: runs one tool for the daemon (see tools/shim.rs).
     #[command(name = "exec-tool", hide = true)]
     ExecTool(ExecToolArgs),
+    /// Print the registry of taskgate's JSON-RPC error codes (code, name,
+    /// help), so scripts and tests read them rather than copy numbers.
+    #[command(name = "wire-codes", hide = true)]
+    WireCodes(WireCodesArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WireCodesArgs {
+    /// One JSON array of {"code", "name", "help"} objects instead of one
+    /// tab-separated line per code.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -202,12 +202,27 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             out(table.trim_end())
         }
         Command::Token(args) => token(&args),
+        Command::WireCodes(args) => wire_codes(args.json),
         Command::Call(_)
         | Command::Task(_)
         | Command::Status(_)
         | Command::Reload(_)
         | Command::ExecTool(_) => Ok(()),
     }
+}
+
+/// `taskgate wire-codes`: the registry, for scripts and tests.
+fn wire_codes(json: bool) -> Result<(), Refusal> {
+    let all = taskgate::wire::ALL;
+    if json {
+        let list: Vec<serde_json::Value> = all
+            .iter()
+            .map(|w| serde_json::json!({"code": w.code, "name": w.name, "help": w.help}))
+            .collect();
+        return out(&serde_json::Value::from(list).to_string());
+    }
+    all.iter()
+        .try_for_each(|w| out(&format!("{}\t{}\t{}", w.code, w.name, w.help)))
 }
 
 /// `taskgate token new|list|revoke`.

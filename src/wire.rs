@@ -158,6 +158,27 @@ impl WireCode {
         }
         d
     }
+
+    /// A whole JSON-RPC error response answering `id` with this code: the
+    /// one place such a body is written (rmcp writes the ones it sends
+    /// itself, from the `ErrorData` that `mcp::convert` builds with the
+    /// same `data`).
+    pub fn error_response(
+        &self,
+        id: &serde_json::Value,
+        message: &str,
+        extra: Option<&serde_json::Value>,
+    ) -> serde_json::Value {
+        let data = match extra {
+            Some(extra) => self.data_with(extra.clone()),
+            None => self.data(),
+        };
+        serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": { "code": self.code, "message": message, "data": data },
+        })
+    }
 }
 
 #[cfg(test)]

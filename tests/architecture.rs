@@ -60,7 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "main",
         &[
             "admin", "auth", "backup", "bench", "cli", "client", "config", "exit", "logging",
-            "service", "startup", "store", "tools",
+            "service", "startup", "store", "tools", "wire",
         ],
     ),
     ("cli", &["config"]),
@@ -741,6 +741,16 @@ fn wire_errors_come_from_the_registry() {
             if !is_wire && n < tests_from && json_rpc_code_literal(code) {
                 violations.push(format!(
                     "{}:{}: a JSON-RPC error code written as a number; use a wire::… entry: {line}",
+                    rel.display(),
+                    n + 1
+                ));
+            }
+            if !is_wire
+                && n < tests_from
+                && (code.contains("\"error\": {") || code.contains("\"error\":{"))
+            {
+                violations.push(format!(
+                    "{}:{}: writes a JSON-RPC error body; use WireCode::error_response (or Refused::to_json): {line}",
                     rel.display(),
                     n + 1
                 ));

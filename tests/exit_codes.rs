@@ -195,3 +195,26 @@ fn a_closed_stdout_ends_the_output_quietly() {
     );
     daemon.stop();
 }
+
+/// Scripts read taskgate's own JSON-RPC codes from `taskgate wire-codes`
+/// (the system test does): it lists exactly the registry, as JSON and as
+/// tab-separated lines.
+#[test]
+fn wire_codes_lists_the_registry() {
+    let out = taskgate(&["wire-codes", "--json"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected: Vec<serde_json::Value> = taskgate::wire::ALL
+        .iter()
+        .map(|w| serde_json::json!({"code": w.code, "name": w.name, "help": w.help}))
+        .collect();
+    assert_eq!(listed, serde_json::Value::from(expected));
+    let out = taskgate(&["wire-codes"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), taskgate::wire::ALL.len());
+    for (line, w) in lines.iter().zip(taskgate::wire::ALL) {
+        assert_eq!(*line, format!("{}\t{}\t{}", w.code, w.name, w.help));
+    }
+}

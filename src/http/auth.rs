@@ -27,14 +27,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::auth::{Authenticator, Caller, KNOWN_SCOPES};
 use crate::config::{AuthSettings, LocalOwner};
-use crate::mcp::screen::{Kind, Refusal};
+use crate::mcp::screen::{Kind, Refused};
 use crate::tasks::{Operation, TaskService};
 use crate::wire;
 
@@ -234,38 +234,24 @@ pub fn metadata(settings: &AuthSettings) -> Value {
 }
 
 /// A 401 or 403 with its `WWW-Authenticate` challenge and a JSON-RPC error
-/// body. A 401 leaves the request body unread, so its connection closes.
+/// body.
 fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
     let mut params = vec![format!("realm=\"{}\"", quoted(&settings.realm))];
-    let (status, code, message, data, close) = match &kind {
+    let (code, message, data) = match &kind {
         Challenge::Missing => (
-            StatusCode::UNAUTHORIZED,
             wire::UNAUTHENTICATED,
             "this request needs a bearer token: send Authorization: Bearer <token>".to_string(),
             None,
-            true,
         ),
         Challenge::InvalidRequest => {
             params.push("error=\"invalid_request\"".into());
             params.push(format!("error_description=\"{INVALID_REQUEST}\""));
-            (
-                StatusCode::UNAUTHORIZED,
-                wire::UNAUTHENTICATED,
-                INVALID_REQUEST.to_string(),
-                None,
-                true,
-            )
+            (wire::UNAUTHENTICATED, INVALID_REQUEST.to_string(), None)
         }
         Challenge::InvalidToken => {
             params.push("error=\"invalid_token\"".into());
             params.push(format!("error_description=\"{INVALID_TOKEN}\""));
-            (
-                StatusCode::UNAUTHORIZED,
-                wire::UNAUTHENTICATED,
-                INVALID_TOKEN.to_string(),
-                None,
-                true,
-            )
+            (wire::UNAUTHENTICATED, INVALID_TOKEN.to_string(), None)
         }
         Challenge::InsufficientScope { needed, missing } => {
             params.push("error=\"insufficient_scope\"".into());
@@ -278,47 +264,21 @@ fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
             );
             params.push(format!("error_description=\"{}\"", quoted(&message)));
             (
-                StatusCode::FORBIDDEN,
                 wire::FORBIDDEN,
                 message,
                 Some(json!({"missingScopes": missing})),
-                false,
             )
         }
     };
     if let Some(url) = metadata_url(settings) {
         params.push(format!("resource_metadata=\"{url}\""));
     }
-    let refusal = Refusal::new(code, message, id);
-    let mut body = refusal.to_json();
-    if let (Some(Value::Object(extra)), Some(Value::Object(d))) =
-        (data, body.pointer_mut("/error/data"))
-    {
-        d.extend(extra);
+    let mut refusal = Refused::new(code, message, id);
+    if let Some(data) = data {
+        refusal = refusal.with_data(data);
     }
-    let mut response = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response();
-    let challenge = format!("Bearer {}", params.join(", "));
-    match HeaderValue::from_str(&challenge) {
-        Ok(v) => {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
-        }
-        Err(_) => {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-    }
-    if close {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
+    // A 401 leaves the body unread: the mapping closes its connection.
+    super::respond::challenged(&refusal, &format!("Bearer {}", params.join(", ")))
 }
 
 /// A value inside a quoted-string: backslash and quote escaped, controls
@@ -341,7 +301,10 @@ mod tests {
     fn the_bearer_scheme_is_case_insensitive_and_any_other_header_is_malformed() {
         let with = |v: &str| {
             let mut h = axum::http::HeaderMap::new();
-            h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+            h.insert(
+                header::AUTHORIZATION,
+                axum::http::HeaderValue::from_str(v).unwrap(),
+            );
             bearer(&h)
         };
         assert!(matches!(with("Bearer tgk_abc"), Presented::Token(t) if t == "tgk_abc"));

@@ -31,6 +31,7 @@
 
 pub mod auth;
 pub mod origin;
+pub mod respond;
 pub mod tls;
 
 use std::future::Future;
@@ -66,7 +67,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::Authenticator;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
-use crate::mcp::screen::{self, Kind, Refusal};
+use crate::mcp::screen::{self, Kind, Refused};
 use crate::tasks::TaskService;
 use crate::wire;
 
@@ -362,24 +363,7 @@ async fn limit_requests(State(limits): State<Limits>, request: Request, next: Ne
                 ),
             )
         };
-        let body = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": null,
-            "error": {
-                "code": w.code,
-                "message": message,
-                "data": w.data(),
-            }
-        });
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [
-                (header::RETRY_AFTER, "1"),
-                (header::CONTENT_TYPE, "application/json"),
-            ],
-            body.to_string(),
-        )
-            .into_response();
+        return respond::refused(&Refused::new(w, message, serde_json::Value::Null));
     };
     next.run(request).await
 }
@@ -399,7 +383,7 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let too_large = || {
-        let refusal = Refusal::new(
+        let refusal = Refused::new(
             wire::REQUEST_TOO_LARGE,
             format!(
                 "the request body is larger than server.max_request_bytes = {}",
@@ -407,8 +391,8 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
             ),
             serde_json::Value::Null,
         );
-        // The rest of the body is never read: the connection must close.
-        json_rpc_error(StatusCode::PAYLOAD_TOO_LARGE, &refusal, true)
+        // The rest of the body is never read: the connection closes.
+        respond::refused(&refusal)
     };
     if let Some(n) = declared.filter(|n| *n > intake.max_request_bytes as u64) {
         // A client still sending when the connection closes gets a reset
@@ -435,7 +419,7 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
             return StatusCode::BAD_REQUEST.into_response();
         }
         Err(_elapsed) => {
-            let refusal = Refusal::new(
+            let refusal = Refused::new(
                 wire::REQUEST_TIMEOUT,
                 format!(
                     "the request body did not arrive within server.body_read_timeout_ms = {}",
@@ -443,7 +427,7 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
                 ),
                 serde_json::Value::Null,
             );
-            return json_rpc_error(StatusCode::REQUEST_TIMEOUT, &refusal, true);
+            return respond::refused(&refusal);
         }
     };
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
@@ -464,24 +448,7 @@ async fn read_and_screen(State(intake): State<Intake>, request: Request, next: N
                 .await;
             as_json_rpc(response, id).await
         }
-        Err(refusal) => json_rpc_error(refusal_status(&refusal), &refusal, false),
-    }
-}
-
-/// The HTTP status of the screen's refusal. Method-not-found is the
-/// stateless binding's 404 for a 2026-07-28 request; a legacy request gets
-/// it in a 200, as the library answers a legacy session (a legacy client
-/// takes a 404 for a session that has gone). Everything else the screen
-/// refuses is a malformed request: 400.
-fn refusal_status(refusal: &Refusal) -> StatusCode {
-    // (A header mismatch is a 400 like the rest.)
-    match (
-        refusal.code.code == wire::METHOD_NOT_FOUND.code,
-        refusal.modern,
-    ) {
-        (true, true) => StatusCode::NOT_FOUND,
-        (true, false) => StatusCode::OK,
-        (false, _) => StatusCode::BAD_REQUEST,
+        Err(refusal) => respond::refused(&refusal),
     }
 }
 
@@ -529,8 +496,8 @@ async fn as_json_rpc(response: Response, id: serde_json::Value) -> Response {
             .to_string(),
         false => text,
     };
-    let refusal = Refusal::new(wire::HTTP_REFUSED, message, id);
-    let mut wrapped = json_rpc_error(parts.status, &refusal, false);
+    let refusal = Refused::new(wire::HTTP_REFUSED, message, id);
+    let mut wrapped = respond::from_library(&refusal, parts.status);
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             wrapped.headers_mut().insert(name.clone(), value.clone());
@@ -561,24 +528,6 @@ fn name_the_task(headers: &mut axum::http::HeaderMap, kind: &Kind) {
     if let Ok(value) = axum::http::HeaderValue::from_str(task) {
         headers.insert("mcp-name", value);
     }
-}
-
-/// A JSON-RPC error response; `close` when the connection cannot carry
-/// another request (its body was left unread).
-fn json_rpc_error(status: StatusCode, refusal: &Refusal, close: bool) -> Response {
-    let mut response = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        refusal.to_json().to_string(),
-    )
-        .into_response();
-    if close {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
-    response
 }
 
 async fn healthz() -> &'static str {
@@ -1186,30 +1135,12 @@ async fn refuse_sessions_past_the_bound(
         // The answer's head comes once the session exists.
         return next.run(request).await;
     }
-    json_rpc_unavailable(
+    respond::refused(&Refused::new(
         wire::SESSIONS_FULL,
         format!(
             "too many legacy sessions (server.max_sessions = {}); retry once one closes or expires",
             door.sessions.max
         ),
         id,
-    )
-}
-
-/// A 503 whose body is a JSON-RPC error from a wire entry.
-fn json_rpc_unavailable(w: wire::WireCode, message: String, id: serde_json::Value) -> Response {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": w.code, "message": message, "data": w.data() },
-    });
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [
-            (header::RETRY_AFTER, "1"),
-            (header::CONTENT_TYPE, "application/json"),
-        ],
-        body.to_string(),
-    )
-        .into_response()
+    ))
 }

@@ -13,12 +13,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::config::normalize_origin;
-use crate::mcp::screen::Refusal;
+use crate::mcp::screen::Refused;
 use crate::wire;
 
 /// Longest `Origin` value looked at; a longer one is refused.
@@ -98,15 +98,13 @@ pub async fn check_origin(
     }
     let shown: String = text.unwrap_or("(unreadable)").chars().take(200).collect();
     tracing::debug!(origin = %shown, "a request from a browser origin that may not call was refused");
-    let refusal = Refusal {
-        code: wire::ORIGIN_NOT_ALLOWED,
-        message: format!(
+    super::respond::refused(&Refused::new(
+        wire::ORIGIN_NOT_ALLOWED,
+        format!(
             "requests from the web origin {shown:?} are not allowed; the operator can list it in server.allowed_origins"
         ),
-        id: serde_json::Value::Null,
-        modern: false,
-    };
-    super::json_rpc_error(StatusCode::FORBIDDEN, &refusal, true)
+        serde_json::Value::Null,
+    ))
 }
 
 #[cfg(test)]

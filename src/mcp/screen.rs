@@ -61,7 +61,7 @@ impl Kind {
 
 /// A message the screen refused, and the JSON-RPC error that answers it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refusal {
+pub struct Refused {
     pub code: WireCode,
     pub message: String,
     /// The request's id when it could be read, else `null`.
@@ -71,31 +71,35 @@ pub struct Refusal {
     /// HTTP its method-not-found is a 404, where a legacy request gets its
     /// errors in a 200.
     pub modern: bool,
+    /// Fields added to the error's `data` (beside its name and help).
+    pub extra: Option<Value>,
 }
 
-impl Refusal {
+impl Refused {
     /// A refusal of a request that declared no 2026-07-28 version (or could
     /// not be read far enough to tell).
-    pub fn new(code: WireCode, message: impl Into<String>, id: Value) -> Refusal {
-        Refusal {
+    pub fn new(code: WireCode, message: impl Into<String>, id: Value) -> Refused {
+        Refused {
             code,
             message: message.into(),
             id,
             modern: false,
+            extra: None,
+        }
+    }
+
+    /// The same refusal with `extra` added to its error's `data`.
+    pub fn with_data(self, extra: Value) -> Refused {
+        Refused {
+            extra: Some(extra),
+            ..self
         }
     }
 
     /// The whole JSON-RPC error response.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": self.id,
-            "error": {
-                "code": self.code.code,
-                "message": self.message,
-                "data": self.code.data(),
-            }
-        })
+        self.code
+            .error_response(&self.id, &self.message, self.extra.as_ref())
     }
 }
 
@@ -136,9 +140,9 @@ const VERSION_META_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 /// `MCP-Protocol-Version` header does. The version inside a legacy
 /// `initialize`'s parameters is not such a declaration: it is the legacy
 /// handshake's offer, answered with the newest legacy revision.
-pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal> {
+pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refused> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        Refusal::new(
+        Refused::new(
             wire::PARSE_ERROR,
             format!("the message is not valid JSON ({e}); send one JSON-RPC 2.0 object"),
             Value::Null,
@@ -147,14 +151,14 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
     let object = match value {
         Value::Object(object) => object,
         Value::Array(_) => {
-            return Err(Refusal::new(
+            return Err(Refused::new(
                 wire::INVALID_REQUEST,
                 "batches are not supported; send one JSON-RPC message at a time",
                 Value::Null,
             ));
         }
         _ => {
-            return Err(Refusal::new(
+            return Err(Refused::new(
                 wire::INVALID_REQUEST,
                 "a JSON-RPC message must be an object",
                 Value::Null,
@@ -167,7 +171,7 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
         Some(raw) => match serde_json::from_value::<NumberOrString>(raw.clone()) {
             Ok(_) => Some(raw.clone()),
             Err(_) => {
-                return Err(Refusal::new(
+                return Err(Refused::new(
                     wire::INVALID_REQUEST,
                     "\"id\" must be a string or an integer",
                     Value::Null,
@@ -177,7 +181,7 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
     };
     let echo = id.clone().unwrap_or(Value::Null);
     if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-        return Err(Refusal::new(
+        return Err(Refused::new(
             wire::INVALID_REQUEST,
             "\"jsonrpc\" must be \"2.0\"",
             echo,
@@ -188,7 +192,7 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
         let answers = object.contains_key("result") || object.contains_key("error");
         return match (answers, id) {
             (true, Some(_)) => Ok(Kind::Response),
-            _ => Err(Refusal::new(
+            _ => Err(Refused::new(
                 wire::INVALID_REQUEST,
                 "a JSON-RPC message needs a \"method\" (a request or notification) or an \"id\" with \"result\" or \"error\" (a response)",
                 echo,
@@ -196,14 +200,14 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
         };
     };
     if object.contains_key("result") || object.contains_key("error") {
-        return Err(Refusal::new(
+        return Err(Refused::new(
             wire::INVALID_REQUEST,
             "a message with a \"method\" is a request or notification and carries no \"result\" or \"error\"",
             echo,
         ));
     }
     let Some(method) = method.as_str() else {
-        return Err(Refusal::new(
+        return Err(Refused::new(
             wire::INVALID_REQUEST,
             "\"method\" must be a string",
             echo,
@@ -219,9 +223,9 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
     let modern = meta_version
         .or(header_version)
         .is_some_and(|v| v >= ProtocolVersion::NO_INITIALIZE.as_str());
-    let refuse = |code: WireCode, message: String| Refusal {
+    let refuse = |code: WireCode, message: String| Refused {
         modern,
-        ..Refusal::new(code, message, echo.clone())
+        ..Refused::new(code, message, echo.clone())
     };
     if id.is_some()
         && let Err(problem) = served(method, modern)
@@ -231,9 +235,9 @@ pub fn screen(bytes: &[u8], headers: Option<&Mirrored>) -> Result<Kind, Refusal>
         if let Some(h) = headers
             && let Some(mismatch) = mismatch(h, method, meta_version, modern)
         {
-            return Err(Refusal {
+            return Err(Refused {
                 modern,
-                ..Refusal::new(wire::HEADER_MISMATCH, mismatch, echo)
+                ..Refused::new(wire::HEADER_MISMATCH, mismatch, echo)
             });
         }
         return Err(refuse(wire::METHOD_NOT_FOUND, problem));
@@ -365,7 +369,7 @@ fn optional<T: DeserializeOwned>(params: Option<&Value>) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn refused(body: &str) -> Refusal {
+    fn refused(body: &str) -> Refused {
         match screen(body.as_bytes(), None) {
             Err(r) => r,
             Ok(kind) => panic!("{body} passed the screen as {kind:?}"),
@@ -462,7 +466,7 @@ mod tests {
 
     /// Over HTTP (`header` is its MCP-Protocol-Version) with an Mcp-Method
     /// that mirrors the body's method; over stdio when `header` is `None`.
-    fn screened(body: &str, header: Option<&str>) -> Result<Kind, Refusal> {
+    fn screened(body: &str, header: Option<&str>) -> Result<Kind, Refused> {
         let parsed: Value = serde_json::from_str(body).unwrap();
         let method = parsed["method"].as_str();
         let mirrored = header.map(|version| Mirrored {
@@ -472,7 +476,7 @@ mod tests {
         screen(body.as_bytes(), mirrored.as_ref())
     }
 
-    fn not_found(body: &str, header: Option<&str>) -> Refusal {
+    fn not_found(body: &str, header: Option<&str>) -> Refused {
         let r = match screened(body, header) {
             Err(r) => r,
             Ok(kind) => panic!("{body} with {header:?} passed the screen as {kind:?}"),

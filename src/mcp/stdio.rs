@@ -16,7 +16,7 @@ use tokio::io::{
 };
 use tokio::sync::mpsc;
 
-use super::screen::{self, Refusal};
+use super::screen::{self, Refused};
 use crate::wire;
 
 /// Room in each in-process pipe between the pump and the library.
@@ -103,7 +103,7 @@ async fn next_line<R: AsyncBufRead + Unpin>(input: &mut R, max: usize) -> std::i
 async fn read_lines<R: AsyncBufRead + Unpin>(
     mut input: R,
     mut to_library: DuplexStream,
-    refusals: mpsc::Sender<Refusal>,
+    refusals: mpsc::Sender<Refused>,
     max: usize,
 ) {
     loop {
@@ -113,7 +113,7 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
                 tracing::warn!(error = %e, "reading stdin failed: {e}");
                 break;
             }
-            Ok(Line::TooLong) => Refusal::new(
+            Ok(Line::TooLong) => Refused::new(
                 wire::REQUEST_TOO_LARGE,
                 format!("the message is longer than server.max_request_bytes = {max}"),
                 serde_json::Value::Null,
@@ -150,7 +150,7 @@ async fn read_lines<R: AsyncBufRead + Unpin>(
 
 async fn write_lines<W: AsyncWrite + Unpin>(
     mut from_library: tokio::io::BufReader<DuplexStream>,
-    mut pending: mpsc::Receiver<Refusal>,
+    mut pending: mpsc::Receiver<Refused>,
     mut output: W,
 ) -> std::io::Result<()> {
     // Kept across turns: a read interrupted by a refusal keeps its bytes
