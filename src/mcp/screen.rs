@@ -72,7 +72,8 @@ pub struct Refused {
     /// errors in a 200.
     pub modern: bool,
     /// Fields added to the error's `data` (beside its name and help).
-    pub extra: Option<Value>,
+    /// Boxed: it is rare, and the refusal travels in every screen result.
+    pub extra: Option<Box<Value>>,
 }
 
 impl Refused {
@@ -91,7 +92,7 @@ impl Refused {
     /// The same refusal with `extra` added to its error's `data`.
     pub fn with_data(self, extra: Value) -> Refused {
         Refused {
-            extra: Some(extra),
+            extra: Some(Box::new(extra)),
             ..self
         }
     }
@@ -99,7 +100,7 @@ impl Refused {
     /// The whole JSON-RPC error response.
     pub fn to_json(&self) -> Value {
         self.code
-            .error_response(&self.id, &self.message, self.extra.as_ref())
+            .error_response(&self.id, &self.message, self.extra.as_deref())
     }
 }
 
