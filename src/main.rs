@@ -219,10 +219,10 @@ fn wire_codes(json: bool) -> Result<(), Refusal> {
             .iter()
             .map(|w| serde_json::json!({"code": w.code, "name": w.name, "help": w.help}))
             .collect();
-        return out(&serde_json::Value::from(list).to_string());
+        return out(serde_json::Value::from(list).to_string());
     }
     all.iter()
-        .try_for_each(|w| out(&format!("{}\t{}\t{}", w.code, w.name, w.help)))
+        .try_for_each(|w| out(format!("{}\t{}\t{}", w.code, w.name, w.help)))
 }
 
 /// `taskgate token new|list|revoke`.

@@ -297,9 +297,7 @@ fn climbed_to_the_root(path: &str, depth: usize) -> BTreeSet<String> {
         return BTreeSet::new();
     }
     // Only the chain's own path: `imports` reads to the end of it.
-    let end = rest
-        .find(|c: char| c == ';' || c == '\n')
-        .unwrap_or(rest.len());
+    let end = rest.find([';', '\n']).unwrap_or(rest.len());
     imports(&format!("crate::{}", &rest[..end]), "crate::")
 }
 
