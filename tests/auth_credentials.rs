@@ -372,6 +372,43 @@ fn a_good_jwt_of_each_issuer_gives_its_principal() {
     );
 }
 
+/// `max_token_lifetime_secs` (3600 here) and `leeway_secs` (30 here) at
+/// their bounds and one second past them. A token is good only before
+/// `exp` (RFC 7519), so with the leeway it is good until 30 s after `exp`,
+/// that instant excluded; `nbf` and the lifetime include their bound.
+#[test]
+fn jwt_lifetime_and_leeway_are_enforced_at_their_bounds() {
+    let site = Site::new("", "");
+    let auth = authenticator(&site.config());
+    let k = &site.keys;
+    let at = |c: Value| auth.authenticate_at(&k.sign_ed(&c), NOW_MS);
+    let life = |secs: i64| {
+        with(
+            with(claims(), "iat", json!(NOW - 100)),
+            "exp",
+            json!(NOW - 100 + secs),
+        )
+    };
+    assert!(at(life(3600)).is_ok(), "a lifetime of exactly the cap");
+    assert_eq!(at(life(3601)).map(|_| ()), Err(Rejection::LifetimeTooLong));
+    let expired = |ago: i64| life(100 - ago);
+    assert_eq!(
+        at(expired(29)).map(|_| ()),
+        Ok(()),
+        "expired within the leeway"
+    );
+    assert_eq!(at(expired(30)).map(|_| ()), Err(Rejection::Expired));
+    assert_eq!(
+        at(with(claims(), "nbf", json!(NOW + 30))).map(|_| ()),
+        Ok(()),
+        "not yet valid within the leeway"
+    );
+    assert_eq!(
+        at(with(claims(), "nbf", json!(NOW + 31))).map(|_| ()),
+        Err(Rejection::NotYetValid)
+    );
+}
+
 #[test]
 fn every_bad_jwt_is_refused_for_its_own_reason() {
     let site = Site::new("", "");

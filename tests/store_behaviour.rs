@@ -245,6 +245,63 @@ fn the_live_limit_refuses_creation_until_tasks_expire() {
     });
 }
 
+/// `store.max_live_tasks_per_owner`: an owner at its bound is refused
+/// (naming it), any other owner goes on, and the owner gets room back as
+/// its tasks expire; finished tasks count until then.
+#[test]
+fn the_per_owner_live_limit_refuses_only_that_owner_until_its_tasks_expire() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, clock) = open_manual(&dir, |o| o.max_live_tasks_per_owner = 3);
+        let of = |who: &[u8], ttl| NewTask {
+            owner: Digest::of(who),
+            ..new_task(ttl)
+        };
+        let mut first = None;
+        for _ in 0..3 {
+            let Created::New(t) = store.create(of(b"alice", 800)).await.unwrap() else {
+                panic!("a new task")
+            };
+            first.get_or_insert(t.id);
+        }
+        // Finished, it still holds its place until it expires.
+        let first = first.unwrap();
+        store
+            .finish(
+                &first,
+                TaskStatus::Completed,
+                Some(Outcome::Result(serde_json::json!({"content": []}))),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let refused = store.create(of(b"alice", 800)).await.unwrap_err();
+        assert_eq!(
+            refused,
+            StoreError::Capacity(CapacityKind::OwnerTasks { limit: 3 })
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("store.max_live_tasks_per_owner"),
+            "{refused}"
+        );
+        for _ in 0..3 {
+            store.create(of(b"bob", 800)).await.unwrap();
+        }
+        clock.advance(Duration::from_millis(799));
+        assert_eq!(
+            store.create(of(b"alice", 800)).await.unwrap_err(),
+            StoreError::Capacity(CapacityKind::OwnerTasks { limit: 3 })
+        );
+        clock.advance(Duration::from_millis(1));
+        store.create(of(b"alice", 60_000)).await.unwrap();
+        store.shutdown().await.unwrap();
+    });
+}
+
 #[test]
 fn lowering_the_limit_keeps_existing_records_readable() {
     let root = private_dir();
