@@ -358,11 +358,6 @@ async fn run_task(c: &taskgate::client::Client, name: &str) -> Value {
     c.wait_task(&id, &first).await.unwrap()
 }
 
-/// The task's error, however the server carries it.
-fn error_text(task: &Value) -> String {
-    task.to_string()
-}
-
 /// `max_stdout_bytes` and `max_stderr_bytes` (4096 here): exactly the
 /// bound is kept, one byte more fails the call naming the stream and the
 /// bound. `timeout_secs` (1 here): a tool that ends in time completes, one
@@ -443,14 +438,14 @@ fn a_task_whose_result_does_not_fit_the_artifact_space_fails_naming_it() {
         let c = daemon.client(true);
         let huge = run_task(&c, "huge").await;
         assert_eq!(huge["status"], "failed", "{huge}");
-        let text = error_text(&huge);
+        let text = huge.to_string();
         assert!(text.contains(wire::RESULT_TOO_LARGE.name), "{text}");
         assert!(text.contains("tasks.artifact_max_bytes"), "{text}");
         let first = run_task(&c, "big").await;
         assert_eq!(first["status"], "completed", "{first}");
         let second = run_task(&c, "big").await;
         assert_eq!(second["status"], "failed", "{second}");
-        let text = error_text(&second);
+        let text = second.to_string();
         assert!(text.contains(wire::RESULT_TOO_LARGE.name), "{text}");
         assert!(text.contains("tasks.artifacts_max_total_bytes"), "{text}");
     });
