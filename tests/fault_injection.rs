@@ -1,11 +1,13 @@
-//! Faults injected for real, below SQLite.
+//! Faults injected for real, below SQLite, by strace attached to the
+//! store thread (every SQLite call is made there: invariant 1).
 //!
-//! - `strace -e inject=fsync:error=EIO` on a child serving the store: the
-//!   caller of the create meeting it gets an error, the store latches
-//!   disabled, and nothing afterwards is acknowledged.
-//! - `strace -e inject=pwrite64:error=ENOSPC`: writes are capacity errors,
-//!   reads keep working, the store stays enabled and writes again once the
-//!   fault is gone.
+//! - `inject=fsync:error=EIO` on the COMMIT of a create, of a finish and of
+//!   a cancel: that writer hears `Uncertain` (its write may or may not be
+//!   on disk), the store latches disabled, and nothing afterwards is
+//!   acknowledged, reads included.
+//! - `inject=pwrite64:error=ENOSPC`: writes are capacity errors, reads keep
+//!   working, the store stays enabled and writes again once the fault is
+//!   gone.
 //! - A real full filesystem (a 3 MiB tmpfs in a private mount namespace):
 //!   the same.
 //! - The page cap (`max_db_pages`): capacity errors, reads keep working and
@@ -14,8 +16,7 @@
 //! The bundled SQLite writes with `pwrite64` and syncs with `fsync` (no
 //! `fdatasync`, no plain `write`): checked with `strace -f` on a child under
 //! load. `fdatasync`, `pwritev` and `pwritev2` are injected as well in case a
-//! later build switches. Plain `write` is left alone: the child's protocol
-//! lines and tokio's wakeups use it, and SQLite does not.
+//! later build switches.
 
 mod common;
 
@@ -63,7 +64,9 @@ fn fault_child() {
     let rt = runtime();
     rt.block_on(async move {
         match mode.as_str() {
-            "eio" => child_fsync_eio(&base).await,
+            "eio-create" => child_fsync_eio(&base, FaultedWrite::Create).await,
+            "eio-finish" => child_fsync_eio(&base, FaultedWrite::Finish).await,
+            "eio-cancel" => child_fsync_eio(&base, FaultedWrite::Cancel).await,
             "enospc" => child_enospc(&base).await,
             "fullfs" => child_full_filesystem(&base).await,
             other => panic!("unknown child mode {other}"),
@@ -141,13 +144,71 @@ async fn open_and_seed(base: &Path) -> (Store, Vec<(usize, TaskId)>) {
     (store, ids)
 }
 
-async fn child_fsync_eio(base: &Path) {
-    let (store, ids) = open_and_seed(base).await;
+/// The write that meets the injected fault, named by the child's mode.
+#[derive(Clone, Copy, Debug)]
+enum FaultedWrite {
+    Create,
+    Finish,
+    Cancel,
+}
+
+impl FaultedWrite {
+    fn mode(self) -> &'static str {
+        match self {
+            FaultedWrite::Create => "eio-create",
+            FaultedWrite::Finish => "eio-finish",
+            FaultedWrite::Cancel => "eio-cancel",
+        }
+    }
+}
+
+/// EIO on the one fsync of `target`'s COMMIT. The store is opened with a
+/// checkpoint interval of a day, so no timer syncs the database file in
+/// between: the first fsync the store thread makes after "go" is that
+/// COMMIT's.
+async fn child_fsync_eio(base: &Path, target: FaultedWrite) {
+    let dir = state_dir(base);
+    let options = StoreOptions {
+        checkpoint_interval: Duration::from_secs(86_400),
+        ..StoreOptions::new(dir.join("tasks.db"))
+    };
+    let (store, _) = Store::open(options).expect("open");
+    let mut ids = Vec::new();
+    for tag in 0..BEFORE_FAULT {
+        let id = create_finished(&store, tag)
+            .await
+            .expect("create before the fault");
+        say(&format!("created {id}"));
+        ids.push((tag, id));
+    }
+    // A task still running, for the finish and the cancel to act on.
+    let pending = store
+        .create(new_task(LONG_TTL_MS))
+        .await
+        .expect("create the pending task")
+        .record()
+        .id
+        .clone();
+    say(&format!("pending {pending}"));
     say(&format!("ready {}", std::process::id()));
     hear("go");
 
-    match store.create(new_task(LONG_TTL_MS)).await {
-        Ok(c) => say(&format!("first ack {}", c.record().id)),
+    let first = match target {
+        FaultedWrite::Create => store
+            .create(new_task(LONG_TTL_MS))
+            .await
+            .map(|c| c.record().id.to_string()),
+        FaultedWrite::Finish => store
+            .finish(&pending, TaskStatus::Completed, Some(big_outcome(99)))
+            .await
+            .map(|r| format!("{r:?}")),
+        FaultedWrite::Cancel => store
+            .request_cancel(&pending, &owner())
+            .await
+            .map(|r| format!("{r:?}")),
+    };
+    match first {
+        Ok(r) => say(&format!("first ack {r}")),
         Err(e) => say(&format!("first err {e:?}")),
     }
     say(&format!("disabled {:?}", store.disabled_reason()));
@@ -162,7 +223,14 @@ async fn child_fsync_eio(base: &Path) {
         Ok(r) => say(&format!("later ack finish {r:?}")),
         Err(e) => say(&format!("later err finish {e:?}")),
     }
-    say(&format!("read {:?}", store.get(first, &owner()).await));
+    match store.request_cancel(&pending, &owner()).await {
+        Ok(r) => say(&format!("later ack cancel {r:?}")),
+        Err(e) => say(&format!("later err cancel {e:?}")),
+    }
+    match store.get(first, &owner()).await {
+        Ok(r) => say(&format!("later ack read {r:?}")),
+        Err(e) => say(&format!("later err read {e:?}")),
+    }
     say("done");
 
     hear("exit");
@@ -467,80 +535,104 @@ fn created_ids(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn fsync_eio_during_a_create_disables_the_store() {
+/// EIO on the fsync of one write's COMMIT: that writer hears `Uncertain`
+/// (the COMMIT may or may not be on disk), never success and never the
+/// plain `Disabled` the writers after it hear; the store latches disabled
+/// and acknowledges nothing afterwards, reads included; every task
+/// acknowledged before is intact and the store opens again.
+fn fsync_eio_on_the_commit_of(target: FaultedWrite) {
     prereq::require_tool("strace");
     let root = private_dir();
-    let mut proc = Proc::spawn(Proc::child_command("eio", root.path()));
+    let mut proc = Proc::spawn(Proc::child_command(target.mode(), root.path()));
     let before = proc.until("ready ");
     let ids = created_ids(&before);
     assert_eq!(ids.len(), BEFORE_FAULT, "{before:#?}");
+    let pending = field(&before, "pending ").to_string();
     let pid = proc.pid();
     assert_eq!(field(&before, "ready "), pid.to_string());
 
-    let strace = Strace::attach(
+    let strace = Strace::attach_store_thread(
         pid,
         &root.path().join("strace.log"),
-        &[
-            "-e",
-            "trace=fsync,fdatasync",
-            "-e",
-            "inject=fsync,fdatasync:error=EIO",
-        ],
+        "fsync,fdatasync",
+        "fsync,fdatasync:error=EIO",
     );
     proc.send("go");
     let lines = proc.until("done");
-    let injected = strace.detach();
+    let injected = strace.injected_lines();
+    let count = strace.detach();
     proc.send("exit");
     let (rest, _) = proc.finish();
-    println!("{lines:#?}\n{rest:#?}\ninjected {injected} EIO");
+    println!("{target:?}: {lines:#?}\n{rest:#?}\ninjected {injected:#?}");
 
-    assert!(injected >= 1, "strace injected nothing");
-    // The create that met the failed fsync is never a success.
+    // Exactly one fault, on the write-ahead log: the COMMIT's sync. After
+    // it the store touches the file no more.
+    assert_eq!(count, 1, "injected faults: {injected:#?}");
+    assert!(
+        injected[0].starts_with("fsync(") && injected[0].contains("tasks.db-wal>"),
+        "the fault did not land on the WAL's sync: {injected:#?}"
+    );
     let first = field(&lines, "first ");
     assert!(
-        first.starts_with("err Uncertain") || first.starts_with("err Disabled"),
-        "the create meeting EIO: {first}"
+        first.starts_with("err Uncertain { detail: \"committing: "),
+        "the {target:?} whose COMMIT met EIO: {first}"
     );
     let reason = field(&lines, "disabled ");
-    assert!(reason.starts_with("Some("), "not disabled: {reason}");
-    // Nothing after the first error is acknowledged.
     assert!(
-        !lines
-            .iter()
-            .any(|l| l.contains(" ack ") || l.starts_with("later ack")),
-        "acknowledged after the fault: {lines:#?}"
+        reason.starts_with("Some(\"committing: "),
+        "not disabled: {reason}"
     );
+    // Nothing after the first error is acknowledged, and every later
+    // command hears that the store is disabled.
     let later: Vec<&String> = lines.iter().filter(|l| l.starts_with("later ")).collect();
-    assert_eq!(later.len(), 6, "{lines:#?}");
-    assert!(
-        later
+    assert_eq!(later.len(), 8, "{lines:#?}");
+    for l in &later {
+        assert!(
+            [
+                "later err Disabled",
+                "later err finish Disabled",
+                "later err cancel Disabled",
+                "later err read Disabled"
+            ]
             .iter()
-            .all(|l| l.starts_with("later err Disabled")
-                || l.starts_with("later err finish Disabled")),
-        "{later:#?}"
-    );
+            .any(|p| l.starts_with(p)),
+            "after the fault: {l}"
+        );
+    }
     assert_eq!(field(&rest, "shutdown "), "Ok(())");
 
     let db = root.path().join("state/tasks.db");
     assert_integrity(&db);
     let present = ids_in(&db);
-    for id in &ids {
+    for id in ids.iter().chain([&pending]) {
         assert!(
             present.contains(id),
             "{id} acknowledged before the fault is gone"
         );
     }
+    // A failed create's own row may or may not have reached the file.
+    let expected = ids.len() + 1;
     println!(
-        "row of the failed commit {}",
-        if present.len() > ids.len() {
-            "present"
-        } else {
-            "absent"
-        }
+        "{target:?}: {} rows of {expected} acknowledged",
+        present.len()
     );
-    assert!(present.len() <= ids.len() + 1, "{present:?}");
+    assert!(present.len() <= expected + 1, "{present:?}");
     reopen(&db, &ids);
+}
+
+#[test]
+fn fsync_eio_on_a_creates_commit_is_uncertain_and_disables_the_store() {
+    fsync_eio_on_the_commit_of(FaultedWrite::Create);
+}
+
+#[test]
+fn fsync_eio_on_a_finishs_commit_is_uncertain_and_disables_the_store() {
+    fsync_eio_on_the_commit_of(FaultedWrite::Finish);
+}
+
+#[test]
+fn fsync_eio_on_a_cancels_commit_is_uncertain_and_disables_the_store() {
+    fsync_eio_on_the_commit_of(FaultedWrite::Cancel);
 }
 
 #[test]
@@ -553,15 +645,11 @@ fn enospc_on_writes_is_a_capacity_error_and_reads_go_on() {
     assert_eq!(ids.len(), BEFORE_FAULT, "{before:#?}");
     let pid = proc.pid();
 
-    let strace = Strace::attach(
+    let strace = Strace::attach_store_thread(
         pid,
         &root.path().join("strace.log"),
-        &[
-            "-e",
-            "trace=pwrite64,pwritev,pwritev2",
-            "-e",
-            "inject=pwrite64,pwritev,pwritev2:error=ENOSPC",
-        ],
+        "pwrite64,pwritev,pwritev2",
+        "pwrite64,pwritev,pwritev2:error=ENOSPC",
     );
     proc.send("go");
     let lines = proc.until("done");

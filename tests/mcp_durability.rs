@@ -492,15 +492,11 @@ fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
     prereq::require_tool("strace");
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let strace_log = root.path().join("strace.log");
-    let strace = common::strace::Strace::attach(
+    let strace = common::strace::Strace::attach_store_thread(
         daemon.child.id() as i32,
         &strace_log,
-        &[
-            "-e",
-            "trace=pwrite64,pwritev,pwritev2",
-            "-e",
-            "inject=pwrite64,pwritev,pwritev2:delay_enter=10000",
-        ],
+        "pwrite64,pwritev,pwritev2",
+        "pwrite64,pwritev,pwritev2:delay_enter=10000",
     );
     let rt = runtime();
     let (handles, refused) = rt.block_on(async {
