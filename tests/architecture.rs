@@ -307,7 +307,7 @@ fn shown(file: &Path) -> String {
     format!("src/{}", rel.display())
 }
 
-/// The top-level module a file belongs to: `src/store/worker.rs` → `store`.
+/// The top-level module a file belongs to: `src/store/engine.rs` → `store`.
 fn module_of(file: &Path) -> String {
     let rel = file.strip_prefix(src()).unwrap_or(file);
     let first = rel
@@ -667,7 +667,7 @@ fn public_items(text: &str) -> Vec<String> {
 /// type (a connection, a statement, a transaction, an error of rusqlite),
 /// so no other module can be handed the connection, whatever it imports.
 /// The connection itself is held in an `Rc` by the store thread's
-/// `Worker`, which is therefore not `Send` (asserted in `store::worker`).
+/// `Engine`, which is therefore not `Send` (asserted in `store::engine`).
 #[test]
 fn the_store_hands_out_no_sqlite_type() {
     let mut files = Vec::new();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OpenFlags, params};
 
 use super::OpenError;
-use super::schema;
+use super::open;
 
 /// Bytes of payload per row: about a task row (ID, digests, timestamps).
 const ROW_BYTES: usize = 192;
@@ -55,7 +55,7 @@ pub fn measure(dir: &Path, singles: usize, batches: usize) -> Result<Baseline, O
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| sql(&path, e))?;
-    schema::apply_production_pragmas(&conn, &path)?;
+    open::apply_production_pragmas(&conn, &path)?;
     conn.execute_batch("CREATE TABLE t (id TEXT PRIMARY KEY, payload BLOB NOT NULL) STRICT")
         .map_err(|e| sql(&path, e))?;
     let payload = vec![0x5au8; ROW_BYTES];

@@ -1,22 +1,29 @@
-//! The durable task store: the only code that touches SQLite.
+//! The durable store: the only code that touches SQLite.
 //!
 //! [`Store`] is a cheap, cloneable async handle. Every operation becomes a
-//! command on a bounded queue to one dedicated thread ([`worker`]) that owns
+//! command on a bounded queue to one dedicated thread ([`engine`]) that owns
 //! the only connection. A full queue is refused at once ([`StoreError::Busy`]);
 //! an admitted command is answered only after its transaction committed.
 //! Each command carries its caller's tracing span, which the thread enters
 //! while it executes it. Every "now" comes from the store's [`Clock`].
 //!
+//! The engine knows no schema. Each kind of record is a module of its own
+//! (today [`tasks`]) that owns its tables, SQL, record types, operations,
+//! sweep and recovery, registered in [`kinds`]; the schema's history is the
+//! ordered list of steps in [`migrate`].
+//!
 //! Opening runs every startup validation on that thread before the handle is
-//! returned ([`schema`]), in two steps ([`Store::begin_open`], then
+//! returned ([`open`]), in two steps ([`Store::begin_open`], then
 //! [`Opening::recover`]) so that whatever was derived from the tasks restart
 //! recovery ends can be removed before recovery commits.
 
 pub mod baseline;
 mod clock;
-mod records;
-mod schema;
-mod worker;
+mod engine;
+mod kinds;
+mod migrate;
+mod open;
+mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -25,16 +32,18 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
 use crate::config::StoreSettings;
 use crate::exit::{Classify, ExitClass};
+use engine::{Command, Envelope};
 
 pub use clock::{Clock, ManualClock};
-pub use schema::{CheckReport, OpenReport, SCHEMA_VERSION, check_identified, check_read_only};
+pub use migrate::SCHEMA_VERSION;
+pub use open::{CheckReport, OpenReport, check_identified, check_read_only};
+pub use tasks::{Created, ErrorBody, NewTask, Outcome, TaskId, TaskRecord, TaskStatus};
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
 /// results are spilled to artifacts.
@@ -51,39 +60,6 @@ pub const MAX_BATCH: usize = 256;
 /// size). Between two steps the store thread serves every command that is
 /// waiting, so a snapshot delays a create by at most one step's copy.
 pub const SNAPSHOT_STEP_PAGES: i32 = 256;
-
-/// A public task identifier: 128 random bits, hex, with a `tg-` prefix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(String);
-
-impl TaskId {
-    const PREFIX: &'static str = "tg-";
-
-    /// A fresh identifier from the operating system's random source.
-    pub fn generate() -> Result<TaskId, getrandom::Error> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)?;
-        Ok(TaskId(format!("{}{}", Self::PREFIX, hex(&bytes))))
-    }
-
-    /// Accepts only the exact shape `generate` produces, so a malformed ID is
-    /// just another unknown ID.
-    pub fn parse(s: &str) -> Option<TaskId> {
-        let rest = s.strip_prefix(Self::PREFIX)?;
-        (rest.len() == 32 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-            .then(|| TaskId(s.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for TaskId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// A store's identity: 128 random bits, hex, chosen when its database is
 /// initialised and kept in it for life. The state directory records it
@@ -151,133 +127,6 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-/// The five task states of the MCP Tasks extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Working,
-    InputRequired,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Working => "working",
-            TaskStatus::InputRequired => "input_required",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TaskStatus> {
-        Some(match s {
-            "working" => TaskStatus::Working,
-            "input_required" => TaskStatus::InputRequired,
-            "completed" => TaskStatus::Completed,
-            "failed" => TaskStatus::Failed,
-            "cancelled" => TaskStatus::Cancelled,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
-        )
-    }
-}
-
-/// A JSON-RPC error as kept in a failed task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ErrorBody {
-    pub code: i64,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
-}
-
-/// The terminal payload of a task: the tool's result, or a JSON-RPC error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum Outcome {
-    Result(serde_json::Value),
-    Error(ErrorBody),
-}
-
-impl Outcome {
-    /// The payload every task interrupted by a restart carries.
-    pub fn interrupted() -> Outcome {
-        let w = crate::wire::TASK_INTERRUPTED;
-        Outcome::Error(ErrorBody {
-            code: w.code,
-            message: "task interrupted: the daemon stopped while it ran; it was not run again"
-                .into(),
-            data: Some(w.data()),
-        })
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        // Serialising a Value-based enum cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
-
-/// A task as stored, without the digests it is looked up by.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TaskRecord {
-    pub id: TaskId,
-    pub status: TaskStatus,
-    pub status_message: Option<String>,
-    pub created_ms: i64,
-    pub updated_ms: i64,
-    pub expires_ms: i64,
-    pub poll_interval_ms: i64,
-    pub outcome: Option<Outcome>,
-    pub cancel_requested: bool,
-}
-
-impl TaskRecord {
-    /// Time to live as the protocol reports it: relative to creation.
-    pub fn ttl_ms(&self) -> i64 {
-        self.expires_ms - self.created_ms
-    }
-}
-
-/// What a creation asks for.
-#[derive(Debug, Clone)]
-pub struct NewTask {
-    pub owner: Digest,
-    /// The creation reference (an operation identity chosen by the client).
-    pub reference: Option<Digest>,
-    /// The identity of the request (tool and canonical arguments): a repeat
-    /// of `reference` with another request is a conflict.
-    pub request: Option<Digest>,
-    pub ttl_ms: i64,
-    pub poll_interval_ms: i64,
-}
-
-/// The answer to a creation.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Created {
-    New(TaskRecord),
-    /// The owner already created a task under this reference: its handle.
-    Existing(TaskRecord),
-}
-
-impl Created {
-    pub fn record(&self) -> &TaskRecord {
-        match self {
-            Created::New(r) | Created::Existing(r) => r,
-        }
-    }
 }
 
 /// Why a creation hit a capacity bound.
@@ -371,11 +220,13 @@ pub enum OpenError {
     )]
     Corrupt { path: PathBuf, detail: String },
     #[error(
-        "{path}: task {task} has an undecodable payload ({detail}); keep this file as evidence and restore a known-good snapshot"
+        "{path}: {kind} {record} has an undecodable payload ({detail}); keep this file as evidence and restore a known-good snapshot"
     )]
     Undecodable {
         path: PathBuf,
-        task: String,
+        /// The kind of record ("task").
+        kind: &'static str,
+        record: String,
         detail: String,
     },
     #[error(
@@ -505,77 +356,6 @@ impl StoreOptions {
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
-/// What the store thread is asked to do.
-enum Command {
-    Create {
-        new: NewTask,
-        reply: Reply<Created>,
-    },
-    Get {
-        id: TaskId,
-        owner: Digest,
-        reply: Reply<Option<TaskRecord>>,
-    },
-    FindReference {
-        owner: Digest,
-        reference: Digest,
-        request: Option<Digest>,
-        reply: Reply<Option<TaskRecord>>,
-    },
-    Finish {
-        id: TaskId,
-        status: TaskStatus,
-        payload: Option<Vec<u8>>,
-        reply: Reply<Option<TaskRecord>>,
-    },
-    RequestCancel {
-        id: TaskId,
-        owner: Digest,
-        reply: Reply<Option<TaskRecord>>,
-    },
-    Stats {
-        reply: Reply<StoreStats>,
-    },
-    Unexpired {
-        ids: Vec<TaskId>,
-        reply: Reply<Vec<bool>>,
-    },
-    Ping {
-        reply: Reply<()>,
-    },
-    Sweep {
-        reply: Reply<u64>,
-    },
-    Checkpoint {
-        reply: Reply<CheckpointReport>,
-    },
-    /// Copy the database to a new file at `dest` (which must exist, empty).
-    Snapshot {
-        dest: PathBuf,
-        reply: Reply<SnapshotReport>,
-    },
-    Shutdown {
-        reply: Reply<()>,
-    },
-}
-
-/// A command with the caller's tracing span: the store thread enters it
-/// while it executes the command, so what it logs joins the request that
-/// asked for it.
-struct Envelope {
-    span: tracing::Span,
-    cmd: Command,
-}
-
-impl Envelope {
-    fn new(cmd: Command) -> Envelope {
-        Envelope {
-            span: tracing::Span::current(),
-            cmd,
-        }
-    }
-}
-
 /// State shared between the handles and the store thread.
 struct Shared {
     depth: usize,
@@ -654,11 +434,11 @@ impl Store {
         let thread_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("taskgate-store".into())
-            .spawn(move || worker::run(options, rx, thread_shared, ready_tx, go_rx))
+            .spawn(move || engine::run(options, rx, thread_shared, ready_tx, go_rx))
             .map_err(|e| OpenError::Thread(e.to_string()))?;
         let (unfinished, identity) = match ready.recv() {
-            Ok(Ok(worker::Stage::Prepared(ids, identity))) => (ids, identity),
-            Ok(Ok(worker::Stage::Recovered(_))) => {
+            Ok(Ok(engine::Stage::Prepared(ids, identity))) => (ids, identity),
+            Ok(Ok(engine::Stage::Recovered(_))) => {
                 let _ = handle.join();
                 return Err(OpenError::Thread("the store thread skipped a stage".into()));
             }
@@ -683,6 +463,7 @@ impl Store {
         })
     }
 
+    /// Sends a command and waits for its answer.
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
         if let Some(reason) = self.shared.disabled_reason() {
             return Err(StoreError::Disabled { reason });
@@ -692,106 +473,6 @@ impl Store {
         // A dropped reply means the thread ended without answering: never a
         // success.
         answer.await.map_err(|_| StoreError::Stopped)?
-    }
-
-    /// Creates a task, or returns the owner's existing task for the same
-    /// creation reference.
-    pub async fn create(&self, new: NewTask) -> Result<Created, StoreError> {
-        if new.ttl_ms <= 0 || new.poll_interval_ms <= 0 {
-            return Err(StoreError::Invalid(
-                "ttl and poll interval must be positive".into(),
-            ));
-        }
-        self.call(|reply| Command::Create { new, reply }).await
-    }
-
-    /// The owner's unexpired task, or `None` for unknown, expired and
-    /// another owner's IDs alike.
-    pub async fn get(&self, id: &TaskId, owner: &Digest) -> Result<Option<TaskRecord>, StoreError> {
-        let (id, owner) = (id.clone(), *owner);
-        self.shared.task_reads.fetch_add(1, Ordering::Relaxed);
-        self.call(|reply| Command::Get { id, owner, reply }).await
-    }
-
-    /// The owner's unexpired task created under `reference`, read without
-    /// creating anything: `None` when there is none, `Conflict` when it was
-    /// created for another request. A retry is answered from this when the
-    /// call could not be admitted as new (every slot busy, the owner at its
-    /// limit), so that it still gets its task.
-    pub async fn find_reference(
-        &self,
-        owner: &Digest,
-        reference: &Digest,
-        request: Option<&Digest>,
-    ) -> Result<Option<TaskRecord>, StoreError> {
-        let (owner, reference, request) = (*owner, *reference, request.copied());
-        self.call(|reply| Command::FindReference {
-            owner,
-            reference,
-            request,
-            reply,
-        })
-        .await
-    }
-
-    /// How many task reads ([`Store::get`]) were asked of the store so far.
-    pub fn task_reads(&self) -> u64 {
-        self.shared.task_reads.load(Ordering::Relaxed)
-    }
-
-    /// Moves a nonterminal task to a terminal status, once: if it is already
-    /// terminal the stored outcome stays and is returned.
-    pub async fn finish(
-        &self,
-        id: &TaskId,
-        status: TaskStatus,
-        outcome: Option<Outcome>,
-    ) -> Result<Option<TaskRecord>, StoreError> {
-        if !status.is_terminal() {
-            return Err(StoreError::Invalid(format!(
-                "{} is not a terminal status",
-                status.as_str()
-            )));
-        }
-        let payload = outcome.as_ref().map(Outcome::encode);
-        if let Some(p) = &payload
-            && p.len() > MAX_PAYLOAD_BYTES
-        {
-            return Err(StoreError::PayloadTooLarge {
-                size: p.len(),
-                limit: MAX_PAYLOAD_BYTES,
-            });
-        }
-        let id = id.clone();
-        self.call(|reply| Command::Finish {
-            id,
-            status,
-            payload,
-            reply,
-        })
-        .await
-    }
-
-    /// Records the owner's intent to cancel a nonterminal task; returns the
-    /// task as it now stands (`None` when unknown to this owner).
-    pub async fn request_cancel(
-        &self,
-        id: &TaskId,
-        owner: &Digest,
-    ) -> Result<Option<TaskRecord>, StoreError> {
-        let (id, owner) = (id.clone(), *owner);
-        self.call(|reply| Command::RequestCancel { id, owner, reply })
-            .await
-    }
-
-    /// For each ID, whether an unexpired task with it exists (any owner):
-    /// how spilled artifacts learn that their task is gone.
-    pub async fn unexpired(&self, ids: Vec<TaskId>) -> Result<Vec<bool>, StoreError> {
-        self.call(|reply| Command::Unexpired { ids, reply }).await
-    }
-
-    pub async fn stats(&self) -> Result<StoreStats, StoreError> {
-        self.call(|reply| Command::Stats { reply }).await
     }
 
     /// Answers when the store thread takes commands (the watchdog's probe).
@@ -914,7 +595,7 @@ impl Store {
 /// [`Store::begin_open`]. Dropping it closes the database unrecovered.
 pub struct Opening {
     store: Store,
-    ready: mpsc::Receiver<Result<worker::Stage, OpenError>>,
+    ready: mpsc::Receiver<Result<engine::Stage, OpenError>>,
     go: mpsc::Sender<()>,
     handle: Option<JoinHandle<()>>,
     unfinished: Vec<TaskId>,
@@ -950,13 +631,13 @@ impl Opening {
             ));
         }
         match self.ready.recv() {
-            Ok(Ok(worker::Stage::Recovered(report))) => {
+            Ok(Ok(engine::Stage::Recovered(report))) => {
                 if let Ok(mut g) = self.store.shared.thread.lock() {
                     *g = handle;
                 }
                 Ok((self.store.clone(), report))
             }
-            Ok(Ok(worker::Stage::Prepared(..))) => {
+            Ok(Ok(engine::Stage::Prepared(..))) => {
                 join(handle);
                 Err(OpenError::Thread(
                     "the store thread repeated a stage".into(),
@@ -992,27 +673,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn task_ids_are_random_and_parse_strictly() {
-        let a = TaskId::generate().unwrap();
-        let b = TaskId::generate().unwrap();
-        assert_ne!(a, b);
-        assert_eq!(TaskId::parse(a.as_str()), Some(a.clone()));
-        assert_eq!(TaskId::parse("tg-XYZ"), None);
-        assert_eq!(TaskId::parse(&a.as_str().to_uppercase()), None);
-    }
-
-    #[test]
     fn digest_parts_are_unambiguous() {
         assert_ne!(
             Digest::of_parts(&[b"ab", b"c"]),
             Digest::of_parts(&[b"a", b"bc"])
         );
-    }
-
-    #[test]
-    fn outcome_round_trips() {
-        let o = Outcome::interrupted();
-        let back: Outcome = serde_json::from_slice(&o.encode()).unwrap();
-        assert_eq!(o, back);
     }
 }

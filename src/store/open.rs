@@ -1,5 +1,7 @@
 //! Opening the database: pragmas and their read-back, schema versions and
-//! migrations, the integrity check, payload decoding, and restart recovery.
+//! migrations ([`super::migrate`]), the integrity check, every record
+//! kind's shape and strict decoding, the store's identity, and restart
+//! recovery (each kind's own).
 //!
 //! Nothing here writes to a database it is about to refuse: an existing
 //! database is validated through the read-only path `taskgate check` uses
@@ -16,46 +18,13 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
-use super::{Clock, OpenError, StoreId, StoreOptions, TaskId, records};
-use crate::testhooks;
-
-/// The schema version this build writes and serves.
-pub const SCHEMA_VERSION: i64 = 2;
+use super::kinds::Kinds;
+use super::migrate::{self, SCHEMA_VERSION};
+use super::{Clock, OpenError, StoreId, StoreOptions, TaskId, tasks};
 
 pub(crate) const PAGE_SIZE: i64 = 4096;
 pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 256;
 pub(crate) const JOURNAL_SIZE_LIMIT_BYTES: i64 = 1024 * 1024;
-
-/// Version 1: generic tasks with an optional creation reference.
-const V1_DDL: &str = "
-CREATE TABLE tasks (
-    id               TEXT    PRIMARY KEY NOT NULL,
-    owner            BLOB    NOT NULL CHECK (length(owner) = 32),
-    reference        BLOB    CHECK (reference IS NULL OR length(reference) = 32),
-    request          BLOB    CHECK (request IS NULL OR length(request) = 32),
-    status           TEXT    NOT NULL CHECK (status IN ('working','input_required','completed','failed','cancelled')),
-    status_message   TEXT,
-    created_ms       INTEGER NOT NULL,
-    updated_ms       INTEGER NOT NULL,
-    expires_ms       INTEGER NOT NULL,
-    poll_interval_ms INTEGER NOT NULL,
-    payload          BLOB,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
-) STRICT;
-CREATE UNIQUE INDEX tasks_owner_reference ON tasks (owner, reference) WHERE reference IS NOT NULL;
-CREATE INDEX tasks_expires ON tasks (expires_ms);
-PRAGMA user_version = 1;
-";
-
-/// Version 2 adds the optional approval-proposal reference (for tasks that
-/// wait on an administrator's approval), in
-/// two statements the migration runs in one transaction.
-const V2_ADD_PROPOSAL: &str = "ALTER TABLE tasks ADD COLUMN proposal TEXT";
-const V2_PROPOSAL_INDEX: &str = "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL";
-
-/// Tasks by owner and expiry, for the per-owner limit.
-const OWNER_INDEX_DDL: &str =
-    "CREATE INDEX IF NOT EXISTS tasks_owner_expires ON tasks (owner, expires_ms)";
 
 /// The store's identity (see [`StoreId`]): one row, written when the
 /// database is initialised, or by the first start of this version on a
@@ -346,26 +315,44 @@ fn integrity_check(conn: &Connection, path: &Path, version: i64) -> Result<(), O
     }
 }
 
-/// Checks that the columns this version must have are there.
-fn verify_shape(conn: &Connection, path: &Path, version: i64) -> Result<(), OpenError> {
-    let extra = if version >= 2 { ", proposal" } else { "" };
-    conn.prepare(&format!(
-        "SELECT {}, owner, reference, request{extra} FROM tasks LIMIT 0",
-        records::COLUMNS
-    ))
-    .map(|_| ())
-    .map_err(|e| refusal(path, "checking the schema", version, e))
+/// Checks that every kind's tables have the columns this version must
+/// have.
+fn verify_shape(
+    conn: &Connection,
+    kinds: &Kinds,
+    path: &Path,
+    version: i64,
+) -> Result<(), OpenError> {
+    kinds.all().into_iter().try_for_each(|kind| {
+        kind.verify_shape(conn, version)
+            .map_err(|e| refusal(path, "checking the schema", version, e))
+    })
 }
 
-fn decode_all(conn: &Connection, path: &Path, version: i64) -> Result<u64, OpenError> {
-    match records::decode_all(conn).map_err(|e| refusal(path, "decoding payloads", version, e))? {
-        Ok(n) => Ok(n),
-        Err((task, detail)) => Err(OpenError::Undecodable {
-            path: path.to_path_buf(),
-            task,
-            detail,
-        }),
+/// Decodes every record of every kind.
+fn decode_all(
+    conn: &Connection,
+    kinds: &Kinds,
+    path: &Path,
+    version: i64,
+) -> Result<(), OpenError> {
+    for kind in kinds.all() {
+        match kind
+            .decode_all(conn)
+            .map_err(|e| refusal(path, "decoding payloads", version, e))?
+        {
+            Ok(_) => {}
+            Err((record, detail)) => {
+                return Err(OpenError::Undecodable {
+                    path: path.to_path_buf(),
+                    kind: kind.name(),
+                    record,
+                    detail,
+                });
+            }
+        }
     }
+    Ok(())
 }
 
 fn in_transaction(
@@ -469,27 +456,28 @@ fn verify_identity(
     })
 }
 
+/// A pristine file: every migration step and the identity in one
+/// transaction.
 fn initialize(conn: &Connection, path: &Path) -> Result<(), OpenError> {
     let id = new_identity(path)?;
     in_transaction(conn, path, "initialising the schema", 0, |c| {
-        c.execute_batch(V1_DDL)?;
-        migrate_v1_to_v2(c)?;
+        migrate::all_after(c, 0)?;
         insert_identity(c, &id)
     })
 }
 
-fn migrate_v1_to_v2(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(V2_ADD_PROPOSAL)?;
-    testhooks::crash_point(testhooks::CRASH_MID_MIGRATION);
-    conn.execute_batch(V2_PROPOSAL_INDEX)?;
-    conn.pragma_update(None, "user_version", 2)
+/// An older database: each missing step in a transaction of its own.
+fn migrate(conn: &Connection, path: &Path, from: i64) -> Result<(), OpenError> {
+    for step in migrate::pending(from) {
+        in_transaction(conn, path, step.what, step.version - 1, |c| {
+            migrate::apply(c, step)
+        })?;
+    }
+    Ok(())
 }
 
 fn counts(conn: &Connection, path: &Path, version: i64, now: i64) -> Result<(u64, u64), OpenError> {
-    let err = |e| refusal(path, "counting tasks", version, e);
-    let retained = records::count_all(conn).map_err(err)?;
-    let expired = records::count_expired(conn, now).map_err(err)?;
-    Ok((retained, retained.saturating_sub(expired)))
+    tasks::counts(conn, now).map_err(|e| refusal(path, "counting tasks", version, e))
 }
 
 /// Refuses versions this build cannot serve.
@@ -552,7 +540,9 @@ pub(super) struct Prepared {
     pub(super) initialized: bool,
     pub(super) migrated_from: Option<i64>,
     /// Tasks that were working when the last process stopped.
-    pub(super) unfinished: Vec<records::Unfinished>,
+    pub(super) unfinished: Vec<TaskId>,
+    /// Of those, the ones whose cancel had been committed.
+    pub(super) cancel_requested: u64,
     pub(super) identity: StoreId,
 }
 
@@ -561,7 +551,7 @@ pub(super) struct Prepared {
 /// it was: every validation runs through the read-only path `taskgate check`
 /// uses before the file is opened for writing (which creates the -wal and
 /// -shm files).
-pub(crate) fn prepare(options: &StoreOptions) -> Result<Prepared, OpenError> {
+pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared, OpenError> {
     let path = options.db_path.as_path();
     let len = file_len(path);
     let (report, found) = check_read_only_at(path, options.max_db_pages, &options.clock)?;
@@ -593,86 +583,79 @@ pub(crate) fn prepare(options: &StoreOptions) -> Result<Prepared, OpenError> {
             // Unreachable in practice (a non-empty versioned file was
             // validated above); kept so no path serves an unchecked file.
             integrity_check(&conn, path, version)?;
-            verify_shape(&conn, path, version)?;
-            decode_all(&conn, path, version)?;
+            verify_shape(&conn, kinds, path, version)?;
+            decode_all(&conn, kinds, path, version)?;
         }
-        if version == 1 {
-            in_transaction(&conn, path, "migrating schema 1 to 2", 1, migrate_v1_to_v2)?;
-            migrated_from = Some(1);
+        if version < SCHEMA_VERSION {
+            migrate(&conn, path, version)?;
+            migrated_from = Some(version);
         }
     }
-    verify_shape(&conn, path, SCHEMA_VERSION)?;
-    let identity = match read_identity(&conn, path, SCHEMA_VERSION)? {
-        Some(id) => id,
-        None => {
-            // A store made before identities existed gets one now; it is
-            // recorded beside the database once opening succeeds.
-            let id = new_identity(path)?;
-            in_transaction(
-                &conn,
-                path,
-                "recording the store identity",
-                SCHEMA_VERSION,
-                |c| insert_identity(c, &id),
-            )?;
-            id
-        }
+    verify_shape(&conn, kinds, path, SCHEMA_VERSION)?;
+    let recorded = read_identity(&conn, path, SCHEMA_VERSION)?;
+    // A store made before identities existed gets one now; it is recorded
+    // beside the database once opening succeeds.
+    let identity = match &recorded {
+        Some(id) => id.clone(),
+        None => new_identity(path)?,
     };
-    // Counting an owner's live tasks at creation reads this index. Like the
-    // identity table it needs no schema version: older builds of this
-    // version neither read nor mind it.
     in_transaction(
         &conn,
         path,
-        "indexing tasks by owner",
+        "creating unversioned schema objects",
         SCHEMA_VERSION,
-        |c| c.execute_batch(OWNER_INDEX_DDL),
+        |c| {
+            if recorded.is_none() {
+                insert_identity(c, &identity)?;
+            }
+            kinds.all().into_iter().try_for_each(|kind| kind.ensure(c))
+        },
     )?;
-    let unfinished = records::unfinished(&conn)
+    let unfinished = tasks::unfinished(&conn)
         .map_err(|e| refusal(path, "listing unfinished tasks", SCHEMA_VERSION, e))?;
     Ok(Prepared {
         conn,
         initialized,
         migrated_from,
-        unfinished,
+        cancel_requested: unfinished.iter().filter(|u| u.cancel_requested).count() as u64,
+        unfinished: unfinished.into_iter().map(|u| u.id).collect(),
         identity,
     })
 }
 
-/// Opening for service, second half: restart recovery. Every task that was
-/// working ends, none is run again: one whose cancel had been committed
-/// ends cancelled (what its client asked for, and the process was being
-/// stopped anyway), every other one fails as interrupted.
-pub(crate) fn recover(
+/// Opening for service, second half: restart recovery, every kind's in one
+/// transaction. For tasks: every task that was working ends, none is run
+/// again; one whose cancel had been committed ends cancelled (what its
+/// client asked for, and the process was being stopped anyway), every
+/// other one fails as interrupted. Then the kinds load their counters.
+pub(super) fn recover(
     prepared: &Prepared,
     options: &StoreOptions,
-) -> Result<(OpenReport, u64), OpenError> {
+    kinds: &mut Kinds,
+) -> Result<OpenReport, OpenError> {
     let path = options.db_path.as_path();
     let conn = &prepared.conn;
     let now = options.clock.now_ms();
     in_transaction(
         conn,
         path,
-        "recovering interrupted tasks",
+        "recovering interrupted work",
         SCHEMA_VERSION,
-        |c| records::end_unfinished(c, now),
+        |c| kinds.recover(c, now),
     )?;
-    let cancelled = prepared
-        .unfinished
-        .iter()
-        .filter(|u| u.cancel_requested)
-        .count() as u64;
+    kinds
+        .load(conn, now)
+        .map_err(|e| refusal(path, "counting records", SCHEMA_VERSION, e))?;
     let (retained, unexpired) = counts(conn, path, SCHEMA_VERSION, now)?;
-    let report = OpenReport {
+    Ok(OpenReport {
         initialized: prepared.initialized,
         migrated_from: prepared.migrated_from,
         recovered: prepared.unfinished.len() as u64,
-        cancelled,
-        recovered_ids: prepared.unfinished.iter().map(|u| u.id.clone()).collect(),
+        cancelled: prepared.cancel_requested,
+        recovered_ids: prepared.unfinished.clone(),
         retained,
         unexpired,
-    };
-    Ok((report, retained))
+    })
 }
 
 /// The path part of an SQLite `file:` URI. SQLite decodes `%HH` escapes
@@ -769,9 +752,10 @@ fn validate_read_only(
         return Ok((CheckReport::Pristine, None));
     }
     integrity_check(conn, db_path, version)?;
-    verify_shape(conn, db_path, version)?;
-    decode_all(conn, db_path, version)?;
-    let (nonterminal, cancel_requested) = records::count_nonterminal(conn)
+    let kinds = Kinds::new(&StoreOptions::new(db_path));
+    verify_shape(conn, &kinds, db_path, version)?;
+    decode_all(conn, &kinds, db_path, version)?;
+    let (nonterminal, cancel_requested) = tasks::count_nonterminal(conn)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
     let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
     let identity = read_identity(conn, db_path, version)?;

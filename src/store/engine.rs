@@ -1,15 +1,17 @@
-//! The store thread: the only owner of the SQLite connection.
+//! The store thread: the only owner of the SQLite connection. It knows no
+//! schema: what it runs are operations a record kind built ([`ReadOp`],
+//! [`WriteOp`]) and the kinds' own sweep and counters ([`super::kinds`]).
 //!
 //! It takes commands from the bounded queue in batches. Reads are answered
 //! at once. Writes of one batch share one transaction (group commit), each
 //! under its own savepoint so one failure does not fail the others, and
 //! every writer is answered only after COMMIT returned. An uncertain I/O
 //! error or corruption latches the service disabled: nothing is retried and
-//! nothing afterwards is acknowledged. While it executes a command the
-//! thread is inside that command's span, so what it logs belongs to the
-//! request that asked for it.
+//! nothing afterwards is acknowledged; the writer whose COMMIT failed hears
+//! `Uncertain`. While it executes a command the thread is inside that
+//! command's span, so what it logs belongs to the request that asked for it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,17 +22,180 @@ use rusqlite::backup::{Backup, StepResult};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::schema::{self, OpenReport};
+use super::kinds::Kinds;
+use super::open::{self, OpenReport};
 use super::{
-    CapacityKind, CheckpointReport, Command, Created, Envelope, MAX_BATCH, NewTask, OpenError,
-    Reply, SNAPSHOT_STEP_PAGES, SWEEP_BATCH, SWEEP_INTERVAL, Shared, SnapshotReport, StoreError,
-    StoreId, StoreOptions, StoreStats, TaskId, TaskRecord, records,
+    CapacityKind, CheckpointReport, MAX_BATCH, OpenError, Reply, SNAPSHOT_STEP_PAGES, SWEEP_BATCH,
+    SWEEP_INTERVAL, Shared, SnapshotReport, StoreError, StoreId, StoreOptions, TaskId,
 };
 
 /// Pages of headroom below `max_page_count` within which SQLITE_FULL is
 /// blamed on the page cap rather than the filesystem: more than the largest
 /// batch can need (256 terminal payloads of 16 KiB plus index pages).
 const PAGE_CAP_MARGIN: u64 = 2048;
+
+/// Why an operation failed on the store thread.
+pub(super) enum OpError {
+    /// A refusal decided by taskgate (capacity, conflict). Inside a batch
+    /// the write's savepoint is rolled back and the batch goes on.
+    Refused(StoreError),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for OpError {
+    fn from(e: rusqlite::Error) -> Self {
+        OpError::Sql(e)
+    }
+}
+
+/// What a read gets: the connection outside any transaction, the store's
+/// "now", and the kinds' counters.
+pub(super) struct ReadCx<'a> {
+    pub(super) conn: &'a Connection,
+    pub(super) now: i64,
+    pub(super) kinds: &'a Kinds,
+}
+
+/// What a write gets: the connection inside the batch's transaction (its
+/// own savepoint open), the batch's "now", and the kinds' counters, whose
+/// changes count once the transaction commits.
+pub(super) struct Tx<'a> {
+    pub(super) conn: &'a Connection,
+    pub(super) now: i64,
+    pub(super) kinds: &'a mut Kinds,
+}
+
+/// A read a record kind asks of the store thread; it answers its caller.
+pub(super) trait ReadOp: Send {
+    fn run(self: Box<Self>, cx: &ReadCx<'_>, engine: &Engine);
+    /// The store is disabled: the reader hears so, nothing is read.
+    fn refuse(self: Box<Self>, e: StoreError);
+}
+
+/// A write a record kind asks of the store thread: applied inside the
+/// batch's transaction, answered only once that transaction's fate is
+/// known.
+pub(super) trait WriteOp: Send {
+    /// Whether the batch should first sweep a bounded number of expired
+    /// records (a write that adds records makes room for them).
+    fn makes_room(&self) -> bool;
+    /// What the write does, for messages and the disabled reason.
+    fn during(&self) -> &'static str;
+    fn apply(&mut self, tx: &mut Tx<'_>) -> Result<(), OpError>;
+    /// COMMIT returned: the writer hears what `apply` produced.
+    fn committed(self: Box<Self>);
+    fn failed(self: Box<Self>, e: StoreError);
+}
+
+/// A read from a closure: its SQL error is mapped by the engine (a fatal one
+/// latches the service disabled).
+pub(super) struct Read<T, F> {
+    pub(super) during: &'static str,
+    pub(super) body: F,
+    pub(super) reply: Reply<T>,
+}
+
+impl<T, F> ReadOp for Read<T, F>
+where
+    T: Send,
+    F: FnOnce(&ReadCx<'_>) -> Result<T, OpError> + Send,
+{
+    fn run(self: Box<Self>, cx: &ReadCx<'_>, engine: &Engine) {
+        let Read {
+            during,
+            body,
+            reply,
+        } = *self;
+        let result = body(cx).map_err(|e| match e {
+            OpError::Refused(e) => e,
+            OpError::Sql(e) => engine.fail(e, during),
+        });
+        let _ = reply.send(result);
+    }
+
+    fn refuse(self: Box<Self>, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
+
+/// A write from a closure, holding its answer until COMMIT.
+pub(super) struct Write<T, F> {
+    pub(super) during: &'static str,
+    pub(super) makes_room: bool,
+    pub(super) body: F,
+    pub(super) reply: Reply<T>,
+    pub(super) done: Option<T>,
+}
+
+impl<T, F> WriteOp for Write<T, F>
+where
+    T: Send,
+    F: FnMut(&mut Tx<'_>) -> Result<T, OpError> + Send,
+{
+    fn makes_room(&self) -> bool {
+        self.makes_room
+    }
+
+    fn during(&self) -> &'static str {
+        self.during
+    }
+
+    fn apply(&mut self, tx: &mut Tx<'_>) -> Result<(), OpError> {
+        self.done = Some((self.body)(tx)?);
+        Ok(())
+    }
+
+    fn committed(self: Box<Self>) {
+        let answer = self
+            .done
+            .ok_or_else(|| StoreError::Internal("write produced no answer".into()));
+        let _ = self.reply.send(answer);
+    }
+
+    fn failed(self: Box<Self>, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
+
+/// What the store thread is asked to do.
+pub(super) enum Command {
+    Read(Box<dyn ReadOp>),
+    Write(Box<dyn WriteOp>),
+    Ping {
+        reply: Reply<()>,
+    },
+    Sweep {
+        reply: Reply<u64>,
+    },
+    Checkpoint {
+        reply: Reply<CheckpointReport>,
+    },
+    /// Copy the database to a new file at `dest` (which must exist, empty).
+    Snapshot {
+        dest: PathBuf,
+        reply: Reply<SnapshotReport>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// A command with the caller's tracing span: the store thread enters it
+/// while it executes the command, so what it logs joins the request that
+/// asked for it.
+pub(super) struct Envelope {
+    pub(super) span: tracing::Span,
+    pub(super) cmd: Command,
+}
+
+impl Envelope {
+    pub(super) fn new(cmd: Command) -> Envelope {
+        Envelope {
+            span: tracing::Span::current(),
+            cmd,
+        }
+    }
+}
 
 /// What the store thread tells the opener, in order.
 pub(super) enum Stage {
@@ -47,21 +212,24 @@ pub(super) fn run(
     ready: mpsc::Sender<Result<Stage, OpenError>>,
     go: Receiver<()>,
 ) {
-    let prepared = match schema::prepare(&options) {
+    let mut kinds = Kinds::new(&options);
+    let prepared = match open::prepare(&options, &kinds) {
         Ok(p) => p,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let ids = prepared.unfinished.iter().map(|u| u.id.clone()).collect();
-    let _ = ready.send(Ok(Stage::Prepared(ids, prepared.identity.clone())));
+    let _ = ready.send(Ok(Stage::Prepared(
+        prepared.unfinished.clone(),
+        prepared.identity.clone(),
+    )));
     if go.recv().is_err() {
         // The opener gave up: close without recovering (checkpoint-on-close
         // is still off, so the file is left as migration left it).
         return;
     }
-    let (report, rows) = match schema::recover(&prepared, &options) {
+    let report = match open::recover(&prepared, &options, &mut kinds) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -70,15 +238,15 @@ pub(super) fn run(
     };
     let _ = ready.send(Ok(Stage::Recovered(report)));
     let now = options.clock.monotonic();
-    let mut worker = Worker {
+    let mut engine = Engine {
         conn: Some(Rc::new(prepared.conn)),
-        rows,
+        kinds,
         next_sweep: now + SWEEP_INTERVAL,
         next_checkpoint: now + options.checkpoint_interval,
         options,
         shared,
     };
-    worker.serve(rx);
+    engine.serve(rx);
 }
 
 /// Every store handle is gone: the thread closes the database and ends.
@@ -119,66 +287,10 @@ fn severity(e: &rusqlite::Error) -> Severity {
     }
 }
 
-/// The reply channel of a write, whatever it returns.
-enum WriteReply {
-    Create(Reply<Created>),
-    Record(Reply<Option<TaskRecord>>),
-}
-
-enum WriteOk {
-    Create(Created),
-    Record(Option<TaskRecord>),
-}
-
-impl WriteReply {
-    fn fail(self, e: StoreError) {
-        match self {
-            WriteReply::Create(r) => drop(r.send(Err(e))),
-            WriteReply::Record(r) => drop(r.send(Err(e))),
-        }
-    }
-
-    fn answer(self, ok: WriteOk) {
-        match (self, ok) {
-            (WriteReply::Create(r), WriteOk::Create(c)) => drop(r.send(Ok(c))),
-            (WriteReply::Record(r), WriteOk::Record(t)) => drop(r.send(Ok(t))),
-            (reply, _) => reply.fail(StoreError::Internal("mismatched reply".into())),
-        }
-    }
-}
-
-/// A write command's work, separated from its reply channel.
-enum Write {
-    Create(NewTask),
-    Finish {
-        id: TaskId,
-        status: super::TaskStatus,
-        payload: Option<Vec<u8>>,
-    },
-    RequestCancel {
-        id: TaskId,
-        owner: super::Digest,
-    },
-}
-
-/// Why one write inside the batch failed.
-enum ApplyError {
-    /// A refusal decided by taskgate (capacity, conflict): the savepoint is
-    /// rolled back and the batch goes on.
-    Refused(StoreError),
-    Sql(rusqlite::Error),
-}
-
-impl From<rusqlite::Error> for ApplyError {
-    fn from(e: rusqlite::Error) -> Self {
-        ApplyError::Sql(e)
-    }
-}
-
 /// An online snapshot asked for by a command.
 struct SnapshotJob {
     span: tracing::Span,
-    dest: std::path::PathBuf,
+    dest: PathBuf,
     reply: Reply<SnapshotReport>,
 }
 
@@ -191,14 +303,15 @@ struct AfterBatch {
 
 /// The store thread's state. It is made on the store thread and is not
 /// `Send` (the connection is behind an `Rc`), so the compiler keeps the
-/// connection on that thread: invariant 1 ([`WORKER_STAYS_ON_ITS_THREAD`]).
-struct Worker {
+/// connection on that thread: invariant 1 ([`ENGINE_STAYS_ON_ITS_THREAD`]).
+pub(super) struct Engine {
     /// `None` only after close. Shared (on this thread only) so that a
-    /// snapshot's backup can borrow it while the worker goes on serving
+    /// snapshot's backup can borrow it while the engine goes on serving
     /// commands between the snapshot's steps.
     conn: Option<Rc<Connection>>,
-    /// Rows in the table as of the last commit.
-    rows: u64,
+    /// The record kinds' state on this thread (counters that spare a
+    /// query), changed only as transactions commit.
+    kinds: Kinds,
     /// Timer deadlines on the clock's monotonic scale.
     next_sweep: Duration,
     next_checkpoint: Duration,
@@ -206,24 +319,24 @@ struct Worker {
     shared: Arc<Shared>,
 }
 
-/// Fails to compile if `Worker` becomes `Send` (say, the `Rc` around the
-/// connection were dropped, or it were held in a `Mutex`): the
-/// two blanket impls make `some_item` ambiguous for a `Send` type only.
+/// Fails to compile if `Engine` becomes `Send` (say, the `Rc` around the
+/// connection were dropped, or it were held in a `Mutex`): the two blanket
+/// impls make `some_item` ambiguous for a `Send` type only.
 #[allow(dead_code)]
-const WORKER_STAYS_ON_ITS_THREAD: fn() = || {
+const ENGINE_STAYS_ON_ITS_THREAD: fn() = || {
     trait AmbiguousIfSend<A> {
         fn some_item() {}
     }
     impl<T: ?Sized> AmbiguousIfSend<()> for T {}
     impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
-    let _ = <Worker as AmbiguousIfSend<_>>::some_item;
+    let _ = <Engine as AmbiguousIfSend<_>>::some_item;
 };
 
-impl Worker {
+impl Engine {
     /// Runs one statement from the statement cache: the transaction and
     /// savepoint statements run several times per batch.
-    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
-        self.conn().prepare_cached(sql)?.execute([]).map(|_| ())
+    fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+        conn.prepare_cached(sql)?.execute([]).map(|_| ())
     }
 
     fn now_ms(&self) -> i64 {
@@ -317,7 +430,7 @@ impl Worker {
             }
         };
         // A handle of our own: the backup borrows it, not `self`, so the
-        // worker stays free to serve commands between steps.
+        // engine stays free to serve commands between steps.
         let src = match &self.conn {
             Some(c) => Rc::clone(c),
             None => {
@@ -427,7 +540,7 @@ impl Worker {
     }
 
     /// Maps an SQLite error met outside a write transaction.
-    fn fail(&self, e: rusqlite::Error, during: &str) -> StoreError {
+    pub(super) fn fail(&self, e: rusqlite::Error, during: &str) -> StoreError {
         match severity(&e) {
             Severity::Full => StoreError::Capacity(self.full_kind()),
             Severity::Fatal => self.latch(&e, during, false),
@@ -453,7 +566,7 @@ impl Worker {
             .and_then(|dir| nix::sys::statvfs::statvfs(dir).ok())
             .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
             .unwrap_or(0);
-        if near_cap && room >= PAGE_CAP_MARGIN * schema::PAGE_SIZE as u64 {
+        if near_cap && room >= PAGE_CAP_MARGIN * open::PAGE_SIZE as u64 {
             CapacityKind::PageCap {
                 pages: self.options.max_db_pages,
             }
@@ -473,83 +586,18 @@ impl Worker {
             let _entered = span.enter();
             match cmd {
                 Command::Ping { reply } => drop(reply.send(Ok(()))),
-                Command::Get { id, owner, reply } => {
-                    let r = match self.disabled() {
-                        Some(e) => Err(e),
-                        None => records::find_owned(self.conn(), &id, &owner, self.now_ms())
-                            .map_err(|e| self.fail(e, "reading a task")),
-                    };
-                    let _ = reply.send(r);
-                }
-                Command::FindReference {
-                    owner,
-                    reference,
-                    request,
-                    reply,
-                } => {
-                    let r = match self.disabled() {
-                        Some(e) => Err(e),
-                        None => records::find_by_reference(
-                            self.conn(),
-                            &owner,
-                            &reference,
-                            self.now_ms(),
-                        )
-                        .map_err(|e| self.fail(e, "reading a task by its reference"))
-                        .and_then(|found| match found {
-                            Some(f) if !f.expired => {
-                                if f.request.as_deref() == request.as_ref().map(|d| &d.0[..]) {
-                                    Ok(Some(f.record))
-                                } else {
-                                    Err(StoreError::Conflict)
-                                }
-                            }
-                            _ => Ok(None),
-                        }),
-                    };
-                    let _ = reply.send(r);
-                }
-                Command::Stats { reply } => {
-                    let _ = reply.send(self.stats());
-                }
-                Command::Unexpired { ids, reply } => {
-                    let r = match self.disabled() {
-                        Some(e) => Err(e),
-                        None => {
-                            let now = self.now_ms();
-                            ids.iter()
-                                .map(|id| {
-                                    records::find_unexpired(self.conn(), id, now)
-                                        .map(|r| r.is_some())
-                                })
-                                .collect::<rusqlite::Result<Vec<bool>>>()
-                                .map_err(|e| self.fail(e, "reading tasks"))
-                        }
-                    };
-                    let _ = reply.send(r);
-                }
-                Command::Create { new, reply } => {
-                    writes.push((span.clone(), Write::Create(new), WriteReply::Create(reply)))
-                }
-                Command::Finish {
-                    id,
-                    status,
-                    payload,
-                    reply,
-                } => writes.push((
-                    span.clone(),
-                    Write::Finish {
-                        id,
-                        status,
-                        payload,
-                    },
-                    WriteReply::Record(reply),
-                )),
-                Command::RequestCancel { id, owner, reply } => writes.push((
-                    span.clone(),
-                    Write::RequestCancel { id, owner },
-                    WriteReply::Record(reply),
-                )),
+                Command::Read(op) => match self.disabled() {
+                    Some(e) => op.refuse(e),
+                    None => {
+                        let cx = ReadCx {
+                            conn: self.conn(),
+                            now: self.now_ms(),
+                            kinds: &self.kinds,
+                        };
+                        op.run(&cx, self);
+                    }
+                },
+                Command::Write(op) => writes.push((span.clone(), op)),
                 cmd @ (Command::Sweep { .. } | Command::Checkpoint { .. }) => {
                     maintenance.push((span.clone(), cmd))
                 }
@@ -587,79 +635,71 @@ impl Worker {
         after
     }
 
-    fn stats(&self) -> Result<StoreStats, StoreError> {
-        if let Some(e) = self.disabled() {
-            return Err(e);
-        }
-        let expired = records::count_expired(self.conn(), self.now_ms())
-            .map_err(|e| self.fail(e, "counting tasks"))?;
-        Ok(StoreStats {
-            retained: self.rows,
-            unexpired: self.rows.saturating_sub(expired),
-        })
-    }
-
     /// One group commit: every write of the batch in one transaction.
-    fn commit(&mut self, writes: Vec<(tracing::Span, Write, WriteReply)>) {
+    fn commit(&mut self, writes: Vec<(tracing::Span, Box<dyn WriteOp>)>) {
         if let Some(e) = self.disabled() {
-            writes.into_iter().for_each(|(_, _, r)| r.fail(e.clone()));
+            writes.into_iter().for_each(|(_, w)| w.failed(e.clone()));
             return;
         }
-        let now = self.now_ms();
-        if let Err(e) = self.exec("BEGIN IMMEDIATE") {
+        if let Err(e) = Self::exec(self.conn(), "BEGIN IMMEDIATE") {
             let err = self.fail(e, "beginning a transaction");
-            writes.into_iter().for_each(|(_, _, r)| r.fail(err.clone()));
+            writes.into_iter().for_each(|(_, w)| w.failed(err.clone()));
             return;
         }
-        let mut delta: i64 = 0;
-        let mut done: Vec<(WriteReply, WriteOk)> = Vec::with_capacity(writes.len());
+        let mut done: Vec<Box<dyn WriteOp>> = Vec::with_capacity(writes.len());
 
-        if writes.iter().any(|(_, w, _)| matches!(w, Write::Create(_))) && !self.sweep_held() {
-            // Creation clears some expired rows on the way (bounded).
-            match self.in_savepoint(|c| records::delete_expired(c, now, SWEEP_BATCH)) {
-                Ok(n) => delta -= n as i64,
-                Err(e) => {
-                    if let Some(err) = self.abort_if_lost(&e, "clearing expired tasks") {
-                        writes.into_iter().for_each(|(_, _, r)| r.fail(err.clone()));
-                        return;
-                    }
-                }
+        if writes.iter().any(|(_, w)| w.makes_room()) && !self.sweep_held() {
+            // A write that adds records clears some expired ones on the
+            // way (bounded per kind).
+            if let Err(e) = self.in_savepoint(|tx| tx.kinds.sweep(tx.conn, tx.now, SWEEP_BATCH))
+                && let Some(err) = self.abort_if_lost(&e, "clearing expired records")
+            {
+                writes.into_iter().for_each(|(_, w)| w.failed(err.clone()));
+                return;
             }
         }
 
         let mut rest = writes.into_iter();
-        while let Some((span, write, reply)) = rest.next() {
+        while let Some((span, mut write)) = rest.next() {
             let _entered = span.enter();
-            let outcome = self.in_savepoint_apply(&write, now, self.rows as i64 + delta);
-            match outcome {
-                Ok((ok, d)) => {
-                    delta += d;
-                    done.push((reply, ok));
+            let mut refusal = None;
+            let outcome = self.in_savepoint(|tx| match write.apply(tx) {
+                Ok(()) => Ok(()),
+                Err(OpError::Refused(e)) => {
+                    refusal = Some(e);
+                    // Any error rolls the savepoint back; this one is ours.
+                    Err(rusqlite::Error::QueryReturnedNoRows)
                 }
-                Err(ApplyError::Refused(e)) => reply.fail(e),
-                Err(ApplyError::Sql(e)) => {
-                    if let Some(err) = self.abort_if_lost(&e, "writing a task") {
+                Err(OpError::Sql(e)) => Err(e),
+            });
+            match (outcome, refusal) {
+                (_, Some(e)) => write.failed(e),
+                (Ok(()), None) => done.push(write),
+                (Err(e), None) => {
+                    if let Some(err) = self.abort_if_lost(&e, write.during()) {
                         // The whole transaction is gone: nobody in it may
                         // hear success.
-                        reply.fail(err.clone());
-                        done.into_iter().for_each(|(r, _)| r.fail(err.clone()));
-                        rest.for_each(|(_, _, r)| r.fail(err.clone()));
+                        write.failed(err.clone());
+                        done.into_iter().for_each(|w| w.failed(err.clone()));
+                        rest.for_each(|(_, w)| w.failed(err.clone()));
                         return;
                     }
-                    reply.fail(match severity(&e) {
+                    let err = match severity(&e) {
                         Severity::Full => StoreError::Capacity(self.full_kind()),
-                        _ => StoreError::Internal(format!("writing a task: {e}")),
-                    });
+                        _ => StoreError::Internal(format!("{}: {e}", write.during())),
+                    };
+                    write.failed(err);
                 }
             }
         }
 
-        match self.exec("COMMIT") {
+        match Self::exec(self.conn(), "COMMIT") {
             Ok(()) => {
-                self.rows = (self.rows as i64 + delta).max(0) as u64;
-                done.into_iter().for_each(|(r, ok)| r.answer(ok));
+                self.kinds.committed();
+                done.into_iter().for_each(|w| w.committed());
             }
             Err(e) => {
+                self.kinds.rolled_back();
                 let err = match severity(&e) {
                     // COMMIT itself failed with an I/O error: it may or may
                     // not be on disk. Never retried, never a success.
@@ -673,154 +713,62 @@ impl Worker {
                 {
                     self.latch(&rb, "rolling back", true);
                 }
-                done.into_iter().for_each(|(r, _)| r.fail(err.clone()));
+                done.into_iter().for_each(|w| w.failed(err.clone()));
             }
         }
     }
 
     /// After a failed statement inside the batch transaction: when the error
     /// is fatal, or SQLite rolled the whole transaction back, returns the
-    /// error every member of the batch gets. `None` means only the failed
-    /// savepoint is lost.
-    fn abort_if_lost(&self, e: &rusqlite::Error, during: &str) -> Option<StoreError> {
-        let conn = self.conn();
-        match severity(e) {
+    /// error every member of the batch gets (and the kinds forget what the
+    /// batch changed). `None` means only the failed savepoint is lost.
+    fn abort_if_lost(&mut self, e: &rusqlite::Error, during: &str) -> Option<StoreError> {
+        let lost = match severity(e) {
             Severity::Fatal => {
                 let err = self.latch(e, during, false);
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
+                if !self.conn().is_autocommit() {
+                    let _ = self.conn().execute_batch("ROLLBACK");
                 }
                 Some(err)
             }
-            _ if conn.is_autocommit() => Some(match severity(e) {
+            _ if self.conn().is_autocommit() => Some(match severity(e) {
                 Severity::Full => StoreError::Capacity(self.full_kind()),
                 _ => StoreError::Internal(format!("{during}: {e}")),
             }),
             _ => None,
+        };
+        if lost.is_some() {
+            self.kinds.rolled_back();
         }
+        lost
     }
 
     /// Runs `body` under a savepoint, rolling back to it on error.
     fn in_savepoint<T>(
-        &self,
-        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+        &mut self,
+        body: impl FnOnce(&mut Tx<'_>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
-        self.exec("SAVEPOINT w")?;
-        match body(self.conn()) {
+        let now = self.now_ms();
+        let Engine { conn, kinds, .. } = self;
+        let conn: &Connection = conn.as_deref().expect("connection used after close");
+        Self::exec(conn, "SAVEPOINT w")?;
+        let mut tx = Tx { conn, now, kinds };
+        match body(&mut tx) {
             Ok(v) => {
-                self.exec("RELEASE w")?;
+                Self::exec(conn, "RELEASE w")?;
                 Ok(v)
             }
             Err(e) => {
-                if !self.conn().is_autocommit() {
-                    let _ = self.exec("ROLLBACK TO w");
-                    let _ = self.exec("RELEASE w");
+                if !conn.is_autocommit() {
+                    let _ = Self::exec(conn, "ROLLBACK TO w");
+                    let _ = Self::exec(conn, "RELEASE w");
                 }
                 Err(e)
             }
         }
     }
 
-    fn in_savepoint_apply(
-        &self,
-        write: &Write,
-        now: i64,
-        rows: i64,
-    ) -> Result<(WriteOk, i64), ApplyError> {
-        let mut refusal = None;
-        let result = self.in_savepoint(|c| match self.apply(c, write, now, rows) {
-            Ok(v) => Ok(Some(v)),
-            Err(ApplyError::Refused(e)) => {
-                refusal = Some(e);
-                // Any error rolls the savepoint back; this one is ours.
-                Err(rusqlite::Error::QueryReturnedNoRows)
-            }
-            Err(ApplyError::Sql(e)) => Err(e),
-        });
-        match (result, refusal) {
-            (_, Some(e)) => Err(ApplyError::Refused(e)),
-            (Ok(Some(v)), None) => Ok(v),
-            (Ok(None), None) => Err(ApplyError::Refused(StoreError::Internal(
-                "write produced no answer".into(),
-            ))),
-            (Err(e), None) => Err(ApplyError::Sql(e)),
-        }
-    }
-
-    fn apply(
-        &self,
-        c: &Connection,
-        write: &Write,
-        now: i64,
-        rows: i64,
-    ) -> Result<(WriteOk, i64), ApplyError> {
-        match write {
-            Write::Create(new) => self.create(c, new, now, rows),
-            Write::Finish {
-                id,
-                status,
-                payload,
-            } => {
-                let r = records::finish(c, id, *status, payload.as_deref(), now)?;
-                Ok((WriteOk::Record(r), 0))
-            }
-            Write::RequestCancel { id, owner } => {
-                let r = records::request_cancel(c, id, owner, now)?;
-                Ok((WriteOk::Record(r), 0))
-            }
-        }
-    }
-
-    fn create(
-        &self,
-        c: &Connection,
-        new: &NewTask,
-        now: i64,
-        rows: i64,
-    ) -> Result<(WriteOk, i64), ApplyError> {
-        let mut delta = 0;
-        let existing = match &new.reference {
-            Some(reference) => records::find_by_reference(c, &new.owner, reference, now)?,
-            None => None,
-        };
-        if let Some(found) = existing {
-            if !found.expired {
-                let same = found.request.as_deref() == new.request.as_ref().map(|d| &d.0[..]);
-                return if same {
-                    Ok((WriteOk::Create(Created::Existing(found.record)), 0))
-                } else {
-                    Err(ApplyError::Refused(StoreError::Conflict))
-                };
-            }
-            // An expired task no longer holds its reference.
-            records::delete(c, &found.record.id)?;
-            delta -= 1;
-        }
-        let limit = self.options.max_live_tasks;
-        let rows = (rows + delta).max(0) as u64;
-        if rows >= limit {
-            // Expired rows awaiting cleanup do not count against the limit.
-            let live = rows.saturating_sub(records::count_expired(c, now)?);
-            if live >= limit {
-                return Err(ApplyError::Refused(StoreError::Capacity(
-                    CapacityKind::LiveTasks { limit },
-                )));
-            }
-        }
-        let per_owner = self.options.max_live_tasks_per_owner;
-        if per_owner < limit && records::count_live_of(c, &new.owner, now)? >= per_owner {
-            return Err(ApplyError::Refused(StoreError::Capacity(
-                CapacityKind::OwnerTasks { limit: per_owner },
-            )));
-        }
-        let id = TaskId::generate().map_err(|e| {
-            ApplyError::Refused(StoreError::Internal(format!("random source: {e}")))
-        })?;
-        let record = records::insert(c, &id, new, now)?;
-        Ok((WriteOk::Create(Created::New(record)), delta + 1))
-    }
-
-    /// Test hook: expired rows are kept while the hold file exists.
+    /// Test hook: expired records are kept while the hold file exists.
     fn sweep_held(&self) -> bool {
         self.options
             .hold_sweep_file
@@ -828,6 +776,8 @@ impl Worker {
             .is_some_and(|f| f.exists())
     }
 
+    /// Deletes up to [`SWEEP_BATCH`] expired records of each kind, each
+    /// kind's deletion committed on its own.
     fn sweep(&mut self) -> Result<u64, StoreError> {
         if let Some(e) = self.disabled() {
             return Err(e);
@@ -835,15 +785,19 @@ impl Worker {
         if self.sweep_held() {
             return Ok(0);
         }
-        match records::delete_expired(self.conn(), self.now_ms(), SWEEP_BATCH) {
+        let now = self.now_ms();
+        let Engine { conn, kinds, .. } = self;
+        let conn: &Connection = conn.as_deref().expect("connection used after close");
+        let swept = kinds.sweep(conn, now, SWEEP_BATCH);
+        match swept {
             Ok(n) => {
-                self.rows = self.rows.saturating_sub(n);
-                if n > 0 {
-                    tracing::debug!(deleted = n, "{n} expired tasks swept");
-                }
+                self.kinds.committed();
                 Ok(n)
             }
-            Err(e) => Err(self.fail(e, "sweeping expired tasks")),
+            Err(e) => {
+                self.kinds.rolled_back();
+                Err(self.fail(e, "sweeping expired records"))
+            }
         }
     }
 

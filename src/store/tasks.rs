@@ -1,0 +1,842 @@
+//! The task records: the `tasks` table's DDL (as migration steps), its
+//! SQL, the record types, the task operations of [`Store`], the per-owner
+//! and global live-task limits, the expiry sweep and restart recovery.
+//! Functions here run on the store thread only; the `Store` methods at the
+//! end turn each operation into a command for it.
+
+use std::sync::LazyLock;
+use std::sync::atomic::Ordering;
+
+use rusqlite::types::Type;
+use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
+use serde::{Deserialize, Serialize};
+
+use super::engine::{Command, OpError, Read, ReadCx, Tx, Write};
+use super::kinds::RecordKind;
+use super::{
+    CapacityKind, Digest, MAX_PAYLOAD_BYTES, Store, StoreError, StoreOptions, StoreStats,
+    TERMINAL_RETENTION_MS, hex,
+};
+use crate::testhooks;
+
+/// A public task identifier: 128 random bits, hex, with a `tg-` prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(String);
+
+impl TaskId {
+    const PREFIX: &'static str = "tg-";
+
+    /// A fresh identifier from the operating system's random source.
+    pub fn generate() -> Result<TaskId, getrandom::Error> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)?;
+        Ok(TaskId(format!("{}{}", Self::PREFIX, hex(&bytes))))
+    }
+
+    /// Accepts only the exact shape `generate` produces, so a malformed ID is
+    /// just another unknown ID.
+    pub fn parse(s: &str) -> Option<TaskId> {
+        let rest = s.strip_prefix(Self::PREFIX)?;
+        (rest.len() == 32 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| TaskId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The five task states of the MCP Tasks extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Working,
+    InputRequired,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Working => "working",
+            TaskStatus::InputRequired => "input_required",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskStatus> {
+        Some(match s {
+            "working" => TaskStatus::Working,
+            "input_required" => TaskStatus::InputRequired,
+            "completed" => TaskStatus::Completed,
+            "failed" => TaskStatus::Failed,
+            "cancelled" => TaskStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
+        )
+    }
+}
+
+/// A JSON-RPC error as kept in a failed task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+}
+
+/// The terminal payload of a task: the tool's result, or a JSON-RPC error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Outcome {
+    Result(serde_json::Value),
+    Error(ErrorBody),
+}
+
+impl Outcome {
+    /// The payload every task interrupted by a restart carries.
+    pub fn interrupted() -> Outcome {
+        let w = crate::wire::TASK_INTERRUPTED;
+        Outcome::Error(ErrorBody {
+            code: w.code,
+            message: "task interrupted: the daemon stopped while it ran; it was not run again"
+                .into(),
+            data: Some(w.data()),
+        })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        // Serialising a Value-based enum cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// A task as stored, without the digests it is looked up by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    pub status: TaskStatus,
+    pub status_message: Option<String>,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    pub expires_ms: i64,
+    pub poll_interval_ms: i64,
+    pub outcome: Option<Outcome>,
+    pub cancel_requested: bool,
+}
+
+impl TaskRecord {
+    /// Time to live as the protocol reports it: relative to creation.
+    pub fn ttl_ms(&self) -> i64 {
+        self.expires_ms - self.created_ms
+    }
+}
+
+/// What a creation asks for.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub owner: Digest,
+    /// The creation reference (an operation identity chosen by the client).
+    pub reference: Option<Digest>,
+    /// The identity of the request (tool and canonical arguments): a repeat
+    /// of `reference` with another request is a conflict.
+    pub request: Option<Digest>,
+    pub ttl_ms: i64,
+    pub poll_interval_ms: i64,
+}
+
+/// The answer to a creation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    New(TaskRecord),
+    /// The owner already created a task under this reference: its handle.
+    Existing(TaskRecord),
+}
+
+impl Created {
+    pub fn record(&self) -> &TaskRecord {
+        match self {
+            Created::New(r) | Created::Existing(r) => r,
+        }
+    }
+}
+
+// ------------------------------------------------------------------ schema --
+
+/// Migration step 1: generic tasks with an optional creation reference.
+pub(super) fn create_table(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE tasks (
+    id               TEXT    PRIMARY KEY NOT NULL,
+    owner            BLOB    NOT NULL CHECK (length(owner) = 32),
+    reference        BLOB    CHECK (reference IS NULL OR length(reference) = 32),
+    request          BLOB    CHECK (request IS NULL OR length(request) = 32),
+    status           TEXT    NOT NULL CHECK (status IN ('working','input_required','completed','failed','cancelled')),
+    status_message   TEXT,
+    created_ms       INTEGER NOT NULL,
+    updated_ms       INTEGER NOT NULL,
+    expires_ms       INTEGER NOT NULL,
+    poll_interval_ms INTEGER NOT NULL,
+    payload          BLOB,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE UNIQUE INDEX tasks_owner_reference ON tasks (owner, reference) WHERE reference IS NOT NULL;
+CREATE INDEX tasks_expires ON tasks (expires_ms);",
+    )
+}
+
+/// Migration step 2: the optional approval-proposal reference (for tasks
+/// that wait on an administrator's approval). A crash between its two
+/// statements must leave version 1 (the step's transaction).
+pub(super) fn add_proposal(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("ALTER TABLE tasks ADD COLUMN proposal TEXT")?;
+    testhooks::crash_point(testhooks::CRASH_MID_MIGRATION);
+    conn.execute_batch(
+        "CREATE UNIQUE INDEX tasks_owner_proposal ON tasks (owner, proposal) WHERE proposal IS NOT NULL",
+    )
+}
+
+/// Tasks by owner and expiry, for the per-owner limit. It needs no schema
+/// version: older builds of this version neither read nor mind it.
+const OWNER_INDEX_DDL: &str =
+    "CREATE INDEX IF NOT EXISTS tasks_owner_expires ON tasks (owner, expires_ms)";
+
+// ------------------------------------------------------------ the kind --
+
+/// The tasks kind's state on the store thread: the limits creation
+/// enforces and the row count that spares counting on every creation.
+pub(super) struct Tasks {
+    max_live: u64,
+    max_live_per_owner: u64,
+    /// Rows in the table as of the last commit.
+    rows: u64,
+    /// Rows added (or, negative, deleted) by the transaction in progress.
+    pending: i64,
+}
+
+impl Tasks {
+    pub(super) fn new(options: &StoreOptions) -> Tasks {
+        Tasks {
+            max_live: options.max_live_tasks,
+            max_live_per_owner: options.max_live_tasks_per_owner,
+            rows: 0,
+            pending: 0,
+        }
+    }
+
+    /// Rows in the table as the transaction in progress sees it.
+    fn rows_now(&self) -> u64 {
+        (self.rows as i64 + self.pending).max(0) as u64
+    }
+}
+
+impl RecordKind for Tasks {
+    fn name(&self) -> &'static str {
+        "task"
+    }
+
+    fn verify_shape(&self, conn: &Connection, version: i64) -> rusqlite::Result<()> {
+        let extra = if version >= 2 { ", proposal" } else { "" };
+        conn.prepare(&format!(
+            "SELECT {COLUMNS}, owner, reference, request{extra} FROM tasks LIMIT 0"
+        ))
+        .map(|_| ())
+    }
+
+    fn decode_all(&self, conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>> {
+        decode_all(conn)
+    }
+
+    fn ensure(&self, conn: &Connection) -> rusqlite::Result<()> {
+        conn.execute_batch(OWNER_INDEX_DDL)
+    }
+
+    fn recover(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()> {
+        end_unfinished(conn, now)
+    }
+
+    fn load(&mut self, conn: &Connection, _now: i64) -> rusqlite::Result<()> {
+        self.rows = count_all(conn)?;
+        self.pending = 0;
+        Ok(())
+    }
+
+    fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
+        let n = delete_expired(conn, now, limit)?;
+        self.pending -= n as i64;
+        Ok(n)
+    }
+
+    fn committed(&mut self) {
+        self.rows = self.rows_now();
+        self.pending = 0;
+    }
+
+    fn rolled_back(&mut self) {
+        self.pending = 0;
+    }
+}
+
+// ------------------------------------------------------------- records --
+
+/// Columns every schema version has, in the order `decode_row` reads them.
+const COLUMNS: &str = "id, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested";
+
+const NONTERMINAL: &str = "('working','input_required')";
+
+fn conversion(col: usize, t: Type, msg: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(col, t, msg.into())
+}
+
+/// Reads one row, decoding status and payload; an inconsistent row is an
+/// error, which at startup refuses the database.
+fn decode_row(row: &Row<'_>) -> rusqlite::Result<TaskRecord> {
+    let id_text: String = row.get(0)?;
+    let id = TaskId::parse(&id_text)
+        .ok_or_else(|| conversion(0, Type::Text, format!("malformed task id {id_text:?}")))?;
+    let status_text: String = row.get(1)?;
+    let status = TaskStatus::parse(&status_text)
+        .ok_or_else(|| conversion(1, Type::Text, format!("unknown status {status_text:?}")))?;
+    let payload: Option<Vec<u8>> = row.get(7)?;
+    let outcome = match payload {
+        None => None,
+        Some(bytes) => {
+            if bytes.len() > MAX_PAYLOAD_BYTES {
+                return Err(conversion(
+                    7,
+                    Type::Blob,
+                    format!("payload of {} bytes exceeds the record limit", bytes.len()),
+                ));
+            }
+            Some(
+                serde_json::from_slice::<Outcome>(&bytes)
+                    .map_err(|e| conversion(7, Type::Blob, e.to_string()))?,
+            )
+        }
+    };
+    let consistent = matches!(
+        (status, &outcome),
+        (TaskStatus::Working | TaskStatus::InputRequired, None)
+            | (TaskStatus::Completed, Some(Outcome::Result(_)))
+            | (TaskStatus::Failed, Some(Outcome::Error(_)))
+            | (TaskStatus::Cancelled, _)
+    );
+    if !consistent {
+        return Err(conversion(
+            7,
+            Type::Blob,
+            format!("payload does not fit status {}", status.as_str()),
+        ));
+    }
+    Ok(TaskRecord {
+        id,
+        status,
+        status_message: row.get(2)?,
+        created_ms: row.get(3)?,
+        updated_ms: row.get(4)?,
+        expires_ms: row.get(5)?,
+        poll_interval_ms: row.get(6)?,
+        outcome,
+        cancel_requested: row.get::<_, i64>(8)? != 0,
+    })
+}
+
+fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::Result<TaskRecord> {
+    let expires = now.saturating_add(new.ttl_ms);
+    conn.prepare_cached(
+        "INSERT INTO tasks (id, owner, reference, request, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested)
+         VALUES (?1, ?2, ?3, ?4, 'working', NULL, ?5, ?5, ?6, ?7, NULL, 0)",
+    )?
+    .execute(params![
+        id.as_str(),
+        &new.owner.0[..],
+        new.reference.as_ref().map(|d| d.0.to_vec()),
+        new.request.as_ref().map(|d| d.0.to_vec()),
+        now,
+        expires,
+        new.poll_interval_ms,
+    ])?;
+    Ok(TaskRecord {
+        id: id.clone(),
+        status: TaskStatus::Working,
+        status_message: None,
+        created_ms: now,
+        updated_ms: now,
+        expires_ms: expires,
+        poll_interval_ms: new.poll_interval_ms,
+        outcome: None,
+        cancel_requested: false,
+    })
+}
+
+/// The owner's unexpired task.
+fn find_owned(
+    conn: &Connection,
+    id: &TaskId,
+    owner: &Digest,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRecord>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
+    });
+    conn.prepare_cached(&SQL)?
+        .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
+        .optional()
+}
+
+/// An unexpired task by ID alone (the executor's own view).
+fn find_unexpired(
+    conn: &Connection,
+    id: &TaskId,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRecord>> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND expires_ms > ?2"));
+    conn.prepare_cached(&SQL)?
+        .query_row(params![id.as_str(), now], decode_row)
+        .optional()
+}
+
+/// A task found by its creation reference.
+struct ByReference {
+    record: TaskRecord,
+    /// The request digest the task was created for.
+    request: Option<Vec<u8>>,
+    expired: bool,
+}
+
+/// The task created under the owner's reference, expired or not.
+fn find_by_reference(
+    conn: &Connection,
+    owner: &Digest,
+    reference: &Digest,
+    now: i64,
+) -> rusqlite::Result<Option<ByReference>> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS}, request, expires_ms <= ?3 FROM tasks WHERE owner = ?1 AND reference = ?2"
+    ))?
+    .query_row(params![&owner.0[..], &reference.0[..], now], |row| {
+        Ok(ByReference {
+            record: decode_row(row)?,
+            request: row.get(9)?,
+            expired: row.get(10)?,
+        })
+    })
+    .optional()
+}
+
+fn delete(conn: &Connection, id: &TaskId) -> rusqlite::Result<usize> {
+    conn.prepare_cached("DELETE FROM tasks WHERE id = ?1")?
+        .execute(params![id.as_str()])
+}
+
+/// Keeps the original expiry unless the task would expire less than
+/// [`TERMINAL_RETENTION_MS`] after finishing; never revives an expired row.
+const RETAIN: &str = "expires_ms = CASE WHEN expires_ms > :now THEN MAX(expires_ms, :now + :retain) ELSE expires_ms END";
+
+/// The conditional terminal transition. Returns the task as it stands.
+fn finish(
+    conn: &Connection,
+    id: &TaskId,
+    status: TaskStatus,
+    payload: Option<&[u8]>,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRecord>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE tasks SET status = :status, payload = :payload, updated_ms = :now, {RETAIN}
+             WHERE id = :id AND status IN {NONTERMINAL} AND expires_ms > :now
+             RETURNING {COLUMNS}"
+        )
+    });
+    let updated = conn
+        .prepare_cached(&SQL)?
+        .query_row(
+            named_params! {
+                ":status": status.as_str(),
+                ":payload": payload,
+                ":now": now,
+                ":retain": TERMINAL_RETENTION_MS,
+                ":id": id.as_str(),
+            },
+            decode_row,
+        )
+        .optional()?;
+    match updated {
+        Some(record) => Ok(Some(record)),
+        // Already terminal (or expired): the stored outcome stands.
+        None => find_unexpired(conn, id, now),
+    }
+}
+
+/// Records the cancel intent on the owner's nonterminal task.
+fn request_cancel(
+    conn: &Connection,
+    id: &TaskId,
+    owner: &Digest,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRecord>> {
+    conn.prepare_cached(&format!(
+        "UPDATE tasks SET cancel_requested = 1, updated_ms = ?3
+         WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3 AND status IN {NONTERMINAL} AND cancel_requested = 0"
+    ))?
+    .execute(params![id.as_str(), &owner.0[..], now])?;
+    find_owned(conn, id, owner, now)
+}
+
+/// Deletes up to `limit` expired rows, oldest expiry first.
+fn delete_expired(conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
+    conn.prepare_cached(
+        "DELETE FROM tasks WHERE rowid IN
+           (SELECT rowid FROM tasks WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
+    )?
+    .execute(params![now, limit])
+    .map(|n| n as u64)
+}
+
+fn count_all(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.query_row("SELECT count(*) FROM tasks", [], |r| r.get::<_, i64>(0))
+        .map(|n| n as u64)
+}
+
+fn count_expired(conn: &Connection, now: i64) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT count(*) FROM tasks WHERE expires_ms <= ?1")?
+        .query_row(params![now], |r| r.get::<_, i64>(0))
+        .map(|n| n as u64)
+}
+
+/// Unexpired tasks of one owner (read from `tasks_owner_expires`).
+fn count_live_of(conn: &Connection, owner: &Digest, now: i64) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT count(*) FROM tasks WHERE owner = ?1 AND expires_ms > ?2")?
+        .query_row(params![&owner.0[..], now], |r| r.get::<_, i64>(0))
+        .map(|n| n as u64)
+}
+
+/// `(nonterminal tasks, of which their cancel was committed)`.
+pub(super) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
+    conn.query_row(
+        &format!(
+            "SELECT count(*), coalesce(sum(cancel_requested != 0), 0) FROM tasks WHERE status IN {NONTERMINAL}"
+        ),
+        [],
+        |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+    )
+}
+
+/// A task that was working when the last process stopped.
+pub(super) struct Unfinished {
+    pub id: TaskId,
+    pub cancel_requested: bool,
+}
+
+pub(super) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} ORDER BY id"
+    ))?;
+    let rows = stmt.query_map([], |row| {
+        let text: String = row.get(0)?;
+        let id = TaskId::parse(&text)
+            .ok_or_else(|| conversion(0, Type::Text, format!("malformed task id {text:?}")))?;
+        Ok(Unfinished {
+            id,
+            cancel_requested: row.get::<_, i64>(1)? != 0,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Restart recovery: every nonterminal task ends and nothing is re-run. A
+/// task whose cancel was committed ends cancelled, the rest fail with the
+/// interruption error.
+fn end_unfinished(conn: &Connection, now: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!(
+            "UPDATE tasks SET status = 'cancelled', status_message = 'cancelled as requested; the daemon stopped before the tool ended', payload = NULL, updated_ms = :now, {RETAIN}
+             WHERE status IN {NONTERMINAL} AND cancel_requested = 1"
+        ),
+        named_params! { ":now": now, ":retain": TERMINAL_RETENTION_MS },
+    )?;
+    let payload = Outcome::interrupted().encode();
+    conn.execute(
+        &format!(
+            "UPDATE tasks SET status = 'failed', status_message = 'interrupted by a restart; not run again', payload = :payload, updated_ms = :now, {RETAIN}
+             WHERE status IN {NONTERMINAL}"
+        ),
+        named_params! { ":payload": payload, ":now": now, ":retain": TERMINAL_RETENTION_MS },
+    )?;
+    Ok(())
+}
+
+/// Decodes every row; the first failure names the task.
+fn decode_all(conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM tasks"))?;
+    let mut rows = stmt.query([])?;
+    let mut n = 0u64;
+    while let Some(row) = rows.next()? {
+        if let Err(e) = decode_row(row) {
+            let id = row
+                .get::<_, String>(0)
+                .unwrap_or_else(|_| "<unreadable id>".into());
+            return Ok(Err((id, e.to_string())));
+        }
+        n += 1;
+    }
+    Ok(Ok(n))
+}
+
+// --------------------------------------------------- reports at opening --
+
+/// `(retained, unexpired)` tasks.
+pub(super) fn counts(conn: &Connection, now: i64) -> rusqlite::Result<(u64, u64)> {
+    let retained = count_all(conn)?;
+    let expired = count_expired(conn, now)?;
+    Ok((retained, retained.saturating_sub(expired)))
+}
+
+// ----------------------------------------------------- the operations --
+
+/// A creation inside the batch's transaction: the owner's existing task
+/// for the same reference, or a new one within the live-task limits.
+fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
+    let (c, now) = (tx.conn, tx.now);
+    let mut delta = 0;
+    let existing = match &new.reference {
+        Some(reference) => find_by_reference(c, &new.owner, reference, now)?,
+        None => None,
+    };
+    if let Some(found) = existing {
+        if !found.expired {
+            let same = found.request.as_deref() == new.request.as_ref().map(|d| &d.0[..]);
+            return if same {
+                Ok(Created::Existing(found.record))
+            } else {
+                Err(OpError::Refused(StoreError::Conflict))
+            };
+        }
+        // An expired task no longer holds its reference.
+        delete(c, &found.record.id)?;
+        delta -= 1;
+    }
+    let tasks = &mut tx.kinds.tasks;
+    let limit = tasks.max_live;
+    let rows = (tasks.rows_now() as i64 + delta).max(0) as u64;
+    if rows >= limit {
+        // Expired rows awaiting cleanup do not count against the limit.
+        let live = rows.saturating_sub(count_expired(c, now)?);
+        if live >= limit {
+            return Err(OpError::Refused(StoreError::Capacity(
+                CapacityKind::LiveTasks { limit },
+            )));
+        }
+    }
+    let per_owner = tasks.max_live_per_owner;
+    if per_owner < limit && count_live_of(c, &new.owner, now)? >= per_owner {
+        return Err(OpError::Refused(StoreError::Capacity(
+            CapacityKind::OwnerTasks { limit: per_owner },
+        )));
+    }
+    let id = TaskId::generate()
+        .map_err(|e| OpError::Refused(StoreError::Internal(format!("random source: {e}"))))?;
+    let record = insert(c, &id, new, now)?;
+    tasks.pending += delta + 1;
+    Ok(Created::New(record))
+}
+
+impl Store {
+    async fn read_task<T: Send + 'static>(
+        &self,
+        during: &'static str,
+        body: impl FnOnce(&ReadCx<'_>) -> Result<T, OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.call(move |reply| {
+            Command::Read(Box::new(Read {
+                during,
+                body,
+                reply,
+            }))
+        })
+        .await
+    }
+
+    /// A write of the tasks kind; `makes_room` for one that adds a row.
+    async fn write_task<T: Send + 'static>(
+        &self,
+        makes_room: bool,
+        body: impl FnMut(&mut Tx<'_>) -> Result<T, OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.call(move |reply| {
+            Command::Write(Box::new(Write {
+                during: "writing a task",
+                makes_room,
+                body,
+                reply,
+                done: None,
+            }))
+        })
+        .await
+    }
+
+    /// Creates a task, or returns the owner's existing task for the same
+    /// creation reference.
+    pub async fn create(&self, new: NewTask) -> Result<Created, StoreError> {
+        if new.ttl_ms <= 0 || new.poll_interval_ms <= 0 {
+            return Err(StoreError::Invalid(
+                "ttl and poll interval must be positive".into(),
+            ));
+        }
+        self.write_task(true, move |tx| create(tx, &new)).await
+    }
+
+    /// The owner's unexpired task, or `None` for unknown, expired and
+    /// another owner's IDs alike.
+    pub async fn get(&self, id: &TaskId, owner: &Digest) -> Result<Option<TaskRecord>, StoreError> {
+        let (id, owner) = (id.clone(), *owner);
+        self.shared.task_reads.fetch_add(1, Ordering::Relaxed);
+        self.read_task("reading a task", move |cx| {
+            Ok(find_owned(cx.conn, &id, &owner, cx.now)?)
+        })
+        .await
+    }
+
+    /// The owner's unexpired task created under `reference`, read without
+    /// creating anything: `None` when there is none, `Conflict` when it was
+    /// created for another request. A retry is answered from this when the
+    /// call could not be admitted as new (every slot busy, the owner at its
+    /// limit), so that it still gets its task.
+    pub async fn find_reference(
+        &self,
+        owner: &Digest,
+        reference: &Digest,
+        request: Option<&Digest>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        let (owner, reference, request) = (*owner, *reference, request.copied());
+        self.read_task(
+            "reading a task by its reference",
+            move |cx| match find_by_reference(cx.conn, &owner, &reference, cx.now)? {
+                Some(f) if !f.expired => {
+                    if f.request.as_deref() == request.as_ref().map(|d| &d.0[..]) {
+                        Ok(Some(f.record))
+                    } else {
+                        Err(OpError::Refused(StoreError::Conflict))
+                    }
+                }
+                _ => Ok(None),
+            },
+        )
+        .await
+    }
+
+    /// How many task reads ([`Store::get`]) were asked of the store so far.
+    pub fn task_reads(&self) -> u64 {
+        self.shared.task_reads.load(Ordering::Relaxed)
+    }
+
+    /// Moves a nonterminal task to a terminal status, once: if it is already
+    /// terminal the stored outcome stays and is returned.
+    pub async fn finish(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        outcome: Option<Outcome>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        if !status.is_terminal() {
+            return Err(StoreError::Invalid(format!(
+                "{} is not a terminal status",
+                status.as_str()
+            )));
+        }
+        let payload = outcome.as_ref().map(Outcome::encode);
+        if let Some(p) = &payload
+            && p.len() > MAX_PAYLOAD_BYTES
+        {
+            return Err(StoreError::PayloadTooLarge {
+                size: p.len(),
+                limit: MAX_PAYLOAD_BYTES,
+            });
+        }
+        let id = id.clone();
+        self.write_task(false, move |tx| {
+            Ok(finish(tx.conn, &id, status, payload.as_deref(), tx.now)?)
+        })
+        .await
+    }
+
+    /// Records the owner's intent to cancel a nonterminal task; returns the
+    /// task as it now stands (`None` when unknown to this owner).
+    pub async fn request_cancel(
+        &self,
+        id: &TaskId,
+        owner: &Digest,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        let (id, owner) = (id.clone(), *owner);
+        self.write_task(false, move |tx| {
+            Ok(request_cancel(tx.conn, &id, &owner, tx.now)?)
+        })
+        .await
+    }
+
+    /// For each ID, whether an unexpired task with it exists (any owner):
+    /// how spilled artifacts learn that their task is gone.
+    pub async fn unexpired(&self, ids: Vec<TaskId>) -> Result<Vec<bool>, StoreError> {
+        self.read_task("reading tasks", move |cx| {
+            ids.iter()
+                .map(|id| find_unexpired(cx.conn, id, cx.now).map(|r| r.is_some()))
+                .collect::<rusqlite::Result<Vec<bool>>>()
+                .map_err(OpError::from)
+        })
+        .await
+    }
+
+    /// Tasks retained and unexpired.
+    pub async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.read_task("counting tasks", move |cx| {
+            let retained = cx.kinds.tasks.rows;
+            let expired = count_expired(cx.conn, cx.now)?;
+            Ok(StoreStats {
+                retained,
+                unexpired: retained.saturating_sub(expired),
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_random_and_parse_strictly() {
+        let a = TaskId::generate().unwrap();
+        let b = TaskId::generate().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(TaskId::parse(a.as_str()), Some(a.clone()));
+        assert_eq!(TaskId::parse("tg-XYZ"), None);
+        assert_eq!(TaskId::parse(&a.as_str().to_uppercase()), None);
+    }
+
+    #[test]
+    fn outcome_round_trips() {
+        let o = Outcome::interrupted();
+        let back: Outcome = serde_json::from_slice(&o.encode()).unwrap();
+        assert_eq!(o, back);
+    }
+}
