@@ -18,6 +18,10 @@ pub(super) trait RecordKind {
     /// What one record is called in messages ("task").
     fn name(&self) -> &'static str;
 
+    /// The schema version whose migration step created the kind's tables:
+    /// a database older than that is validated without it.
+    fn since(&self) -> i64;
+
     /// Fails unless the kind's tables have the columns this build reads at
     /// schema `version` (a database is validated before it is migrated).
     fn verify_shape(&self, conn: &Connection, version: i64) -> rusqlite::Result<()>;
@@ -70,6 +74,13 @@ macro_rules! kinds {
             /// Every kind, in registration order.
             pub(super) fn all(&self) -> Vec<&dyn RecordKind> {
                 vec![$(&self.$field as &dyn RecordKind,)+]
+            }
+
+            /// The kinds a database at schema `version` holds.
+            pub(super) fn at(&self, version: i64) -> Vec<&dyn RecordKind> {
+                let mut kinds = self.all();
+                kinds.retain(|kind| kind.since() <= version);
+                kinds
             }
 
             fn all_mut(&mut self) -> Vec<&mut dyn RecordKind> {

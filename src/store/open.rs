@@ -323,7 +323,7 @@ fn verify_shape(
     path: &Path,
     version: i64,
 ) -> Result<(), OpenError> {
-    kinds.all().into_iter().try_for_each(|kind| {
+    kinds.at(version).into_iter().try_for_each(|kind| {
         kind.verify_shape(conn, version)
             .map_err(|e| refusal(path, "checking the schema", version, e))
     })
@@ -336,7 +336,7 @@ fn decode_all(
     path: &Path,
     version: i64,
 ) -> Result<(), OpenError> {
-    for kind in kinds.all() {
+    for kind in kinds.at(version) {
         match kind
             .decode_all(conn)
             .map_err(|e| refusal(path, "decoding payloads", version, e))?

@@ -253,6 +253,10 @@ impl RecordKind for Tasks {
         "task"
     }
 
+    fn since(&self) -> i64 {
+        1
+    }
+
     fn verify_shape(&self, conn: &Connection, version: i64) -> rusqlite::Result<()> {
         let extra = if version >= 2 { ", proposal" } else { "" };
         conn.prepare(&format!(
