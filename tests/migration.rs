@@ -8,7 +8,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use taskgate::store::{Created, Digest, NewTask, Outcome, Store, StoreOptions, TaskId, TaskStatus};
+use taskgate::store::{
+    Created, Digest, NewTask, Outcome, SCHEMA_VERSION, Store, StoreOptions, TaskId, TaskStatus,
+};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1.db");
 
@@ -93,7 +95,7 @@ fn v1_fixture_migrates_with_rows_intact() {
         assert!(matches!(again, Created::Existing(ref r) if r.id == id(4)), "{again:?}");
         store.shutdown().await.unwrap();
     });
-    assert_eq!(schema_of(&db), (2, true, 4));
+    assert_eq!(schema_of(&db), (SCHEMA_VERSION, true, 4));
 }
 
 #[test]
@@ -123,5 +125,5 @@ fn crash_between_migration_statements_leaves_v1_intact() {
         assert_eq!(report.migrated_from, Some(1));
         store.shutdown().await.unwrap();
     });
-    assert_eq!(schema_of(&db), (2, true, 4));
+    assert_eq!(schema_of(&db), (SCHEMA_VERSION, true, 4));
 }
