@@ -11,145 +11,20 @@
 //! empty one under existing task handles).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufRead, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest as _, Sha256};
-use thiserror::Error;
-
 use crate::config::{Config, Overrides};
-use crate::exit::{Classify, ExitClass, Refusal};
+use crate::exit::{ExitClass, Refusal};
+use crate::parts::{
+    self, Listed, MANIFEST, Owner, Part, Parts, copy_private, io_err, make_parents,
+    make_private_dir, sha256_of, sync_dir,
+};
 use crate::state_dir::{self, Actor, StateDir};
-use crate::store::{self, CheckReport, StoreId};
+use crate::store::StoreId;
 
-pub const MANIFEST: &str = "MANIFEST.sha256";
-
-#[derive(Debug, Error)]
-pub enum BackupError {
-    #[error("{path}: {problem}")]
-    Destination { path: PathBuf, problem: String },
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path}: snapshot rejected: {problem}; the live state directory was not touched")]
-    BadSnapshot { path: PathBuf, problem: String },
-    #[error("{path}: no database in the state directory; nothing to back up")]
-    Empty { path: PathBuf },
-}
-
-impl Classify for BackupError {
-    fn exit_class(&self) -> ExitClass {
-        match self {
-            BackupError::Destination { .. } => ExitClass::UnsafePath,
-            BackupError::Io { .. } => ExitClass::Io,
-            BackupError::BadSnapshot { .. } => ExitClass::DatabaseInvalid,
-            BackupError::Empty { .. } => ExitClass::Io,
-        }
-    }
-}
-
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> BackupError + '_ {
-    move |source| BackupError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// The files a snapshot may hold, relative to the state directory.
-fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, BackupError> {
-    let mut files = Vec::new();
-    for name in [state_dir::DB_FILE, state_dir::WAL_FILE] {
-        if dir.join(name).is_file() {
-            files.push(PathBuf::from(name));
-        }
-    }
-    let artifacts = dir.join(state_dir::ARTIFACTS_DIR);
-    if artifacts.is_dir() {
-        let mut names: Vec<_> = fs::read_dir(&artifacts)
-            .map_err(io_err(&artifacts))?
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-            .map(|e| e.file_name())
-            .filter(|n| n.to_string_lossy().ends_with(".json"))
-            .collect();
-        names.sort();
-        for n in names {
-            files.push(Path::new(state_dir::ARTIFACTS_DIR).join(n));
-        }
-    }
-    Ok(files)
-}
-
-fn sha256_of(path: &Path) -> Result<String, BackupError> {
-    let mut f = File::open(path).map_err(io_err(path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(store::Digest(h.finalize().into()).to_hex())
-}
-
-/// Copies one file privately and durably; returns its sha256.
-fn copy_private(from: &Path, to: &Path, owner: Owner) -> Result<String, BackupError> {
-    let mut src = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(from)
-        .map_err(io_err(from))?;
-    let mut dst = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(to)
-        .map_err(io_err(to))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = src.read(&mut buf).map_err(io_err(from))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        dst.write_all(&buf[..n]).map_err(io_err(to))?;
-    }
-    dst.sync_all().map_err(io_err(to))?;
-    give(to, owner);
-    Ok(store::Digest(h.finalize().into()).to_hex())
-}
-
-/// Who restored files belong to: the state directory's user and group.
-type Owner = Option<(u32, u32)>;
-
-fn give(path: &Path, owner: Owner) {
-    if let Some((uid, gid)) = owner {
-        let _ = nix::unistd::chown(
-            path,
-            Some(nix::unistd::Uid::from_raw(uid)),
-            Some(nix::unistd::Gid::from_raw(gid)),
-        );
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), BackupError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
-}
-
-fn make_private_dir(path: &Path, owner: Owner) -> Result<(), BackupError> {
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(path)
-        .map_err(io_err(path))?;
-    give(path, owner);
-    Ok(())
-}
+pub use crate::parts::BackupError;
 
 /// Opens the state directory named by the configuration, as an operator.
 fn operator_dir(overrides: &Overrides) -> Result<(Config, StateDir), Refusal> {
@@ -157,19 +32,6 @@ fn operator_dir(overrides: &Overrides) -> Result<(Config, StateDir), Refusal> {
     let dir = StateDir::open_as(&config.state_dir, false, Actor::Operator)?;
     dir.check_files()?;
     Ok((config, dir))
-}
-
-fn describe(report: &CheckReport) -> String {
-    match report {
-        CheckReport::Valid {
-            version,
-            retained,
-            unexpired,
-            ..
-        } => format!("schema {version}, integrity ok, {retained} tasks ({unexpired} unexpired)"),
-        CheckReport::Pristine => "an empty database".into(),
-        CheckReport::Missing => "no database".into(),
-    }
 }
 
 /// Checks a backup destination: new, under parents only root or this user
@@ -264,7 +126,8 @@ pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal
     let (real_dest, _) = check_destination(&dir, dest)?;
     let mut lock = dir.lock()?;
     lock.record_holder();
-    if !dir.db_path().is_file() {
+    let parts = Parts::new();
+    if !parts.task_store.present(dir.path()) {
         return Err(BackupError::Empty {
             path: dir.path().into(),
         }
@@ -272,15 +135,30 @@ pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal
     }
 
     make_private_dir(&real_dest, None)?;
-    let files = snapshot_files(dir.path())?;
-    let sealed = seal(
-        dir.path(),
-        &real_dest,
-        &files,
-        &[],
-        config.store.max_db_pages,
-    )?;
+    let mut copies = Vec::new();
+    for part in parts.all() {
+        let live = part.live_dir(&dir);
+        copies.push(PartCopy {
+            part,
+            copy: part.files(&live)?,
+            present: Vec::new(),
+            live,
+        });
+    }
+    let sealed = seal(&real_dest, &copies, &config)?;
     Ok(sealed.lines(dir.path(), &real_dest))
+}
+
+/// What a snapshot takes of one part.
+pub struct PartCopy<'p> {
+    pub part: &'p dyn Part,
+    /// Its live directory, where `copy` is copied from.
+    pub live: PathBuf,
+    /// Files copied here, relative to the part's live directory and to its
+    /// folder in the snapshot.
+    pub copy: Vec<PathBuf>,
+    /// Files the serving process has already written into the snapshot.
+    pub present: Vec<PathBuf>,
 }
 
 /// A snapshot written and checked.
@@ -288,13 +166,14 @@ pub struct Sealed {
     pub files: usize,
     pub bytes: u64,
     pub manifest: PathBuf,
-    pub report: CheckReport,
+    /// Each part's name and what its copy holds.
+    pub verified: Vec<(&'static str, String)>,
 }
 
 impl Sealed {
     /// What `backup` prints.
     pub fn lines(&self, state_dir: &Path, dest: &Path) -> Vec<String> {
-        vec![
+        let mut lines = vec![
             format!("backed up {} to {}", state_dir.display(), dest.display()),
             format!(
                 "{} files, {} bytes; manifest {}",
@@ -302,59 +181,58 @@ impl Sealed {
                 self.bytes,
                 self.manifest.display()
             ),
-            format!("copy verified: {}", describe(&self.report)),
-        ]
+        ];
+        for (_, description) in &self.verified {
+            lines.push(format!("copy verified: {description}"));
+        }
+        lines
     }
 }
 
-/// Completes a snapshot in `dest`: copies `copy` (paths relative to the
-/// state directory) into it, takes `present` as already written there,
-/// writes the manifest of both, syncs everything, and checks the copied
-/// database. The same format whether the daemon was stopped (every file
-/// copied) or serving (the database written by the store, the artifacts
-/// copied here), so `restore` takes either.
-pub fn seal(
-    state_dir: &Path,
-    dest: &Path,
-    copy: &[PathBuf],
-    present: &[PathBuf],
-    max_db_pages: u64,
-) -> Result<Sealed, BackupError> {
-    let mut manifest = String::new();
+/// Completes a snapshot in `dest`: for every part, copies its `copy` files
+/// into its folder, takes its `present` files as already written there,
+/// writes the manifest naming each part before its files, syncs
+/// everything, and verifies each part's copy. The same format whether the
+/// daemon was stopped (every file copied) or serving (the database written
+/// by the store, the artifacts copied here), so `restore` takes either.
+pub fn seal(dest: &Path, copies: &[PartCopy<'_>], config: &Config) -> Result<Sealed, BackupError> {
+    let mut entries = Vec::new();
     let mut bytes = 0u64;
-    for rel in present {
-        let path = dest.join(rel);
-        File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(&path))?;
-        manifest.push_str(&format!("{}  {}\n", sha256_of(&path)?, rel.display()));
-        bytes += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-    }
-    for rel in copy {
-        let to = dest.join(rel);
-        if let Some(p) = to.parent()
-            && !p.exists()
-        {
-            make_private_dir(p, None)?;
+    for c in copies {
+        let folder = dest.join(c.part.snapshot_dir());
+        let mut files = Vec::new();
+        for rel in &c.present {
+            let path = folder.join(rel);
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(&path))?;
+            files.push((
+                sha256_of(&path)?,
+                Path::new(c.part.snapshot_dir()).join(rel),
+            ));
+            bytes += fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         }
-        let from = state_dir.join(rel);
-        let sum = match copy_private(&from, &to, None) {
-            Ok(sum) => sum,
-            // While a daemon serves, the artifact of a task that expired
-            // since the listing may go; the copied database (taken
-            // first) holds no live task for it.
-            Err(BackupError::Io { path, source })
-                if path == from
-                    && source.kind() == io::ErrorKind::NotFound
-                    && rel.starts_with(state_dir::ARTIFACTS_DIR) =>
-            {
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        bytes += fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
-        manifest.push_str(&format!("{sum}  {}\n", rel.display()));
+        for rel in &c.copy {
+            let to = folder.join(rel);
+            make_parents(dest, &Path::new(c.part.snapshot_dir()).join(rel), None)?;
+            let from = c.live.join(rel);
+            let sum = match copy_private(&from, &to, None) {
+                Ok(sum) => sum,
+                Err(BackupError::Io { path, source })
+                    if path == from
+                        && source.kind() == io::ErrorKind::NotFound
+                        && c.part.may_vanish(rel) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            bytes += fs::metadata(&to).map(|m| m.len()).unwrap_or(0);
+            files.push((sum, Path::new(c.part.snapshot_dir()).join(rel)));
+        }
+        entries.push((c.part, files));
     }
+    let manifest = parts::manifest_text(&entries);
     let manifest_path = dest.join(MANIFEST);
     let mut f = OpenOptions::new()
         .write(true)
@@ -365,36 +243,37 @@ pub fn seal(
     f.write_all(manifest.as_bytes())
         .and_then(|_| f.sync_all())
         .map_err(io_err(&manifest_path))?;
-    if dest.join(state_dir::ARTIFACTS_DIR).is_dir() {
-        sync_dir(&dest.join(state_dir::ARTIFACTS_DIR))?;
-    }
-    sync_dir(dest)?;
+    sync_tree(dest)?;
     if let Some(parent) = dest.parent() {
         sync_dir(parent)?;
     }
-    let report =
-        store::check_read_only(&dest.join(state_dir::DB_FILE), max_db_pages).map_err(|e| {
-            BackupError::BadSnapshot {
+    let mut verified = Vec::new();
+    for (part, _) in &entries {
+        let v = part
+            .verify(&dest.join(part.snapshot_dir()), config)
+            .map_err(|e| BackupError::BadSnapshot {
                 path: dest.to_path_buf(),
                 problem: format!("the copy failed its check: {e}"),
-            }
-        })?;
-    let files = manifest.lines().count();
+            })?;
+        verified.push((part.name(), v.description));
+    }
     Ok(Sealed {
-        files,
+        files: entries.iter().map(|(_, f)| f.len()).sum(),
         bytes,
         manifest: manifest_path,
-        report,
+        verified,
     })
 }
 
-/// The spilled artifacts of a state directory, relative to it: what an
-/// online snapshot copies beside the database the store wrote.
-pub fn artifact_files(dir: &Path) -> Result<Vec<PathBuf>, BackupError> {
-    Ok(snapshot_files(dir)?
-        .into_iter()
-        .filter(|p| p.starts_with(state_dir::ARTIFACTS_DIR))
-        .collect())
+/// Syncs a snapshot's folders, deepest first.
+fn sync_tree(dir: &Path) -> Result<(), BackupError> {
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        if entry.file_type().map_err(io_err(&entry.path()))?.is_dir() {
+            sync_tree(&entry.path())?;
+        }
+    }
+    sync_dir(dir)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
@@ -411,67 +290,63 @@ fn absolute(p: &Path) -> Result<PathBuf, Refusal> {
 }
 
 /// The first entry of a snapshot directory that its manifest does not
-/// list: any file, directory, link or other object besides the manifest
-/// and the `artifacts/` folder. Every entry is looked at, not only the
+/// list: any file, link or other object besides the manifest, and any
+/// folder holding nothing listed. Every entry is looked at, not only the
 /// names a backup would write, so nothing rides along unchecked.
-fn unlisted_entry(snapshot: &Path, listed: &[PathBuf]) -> Result<Option<PathBuf>, BackupError> {
-    let names = |dir: &Path| -> Result<Vec<(std::ffi::OsString, fs::FileType)>, BackupError> {
-        let mut out = Vec::new();
-        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
-            let entry = entry.map_err(io_err(dir))?;
-            let kind = entry.file_type().map_err(io_err(&entry.path()))?;
-            out.push((entry.file_name(), kind));
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
-    };
-    for (name, kind) in names(snapshot)? {
-        let rel = PathBuf::from(&name);
-        if name == MANIFEST && kind.is_file() {
+fn unlisted_entry(
+    snapshot: &Path,
+    at: &Path,
+    listed: &[PathBuf],
+    folders: &[PathBuf],
+) -> Result<Option<PathBuf>, BackupError> {
+    let dir = snapshot.join(at);
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+        let entry = entry.map_err(io_err(&dir))?;
+        let kind = entry.file_type().map_err(io_err(&entry.path()))?;
+        entries.push((entry.file_name(), kind));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, kind) in entries {
+        let rel = at.join(&name);
+        if at.as_os_str().is_empty() && name == MANIFEST && kind.is_file() {
             continue;
         }
-        if name == state_dir::ARTIFACTS_DIR && kind.is_dir() {
-            for (inner, _) in names(&snapshot.join(&name))? {
-                let rel = rel.join(inner);
-                if !listed.contains(&rel) {
-                    return Ok(Some(rel));
-                }
+        if kind.is_dir() && (folders.contains(&rel) || listed.iter().any(|l| l.starts_with(&rel))) {
+            if let Some(found) = unlisted_entry(snapshot, &rel, listed, folders)? {
+                return Ok(Some(found));
             }
             continue;
         }
-        if !listed.contains(&rel) {
+        if !(kind.is_file() && listed.contains(&rel)) {
             return Ok(Some(rel));
         }
     }
     Ok(None)
 }
 
-/// Reads and checks a snapshot's manifest against its files.
-fn verify_snapshot(
+/// A snapshot checked against its manifest, every part's copy verified.
+struct Checked<'p> {
+    files: Vec<Listed<'p>>,
+    /// Each part's verification, in registration order.
+    verified: Vec<(&'p dyn Part, parts::Verified)>,
+}
+
+/// Reads and checks a snapshot's manifest against its files, then verifies
+/// each part's copy.
+fn verify_snapshot<'p>(
+    parts: &'p Parts,
     snapshot: &Path,
-    max_pages: u64,
-) -> Result<(Vec<PathBuf>, CheckReport, Option<StoreId>), BackupError> {
+    config: &Config,
+) -> Result<Checked<'p>, BackupError> {
     let bad = |problem: String| BackupError::BadSnapshot {
         path: snapshot.to_path_buf(),
         problem,
     };
-    let manifest = snapshot.join(MANIFEST);
-    let file = File::open(&manifest).map_err(|e| bad(format!("no readable {MANIFEST}: {e}")))?;
-    let mut listed = Vec::new();
-    for line in io::BufReader::new(file).lines() {
-        let line = line.map_err(|e| bad(format!("{MANIFEST}: {e}")))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let (sum, rel) = line
-            .split_once("  ")
-            .ok_or_else(|| bad(format!("{MANIFEST}: malformed line {line:?}")))?;
-        let rel = PathBuf::from(rel);
-        let allowed = rel == Path::new(state_dir::DB_FILE)
-            || rel == Path::new(state_dir::WAL_FILE)
-            || (rel.parent() == Some(Path::new(state_dir::ARTIFACTS_DIR))
-                && rel.extension().is_some_and(|e| e == "json"));
-        if !allowed || rel.components().count() > 2 {
+    let mut files = Vec::new();
+    for (sum, listed) in parts::read_manifest(parts, snapshot)? {
+        let rel = listed.in_snapshot();
+        if listed.rel.components().count() > 2 {
             return Err(bad(format!(
                 "{MANIFEST} lists an unexpected file {}",
                 rel.display()
@@ -482,56 +357,84 @@ fn verify_snapshot(
         if !meta.is_file() {
             return Err(bad(format!("{} is not a regular file", rel.display())));
         }
-        let actual = sha256_of(&snapshot.join(&rel))?;
-        if actual != sum {
+        if sha256_of(&snapshot.join(&rel))? != sum {
             return Err(bad(format!(
                 "{} does not match its checksum",
                 rel.display()
             )));
         }
-        listed.push(rel);
+        files.push(listed);
     }
-    if let Some(extra) = unlisted_entry(snapshot, &listed)? {
+    let listed: Vec<PathBuf> = files.iter().map(Listed::in_snapshot).collect();
+    let folders: Vec<PathBuf> = parts
+        .all()
+        .into_iter()
+        .flat_map(|p| {
+            let dir = Path::new(p.snapshot_dir());
+            let mut all: Vec<PathBuf> = p.folders().iter().map(|f| dir.join(f)).collect();
+            if !dir.as_os_str().is_empty() {
+                all.push(dir.to_path_buf());
+            }
+            all
+        })
+        .collect();
+    if let Some(extra) = unlisted_entry(snapshot, Path::new(""), &listed, &folders)? {
         return Err(bad(format!(
             "{} is not in the manifest; a snapshot holds only the files backup listed",
             extra.display()
         )));
     }
-    if !listed.iter().any(|p| p == Path::new(state_dir::DB_FILE)) {
-        return Err(bad("the manifest lists no tasks.db".into()));
+    let mut verified = Vec::new();
+    for part in parts.all() {
+        for required in part.required() {
+            if !files
+                .iter()
+                .any(|f| f.part.name() == part.name() && f.rel == Path::new(required))
+            {
+                return Err(bad(format!("the manifest lists no {required}")));
+            }
+        }
+        verified.push((
+            part,
+            part.verify(&snapshot.join(part.snapshot_dir()), config)?,
+        ));
     }
-    let (report, identity) =
-        store::check_identified(&snapshot.join(state_dir::DB_FILE), max_pages, None)
-            .map_err(|e| bad(format!("it fails validation: {e}")))?;
-    Ok((listed, report, identity))
+    Ok(Checked { files, verified })
 }
 
 /// `taskgate restore --from SNAPSHOT --verify-only`.
 pub fn verify(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
     let config = Config::load(overrides)?;
     let snapshot = absolute(snapshot)?;
-    let (files, report, _) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
-    Ok(vec![
-        format!(
-            "snapshot {} verified: {} files match the manifest",
-            snapshot.display(),
-            files.len()
-        ),
-        format!("snapshot: {}", describe(&report)),
-    ])
+    let parts = Parts::new();
+    let checked = verify_snapshot(&parts, &snapshot, &config)?;
+    let mut lines = vec![format!(
+        "snapshot {} verified: {} files match the manifest",
+        snapshot.display(),
+        checked.files.len()
+    )];
+    for (_, v) in &checked.verified {
+        lines.push(format!("snapshot: {}", v.description));
+    }
+    Ok(lines)
 }
 
 /// `taskgate restore --from SNAPSHOT`: returns the lines to print.
 pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Refusal> {
     let (config, dir) = operator_dir(overrides)?;
     let snapshot = absolute(snapshot)?;
-    let (files, report, identity) = verify_snapshot(&snapshot, config.store.max_db_pages)?;
+    let parts = Parts::new();
+    let checked = verify_snapshot(&parts, &snapshot, &config)?;
+    let identity = checked
+        .verified
+        .iter()
+        .find_map(|(_, v)| v.store_identity.clone());
     let mut lock = dir.lock()?;
     // The directory is about to hold the snapshot's store: no identity is
     // recorded during the swap (a crash in it leaves either database
     // servable), and the snapshot's is recorded once it is installed.
     lock.record_store(None)?;
-    let owner = if nix::unistd::geteuid().is_root() && dir.owner() != 0 {
+    let owner: Owner = if nix::unistd::geteuid().is_root() && dir.owner() != 0 {
         use std::os::unix::fs::MetadataExt;
         let gid = fs::metadata(dir.path()).map(|m| m.gid()).unwrap_or(0);
         Some((dir.owner(), gid))
@@ -549,64 +452,46 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
     let evidence = parent.join(format!("{name}.replaced-{stamp}"));
 
     // 1. Stage the snapshot next to the state directory (same filesystem,
-    //    so the swap below is made of renames).
+    //    so the swaps below are made of renames).
     make_private_dir(&staging, owner)?;
-    for rel in &files {
-        let to = staging.join(rel);
-        if let Some(p) = to.parent()
-            && !p.exists()
-        {
-            make_private_dir(p, owner)?;
-        }
-        copy_private(&snapshot.join(rel), &to, owner)?;
+    for listed in &checked.files {
+        let rel = listed.in_snapshot();
+        make_parents(&staging, &rel, owner)?;
+        copy_private(&snapshot.join(&rel), &staging.join(&rel), owner)?;
     }
-    sync_dir(&staging)?;
+    sync_tree(&staging)?;
 
-    // 2. Keep what is replaced as evidence: the database by a second link
-    //    (so tasks.db never disappears), its sidecars and artifacts moved.
+    // 2. Each part keeps what it replaces as evidence and installs its
+    //    staged copy.
     make_private_dir(&evidence, owner)?;
-    let live = dir.path();
-    if live.join(state_dir::DB_FILE).exists() {
-        fs::hard_link(
-            live.join(state_dir::DB_FILE),
-            evidence.join(state_dir::DB_FILE),
-        )
-        .map_err(io_err(&evidence))?;
-    }
-    for name in [
-        state_dir::WAL_FILE,
-        state_dir::SHM_FILE,
-        state_dir::ARTIFACTS_DIR,
-    ] {
-        if fs::symlink_metadata(live.join(name)).is_ok() {
-            fs::rename(live.join(name), evidence.join(name)).map_err(io_err(&live.join(name)))?;
+    for part in parts.all() {
+        let evidence = evidence.join(part.snapshot_dir());
+        if !evidence.exists() {
+            make_private_dir(&evidence, owner)?;
         }
+        part.swap(
+            &part.live_dir(&dir),
+            &staging.join(part.snapshot_dir()),
+            &evidence,
+        )?;
     }
-    sync_dir(&evidence)?;
-
-    // 3. Install the snapshot; the database last, replacing the old one in
-    //    one rename.
-    for name in [state_dir::WAL_FILE, state_dir::ARTIFACTS_DIR] {
-        if fs::symlink_metadata(staging.join(name)).is_ok() {
-            fs::rename(staging.join(name), live.join(name)).map_err(io_err(&live.join(name)))?;
-        }
-    }
-    fs::rename(
-        staging.join(state_dir::DB_FILE),
-        live.join(state_dir::DB_FILE),
-    )
-    .map_err(io_err(&live.join(state_dir::DB_FILE)))?;
-    sync_dir(live)?;
-    let _ = fs::remove_dir(staging.join(state_dir::ARTIFACTS_DIR));
-    let _ = fs::remove_dir(&staging);
+    let _ = fs::remove_dir_all(&staging);
     sync_dir(&parent)?;
     lock.record_store(identity.as_ref().map(StoreId::as_str))?;
 
-    let after = store::check_read_only(&dir.db_path(), config.store.max_db_pages)?;
-    Ok(vec![
-        format!("restored {} from {}", live.display(), snapshot.display()),
-        format!("snapshot: {}", describe(&report)),
-        format!("now: {}", describe(&after)),
-        format!("the replaced files are kept in {}", evidence.display()),
-    ])
+    let mut lines = vec![format!(
+        "restored {} from {}",
+        dir.path().display(),
+        snapshot.display()
+    )];
+    for (part, v) in &checked.verified {
+        let now = part.verify(&part.live_dir(&dir), &config)?;
+        lines.push(format!("snapshot: {}", v.description));
+        lines.push(format!("now: {}", now.description));
+    }
+    lines.push(format!(
+        "the replaced files are kept in {}",
+        evidence.display()
+    ));
+    Ok(lines)
 }

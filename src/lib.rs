@@ -15,6 +15,7 @@ pub mod exit;
 pub mod http;
 pub mod logging;
 pub mod mcp;
+pub mod parts;
 pub mod service;
 pub mod startup;
 pub mod state_dir;

@@ -16,7 +16,6 @@ use taskgate::cli::{
 use taskgate::client::{Client, ClientError};
 use taskgate::exit::{Classify, ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
-use taskgate::store::CheckReport;
 use taskgate::{admin, config, logging, service};
 
 fn main() -> ExitCode {
@@ -556,41 +555,12 @@ fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
             "state directory {} does not exist yet; `taskgate serve` creates it",
             dir.display()
         )),
-        CheckOutcome::Checked(dir, report) => {
-            let d = dir.path().display();
-            out(format!("state directory {d} ({source})"))?;
-            match report {
-                CheckReport::Missing => out(format!(
-                    "ok: {d} is private; no database yet (serve creates it)"
-                )),
-                CheckReport::Pristine => out(format!(
-                    "ok: {d} is private; tasks.db is empty (an interrupted first start); serve initialises it"
-                )),
-                CheckReport::Valid {
-                    version,
-                    retained,
-                    unexpired,
-                    nonterminal,
-                    cancel_requested,
-                } => {
-                    out(format!(
-                        "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
-                    ))?;
-                    if version < taskgate::store::SCHEMA_VERSION {
-                        out(format!(
-                            "note: serve will migrate schema {version} to {}",
-                            taskgate::store::SCHEMA_VERSION
-                        ))?;
-                    }
-                    if nonterminal > 0 {
-                        out(format!(
-                            "note: {nonterminal} tasks were running at the last stop; serve ends them and never re-runs them: {} failed (interrupted), {cancel_requested} cancelled (their cancel had been acknowledged)",
-                            nonterminal - cancel_requested
-                        ))?;
-                    }
-                    Ok(())
-                }
-            }
+        CheckOutcome::Checked(dir, lines) => {
+            out(format!(
+                "state directory {} ({source})",
+                dir.path().display()
+            ))?;
+            lines.into_iter().try_for_each(out)
         }
     }
 }

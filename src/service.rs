@@ -211,7 +211,7 @@ pub fn serve(
     let admin = Admin::bind(
         &mut serving.claimed.lock,
         serving.claimed.dir.path(),
-        config.store.max_db_pages,
+        &config,
     );
     let report = &serving.report;
     tracing::info!(

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use crate::artifacts::Artifacts;
 use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
+use crate::parts::{Parts, task_store};
 use crate::state_dir::{Actor, LifetimeLock, StateDir};
-use crate::store::{self, CheckReport, OpenReport, Store, StoreId, StoreOptions};
+use crate::store::{OpenReport, Store, StoreId};
 use crate::tools::{Registry, Runner};
 
 /// The settings a start would run with, every one validated.
@@ -88,10 +89,9 @@ pub fn claim_as(config: &Config, actor: Actor) -> Result<Claimed, Refusal> {
 
 impl Claimed {
     /// The identity of the store this directory held, as recorded beside
-    /// the database. A malformed record counts as none: it can only come
-    /// from a hand-edited lock file, and the database is still validated.
+    /// the database.
     pub fn recorded_store(&self) -> Option<StoreId> {
-        self.lock.recorded_store().and_then(|s| StoreId::parse(&s))
+        task_store::recorded_store(&self.lock)
     }
 }
 
@@ -103,43 +103,18 @@ pub struct Serving {
     pub report: OpenReport,
 }
 
-/// Steps 3–8 for `serve`: claim the directory, validate the database
-/// without writing, then open it for writing, open the artifacts (removing
-/// what a crash left half-done) and run restart recovery.
+/// Steps 3–9 for `serve`: claim the directory, then open its durable
+/// parts (today the task store: validated without writing, then opened for
+/// writing, its artifacts opened with what a crash left half-done removed,
+/// and restart recovery).
 pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
     let mut claimed = claim(config)?;
-    let mut options = StoreOptions::from_settings(&claimed.dir.db_path(), &config.store);
-    // A directory that held a store serves that store only: an empty or
-    // replaced tasks.db is refused before anything is written.
-    options.expected_identity = claimed.recorded_store();
-    // Read-only, like the database's validation inside `begin_open`: an
-    // artifacts directory that would refuse the start refuses it before
-    // the database is initialised or migrated and before the lock file
-    // records the store. Past this point only an I/O error stops a start.
-    let artifacts = Artifacts::inspect(
-        claimed.dir.path(),
-        claimed.dir.owner(),
-        config.tasks.artifact_max_bytes,
-        config.tasks.artifacts_max_total_bytes,
-    )?;
-    let opening = Store::begin_open(options)?;
-    // Validated: from here on this process serves the directory, and the
-    // directory records which store it holds (the first start after an
-    // upgrade records an identity the database has just been given).
-    claimed
-        .lock
-        .record_store(Some(opening.identity().as_str()))?;
-    let artifacts = artifacts.open()?;
-    // Before recovery commits: a task it ends never committed a result, so
-    // a result spilled for it must not be served. Removed first, a crash in
-    // between leaves the task unfinished and this runs again.
-    artifacts.discard(opening.unfinished())?;
-    let (store, report) = opening.recover()?;
+    let opened = task_store::open_serving(&claimed.dir, &mut claimed.lock, config)?;
     Ok(Serving {
         claimed,
-        store,
-        artifacts,
-        report,
+        store: opened.store,
+        artifacts: opened.artifacts,
+        report: opened.report,
     })
 }
 
@@ -147,11 +122,13 @@ pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
 pub enum CheckOutcome {
     /// The default directory does not exist yet; serve would create it.
     NotCreatedYet(std::path::PathBuf),
-    Checked(StateDir, CheckReport),
+    /// The directory, and every durable part's lines.
+    Checked(StateDir, Vec<String>),
 }
 
-/// Steps 1 and 3–5 without writing to the database; also says where the
-/// state directory choice came from.
+/// Steps 1 and 3–6 without writing anything: every durable part checked as
+/// a start would check it; also says where the state directory choice came
+/// from.
 pub fn check(overrides: &Overrides) -> Result<(StateDirSource, CheckOutcome), Refusal> {
     let config = effective(overrides, Vec::new())?.config;
     let source = config.state_dir_source.clone();
@@ -159,17 +136,9 @@ pub fn check(overrides: &Overrides) -> Result<(StateDirSource, CheckOutcome), Re
         return Ok((source, CheckOutcome::NotCreatedYet(config.state_dir)));
     }
     let claimed = claim_as(&config, Actor::Operator)?;
-    // What serve would refuse, check refuses: the artifacts directory too.
-    Artifacts::inspect(
-        claimed.dir.path(),
-        claimed.dir.owner(),
-        config.tasks.artifact_max_bytes,
-        config.tasks.artifacts_max_total_bytes,
-    )?;
-    let (report, _) = store::check_identified(
-        &claimed.dir.db_path(),
-        config.store.max_db_pages,
-        claimed.recorded_store().as_ref(),
-    )?;
-    Ok((source, CheckOutcome::Checked(claimed.dir, report)))
+    let mut lines = Vec::new();
+    for part in Parts::new().all() {
+        lines.extend(part.check(&claimed.dir, &claimed.lock, &config)?);
+    }
+    Ok((source, CheckOutcome::Checked(claimed.dir, lines)))
 }

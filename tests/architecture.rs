@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
         "service", "startup", "backup", "bench", "client", "logging", "admin",
     ],
     &["http", "mcp"],
-    &["tasks"],
+    &["tasks", "parts"],
     &[
         "tools",
         "store",
@@ -60,7 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "main",
         &[
             "admin", "auth", "backup", "bench", "cli", "client", "config", "exit", "logging",
-            "service", "startup", "store", "tools", "wire",
+            "service", "startup", "tools", "wire",
         ],
     ),
     ("cli", &["config"]),
@@ -78,6 +78,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "exit",
             "http",
+            "parts",
             "state_dir",
             "tasks",
             "tools",
@@ -91,12 +92,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "exit",
             "http",
+            "parts",
             "state_dir",
             "store",
             "tools",
         ],
     ),
-    ("backup", &["config", "exit", "state_dir", "store"]),
+    ("backup", &["config", "exit", "parts", "state_dir", "store"]),
     (
         "bench",
         &["client", "config", "exit", "store", "tools", "wire"],
@@ -113,6 +115,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "tasks",
         &["artifacts", "auth", "config", "store", "tools", "wire"],
+    ),
+    (
+        "parts",
+        &["artifacts", "config", "exit", "state_dir", "store"],
     ),
     ("tools", &["config", "exit", "wire"]),
     ("auth", &["config", "exit"]),

@@ -453,3 +453,53 @@ fn a_dry_run_checks_the_destination_while_the_daemon_serves() {
     assert!(!good.exists());
     assert!(daemon.stop().success());
 }
+
+/// The manifest names each durable part before its files; a manifest
+/// written before parts existed (no part line) is the task store's, and
+/// one naming a part this taskgate does not know is refused.
+#[test]
+fn the_manifest_names_each_part_and_a_manifest_without_parts_is_the_task_stores() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    populate(&state, 3);
+    let s = state.to_str().unwrap();
+    let snap = root.path().join("snap");
+    let out = run(&["backup", "--state-dir", s, "--to", snap.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let manifest = std::fs::read_to_string(snap.join("MANIFEST.sha256")).unwrap();
+    let lines: Vec<&str> = manifest.lines().collect();
+    assert_eq!(lines[0], "# part task-store", "{manifest}");
+    assert!(lines[1..].iter().all(|l| !l.starts_with('#')), "{manifest}");
+    assert!(
+        lines[1..].iter().any(|l| l.ends_with("  tasks.db")),
+        "{manifest}"
+    );
+
+    let verify = || {
+        run(&[
+            "restore",
+            "--state-dir",
+            s,
+            "--from",
+            snap.to_str().unwrap(),
+            "--verify-only",
+        ])
+    };
+    // Written before parts existed: the same files without the part line.
+    std::fs::write(snap.join("MANIFEST.sha256"), lines[1..].join("\n") + "\n").unwrap();
+    let out = verify();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    // A part this build does not know: refused, naming it.
+    std::fs::write(
+        snap.join("MANIFEST.sha256"),
+        format!("# part journal\n{}\n", lines[1..].join("\n")),
+    )
+    .unwrap();
+    let out = verify();
+    assert_eq!(out.status.code(), Some(65), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("names a part this taskgate does not know: \"journal\""),
+        "{out:?}"
+    );
+}

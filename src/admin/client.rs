@@ -487,7 +487,7 @@ fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, Refusal> {
         })
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
-        .filter(|p| p.join(crate::backup::MANIFEST).is_file())
+        .filter(|p| p.join(crate::parts::MANIFEST).is_file())
         .collect();
     snapshots.sort();
     let excess = snapshots.len().saturating_sub(keep);

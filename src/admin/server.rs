@@ -21,8 +21,10 @@ use super::{
     TaskCounts,
 };
 use crate::backup::{self, BackupError};
+use crate::config::Config;
 use crate::exit::{Classify, ExitClass};
 use crate::http::BoundedSessions;
+use crate::parts::{self, Parts};
 use crate::state_dir::{self, LifetimeLock};
 use crate::tasks::TaskService;
 
@@ -59,7 +61,7 @@ struct Bound {
     socket: Socket,
     key: AdminKey,
     state_dir: PathBuf,
-    max_db_pages: u64,
+    config: Arc<Config>,
 }
 
 /// The socket file this process made (by device and inode, so a stop
@@ -81,7 +83,7 @@ impl Admin {
     /// Binds the admin socket. Runs once the lifetime lock is held, so a
     /// socket file left at the path is a killed daemon's and is replaced,
     /// but only if it is a socket of ours that nobody answers on.
-    pub fn bind(lock: &mut LifetimeLock, state_dir: &Path, max_db_pages: u64) -> Admin {
+    pub fn bind(lock: &mut LifetimeLock, state_dir: &Path, config: &Config) -> Admin {
         let path = super::socket_path(state_dir);
         let key = match AdminKey::generate() {
             Ok(k) => k,
@@ -104,7 +106,7 @@ impl Admin {
                         socket,
                         key,
                         state_dir: state_dir.to_path_buf(),
-                        max_db_pages,
+                        config: Arc::new(config.clone()),
                     }),
                     running: None,
                     leftover: None,
@@ -145,7 +147,7 @@ impl Admin {
             sessions,
             state_dir: bound.state_dir,
             socket: bound.socket.path.clone(),
-            max_db_pages: bound.max_db_pages,
+            config: bound.config,
             started: SystemTime::now(),
             started_mono: Instant::now(),
             snapshot_running: AtomicBool::new(false),
@@ -282,7 +284,9 @@ struct Context {
     sessions: Option<Arc<BoundedSessions>>,
     state_dir: PathBuf,
     socket: PathBuf,
-    max_db_pages: u64,
+    /// The settings the daemon started with: what a snapshot's parts are
+    /// checked against.
+    config: Arc<Config>,
     started: SystemTime,
     started_mono: Instant,
     snapshot_running: AtomicBool,
@@ -601,21 +605,33 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
             ),
         ));
     }
-    // Destination checks, then an empty private file for the database:
-    // nothing else is done before they pass.
+    // Destination checks, then an empty private file for each file the
+    // serving process writes itself: nothing else is done before they pass.
     let state_dir = ctx.state_dir.clone();
     let prepared = tokio::task::spawn_blocking(move || -> Result<PathBuf, BackupError> {
         let dest = backup::create_destination(&to, &state_dir)?;
-        let db = dest.join(state_dir::DB_FILE);
-        if let Err(source) = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&db)
-        {
-            let _ = fs::remove_dir(&dest);
-            return Err(BackupError::Io { path: db, source });
+        for part in Parts::new().all() {
+            for name in part.written_live() {
+                let rel = Path::new(part.snapshot_dir()).join(name);
+                let file = dest.join(&rel);
+                let made = parts::make_parents(&dest, &rel, None).and_then(|()| {
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&file)
+                        .map(drop)
+                        .map_err(|source| BackupError::Io {
+                            path: file.clone(),
+                            source,
+                        })
+                });
+                if let Err(e) = made {
+                    let _ = fs::remove_dir_all(&dest);
+                    return Err(e);
+                }
+            }
         }
         Ok(dest)
     })
@@ -634,6 +650,8 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
         }
     };
     let started = Instant::now();
+    // The task store's database, copied by the store's own thread while it
+    // serves.
     let copied = match ctx
         .svc
         .store()
@@ -650,17 +668,20 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
         }
     };
     let db_time = started.elapsed();
-    let (state_dir, sealed_dest, max_pages) =
-        (ctx.state_dir.clone(), dest.clone(), ctx.max_db_pages);
+    let (state_dir, sealed_dest, config) =
+        (ctx.state_dir.clone(), dest.clone(), ctx.config.clone());
     let sealed = tokio::task::spawn_blocking(move || {
-        let artifacts = backup::artifact_files(&state_dir)?;
-        backup::seal(
-            &state_dir,
-            &sealed_dest,
-            &artifacts,
-            &[PathBuf::from(state_dir::DB_FILE)],
-            max_pages,
-        )
+        let parts = Parts::new();
+        let mut copies = Vec::new();
+        for part in parts.all() {
+            copies.push(backup::PartCopy {
+                part,
+                copy: part.files_beside_live_copy(&state_dir)?,
+                present: part.written_live().iter().map(PathBuf::from).collect(),
+                live: state_dir.clone(),
+            });
+        }
+        backup::seal(&sealed_dest, &copies, &config)
     })
     .await;
     match sealed {

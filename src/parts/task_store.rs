@@ -1,0 +1,284 @@
+//! The task store as a durable part: `tasks.db` (with the WAL a crash may
+//! have left) and the spilled results in `artifacts/`, in the state
+//! directory itself. In a snapshot its files sit at the root, as they did
+//! before parts existed.
+//!
+//! Serving opens it through [`open_serving`]: everything that can refuse a
+//! start runs read-only first (the artifacts directory inspected, the
+//! database validated), then the database is opened for writing, the
+//! directory records which store it holds, the artifacts of tasks restart
+//! recovery is about to end are removed, and recovery commits.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{BackupError, Part, Verified, io_err, sync_dir};
+use crate::artifacts::Artifacts;
+use crate::config::Config;
+use crate::exit::Refusal;
+use crate::state_dir::{self, LifetimeLock, StateDir};
+use crate::store::{self, CheckReport, OpenReport, SCHEMA_VERSION, Store, StoreId, StoreOptions};
+
+/// The task store part.
+#[derive(Default)]
+pub struct TaskStore;
+
+/// The store identity a directory recorded beside its database. A malformed
+/// record counts as none: it can only come from a hand-edited lock file,
+/// and the database is still validated.
+pub fn recorded_store(lock: &LifetimeLock) -> Option<StoreId> {
+    lock.recorded_store().and_then(|s| StoreId::parse(&s))
+}
+
+/// The task store, opened for serving.
+pub struct Opened {
+    pub store: Store,
+    pub artifacts: Artifacts,
+    pub report: OpenReport,
+}
+
+/// Opens the task store of a claimed directory for serving (startup steps
+/// 5–9): a refused start changes no file.
+pub fn open_serving(
+    dir: &StateDir,
+    lock: &mut LifetimeLock,
+    config: &Config,
+) -> Result<Opened, Refusal> {
+    let mut options = StoreOptions::from_settings(&dir.db_path(), &config.store);
+    // A directory that held a store serves that store only: an empty or
+    // replaced tasks.db is refused before anything is written.
+    options.expected_identity = recorded_store(lock);
+    // Read-only, like the database's validation inside `begin_open`: an
+    // artifacts directory that would refuse the start refuses it before
+    // the database is initialised or migrated and before the lock file
+    // records the store. Past this point only an I/O error stops a start.
+    let artifacts = inspect_artifacts(dir, config)?;
+    let opening = Store::begin_open(options)?;
+    // Validated: from here on this process serves the directory, and the
+    // directory records which store it holds (the first start after an
+    // upgrade records an identity the database has just been given).
+    lock.record_store(Some(opening.identity().as_str()))?;
+    let artifacts = artifacts.open()?;
+    // Before recovery commits: a task it ends never committed a result, so
+    // a result spilled for it must not be served. Removed first, a crash in
+    // between leaves the task unfinished and this runs again.
+    artifacts.discard(opening.unfinished())?;
+    let (store, report) = opening.recover()?;
+    Ok(Opened {
+        store,
+        artifacts,
+        report,
+    })
+}
+
+fn inspect_artifacts(
+    dir: &StateDir,
+    config: &Config,
+) -> Result<crate::artifacts::Inspection, Refusal> {
+    Ok(Artifacts::inspect(
+        dir.path(),
+        dir.owner(),
+        config.tasks.artifact_max_bytes,
+        config.tasks.artifacts_max_total_bytes,
+    )?)
+}
+
+/// One line for the operator about a checked database.
+pub fn describe(report: &CheckReport) -> String {
+    match report {
+        CheckReport::Valid {
+            version,
+            retained,
+            unexpired,
+            ..
+        } => format!("schema {version}, integrity ok, {retained} tasks ({unexpired} unexpired)"),
+        CheckReport::Pristine => "an empty database".into(),
+        CheckReport::Missing => "no database".into(),
+    }
+}
+
+/// What `check` prints about a checked database in the directory `d`.
+fn check_lines(d: &str, report: &CheckReport) -> Vec<String> {
+    match report {
+        CheckReport::Missing => vec![format!(
+            "ok: {d} is private; no database yet (serve creates it)"
+        )],
+        CheckReport::Pristine => vec![format!(
+            "ok: {d} is private; tasks.db is empty (an interrupted first start); serve initialises it"
+        )],
+        CheckReport::Valid {
+            version,
+            retained,
+            unexpired,
+            nonterminal,
+            cancel_requested,
+        } => {
+            let mut lines = vec![format!(
+                "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
+            )];
+            if *version < SCHEMA_VERSION {
+                lines.push(format!(
+                    "note: serve will migrate schema {version} to {SCHEMA_VERSION}"
+                ));
+            }
+            if *nonterminal > 0 {
+                lines.push(format!(
+                    "note: {nonterminal} tasks were running at the last stop; serve ends them and never re-runs them: {} failed (interrupted), {cancel_requested} cancelled (their cancel had been acknowledged)",
+                    nonterminal - cancel_requested
+                ));
+            }
+            lines
+        }
+    }
+}
+
+fn is_artifact(rel: &Path) -> bool {
+    rel.parent() == Some(Path::new(state_dir::ARTIFACTS_DIR))
+        && rel.extension().is_some_and(|e| e == "json")
+}
+
+fn artifact_files(live: &Path) -> Result<Vec<PathBuf>, BackupError> {
+    let artifacts = live.join(state_dir::ARTIFACTS_DIR);
+    if !artifacts.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut names: Vec<_> = fs::read_dir(&artifacts)
+        .map_err(io_err(&artifacts))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".json"))
+        .collect();
+    names.sort();
+    Ok(names
+        .into_iter()
+        .map(|n| Path::new(state_dir::ARTIFACTS_DIR).join(n))
+        .collect())
+}
+
+impl Part for TaskStore {
+    fn name(&self) -> &'static str {
+        "task-store"
+    }
+
+    fn snapshot_dir(&self) -> &'static str {
+        ""
+    }
+
+    fn live_dir(&self, dir: &StateDir) -> PathBuf {
+        dir.path().to_path_buf()
+    }
+
+    fn check(
+        &self,
+        dir: &StateDir,
+        lock: &LifetimeLock,
+        config: &Config,
+    ) -> Result<Vec<String>, Refusal> {
+        // What serve would refuse, check refuses: the artifacts directory
+        // too.
+        inspect_artifacts(dir, config)?;
+        let (report, _) = store::check_identified(
+            &dir.db_path(),
+            config.store.max_db_pages,
+            recorded_store(lock).as_ref(),
+        )?;
+        Ok(check_lines(&dir.path().display().to_string(), &report))
+    }
+
+    fn present(&self, live: &Path) -> bool {
+        live.join(state_dir::DB_FILE).is_file()
+    }
+
+    fn files(&self, live: &Path) -> Result<Vec<PathBuf>, BackupError> {
+        let mut files = Vec::new();
+        for name in [state_dir::DB_FILE, state_dir::WAL_FILE] {
+            if live.join(name).is_file() {
+                files.push(PathBuf::from(name));
+            }
+        }
+        files.extend(artifact_files(live)?);
+        Ok(files)
+    }
+
+    fn written_live(&self) -> &'static [&'static str] {
+        &[state_dir::DB_FILE]
+    }
+
+    fn files_beside_live_copy(&self, live: &Path) -> Result<Vec<PathBuf>, BackupError> {
+        artifact_files(live)
+    }
+
+    fn may_vanish(&self, rel: &Path) -> bool {
+        // While a daemon serves, the artifact of a task that expired since
+        // the listing may go; the database, copied first, holds no live
+        // task for it.
+        is_artifact(rel)
+    }
+
+    fn holds(&self, rel: &Path) -> bool {
+        rel == Path::new(state_dir::DB_FILE)
+            || rel == Path::new(state_dir::WAL_FILE)
+            || (is_artifact(rel) && rel.components().count() == 2)
+    }
+
+    fn folders(&self) -> &'static [&'static str] {
+        &[state_dir::ARTIFACTS_DIR]
+    }
+
+    fn required(&self) -> &'static [&'static str] {
+        &[state_dir::DB_FILE]
+    }
+
+    fn verify(&self, copy: &Path, config: &Config) -> Result<Verified, BackupError> {
+        let (report, identity) = store::check_identified(
+            &copy.join(state_dir::DB_FILE),
+            config.store.max_db_pages,
+            None,
+        )
+        .map_err(|e| BackupError::BadSnapshot {
+            path: copy.to_path_buf(),
+            problem: format!("it fails validation: {e}"),
+        })?;
+        Ok(Verified {
+            description: describe(&report),
+            store_identity: identity,
+        })
+    }
+
+    fn swap(&self, live: &Path, staged: &Path, evidence: &Path) -> Result<(), BackupError> {
+        // What is replaced is kept: the database by a second link (so
+        // tasks.db never disappears), its sidecars and artifacts moved.
+        if live.join(state_dir::DB_FILE).exists() {
+            fs::hard_link(
+                live.join(state_dir::DB_FILE),
+                evidence.join(state_dir::DB_FILE),
+            )
+            .map_err(io_err(evidence))?;
+        }
+        for name in [
+            state_dir::WAL_FILE,
+            state_dir::SHM_FILE,
+            state_dir::ARTIFACTS_DIR,
+        ] {
+            if fs::symlink_metadata(live.join(name)).is_ok() {
+                fs::rename(live.join(name), evidence.join(name))
+                    .map_err(io_err(&live.join(name)))?;
+            }
+        }
+        sync_dir(evidence)?;
+        // The snapshot installed; the database last, replacing the old one
+        // in one rename.
+        for name in [state_dir::WAL_FILE, state_dir::ARTIFACTS_DIR] {
+            if fs::symlink_metadata(staged.join(name)).is_ok() {
+                fs::rename(staged.join(name), live.join(name)).map_err(io_err(&live.join(name)))?;
+            }
+        }
+        fs::rename(
+            staged.join(state_dir::DB_FILE),
+            live.join(state_dir::DB_FILE),
+        )
+        .map_err(io_err(&live.join(state_dir::DB_FILE)))?;
+        sync_dir(live)
+    }
+}
