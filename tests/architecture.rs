@@ -805,3 +805,138 @@ fn packaged_configuration_is_the_starter_file() {
         "regenerate with: taskgate init --state-dir /var/lib/taskgate > packaging/taskgate.toml"
     );
 }
+
+/// The names of a backquoted reference, with `{a,b}` alternatives
+/// expanded: `{http,stdio}_x` is `http_x` and `stdio_x`; a whole `{a, b}`
+/// is `a` and `b`.
+fn expand_names(text: &str) -> Vec<String> {
+    let Some(open) = text.find('{') else {
+        return vec![text.trim().to_string()];
+    };
+    let Some(close) = text[open..].find('}').map(|c| open + c) else {
+        return vec![text.trim().to_string()];
+    };
+    let (head, tail) = (&text[..open], &text[close + 1..]);
+    text[open + 1..close]
+        .split(',')
+        .flat_map(|alt| expand_names(&format!("{head}{}{tail}", alt.trim())))
+        .collect()
+}
+
+/// Whether `name` is defined (a function, a constant or a static) in the
+/// Rust source `text`.
+fn defines(text: &str, name: &str) -> bool {
+    ["fn ", "const ", "static "].iter().any(|kw| {
+        text.match_indices(&format!("{kw}{name}")).any(|(at, m)| {
+            text[at + m.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| !(c.is_alphanumeric() || c == '_'))
+        })
+    })
+}
+
+/// Every test docs/ARCHITECTURE.md names exists, so the map's claims point
+/// at real guards: `tests/FILE.rs` is a file, `tests/FILE.rs::name` (and
+/// each of `::{a, b}` and `{http,stdio}_name`) a function in it; a bare
+/// test name in the invariants' "guarded by" column is a function of some
+/// test file or unit test module; `module::ITEM` there is defined in that
+/// module. The tests table lists every test file, and only those.
+#[test]
+fn every_test_and_file_the_architecture_doc_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let mut sources = Vec::new();
+    rust_files(&src(), &mut sources);
+    rust_files(&root.join("tests"), &mut sources);
+    let all_source: String = sources
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    let section = |title: &str| -> String {
+        let start = doc.find(title).unwrap_or_else(|| panic!("no {title}"));
+        let rest = &doc[start + title.len()..];
+        rest[..rest.find("\n## ").unwrap_or(rest.len())].to_string()
+    };
+    let spans = |text: &str| -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    for span in spans(&doc) {
+        let Some(rest) = span.strip_prefix("tests/") else {
+            continue;
+        };
+        let (file, names) = match rest.split_once("::") {
+            Some((f, n)) => (f, Some(n)),
+            None => (rest, None),
+        };
+        if !file.ends_with(".rs") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join("tests").join(file)) else {
+            problems.push(format!("`{span}`: no file tests/{file}"));
+            continue;
+        };
+        checked += 1;
+        for name in names.map(expand_names).unwrap_or_default() {
+            checked += 1;
+            if !defines(&text, &name) {
+                problems.push(format!("`{span}`: tests/{file} has no fn {name}"));
+            }
+        }
+    }
+    // The invariants' guards named without their file.
+    for line in section("## Invariants")
+        .lines()
+        .filter(|l| l.starts_with("| "))
+    {
+        let guarded = line.rsplit(" | ").next().unwrap_or_default();
+        for span in spans(guarded) {
+            if span.starts_with("tests/") || span.contains(' ') || span.contains('.') {
+                continue;
+            }
+            let path: Vec<&str> = span.split("::").collect();
+            let item = *path.last().unwrap_or(&"");
+            let test_like = item.matches('_').count() >= 3
+                || item.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+            if !test_like || item.contains(['{', '(']) {
+                continue;
+            }
+            for name in expand_names(item) {
+                checked += 1;
+                if !defines(&all_source, &name) {
+                    problems.push(format!(
+                        "invariants: `{span}` names {name}, defined nowhere"
+                    ));
+                }
+            }
+        }
+    }
+    // The tests table and the test files.
+    let listed: BTreeSet<String> = section("## Tests")
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |"))
+        .map(|(f, _)| f.to_string())
+        .filter(|f| f.ends_with(".rs"))
+        .collect();
+    let files: BTreeSet<String> = std::fs::read_dir(root.join("tests"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".rs"))
+        .collect();
+    for f in files.difference(&listed) {
+        problems.push(format!("tests/{f} is missing from the tests table"));
+    }
+    for f in listed.difference(&files) {
+        problems.push(format!("the tests table lists {f}, which does not exist"));
+    }
+    assert!(checked >= 60, "only {checked} references checked");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
