@@ -102,6 +102,7 @@ fn status_shows_one_screen_and_json_for_scripts() {
         ),
         "task store       serving".to_string(),
         "tasks            1 retained, 1 unexpired, 1 running".to_string(),
+        "since start      1 tool runs started".to_string(),
         "store queue      0 of ".to_string(),
         "fallbacks        none".to_string(),
     ] {
@@ -118,6 +119,7 @@ fn status_shows_one_screen_and_json_for_scripts() {
     assert_eq!(s["store"], "serving");
     assert_eq!(s["tasks"], json!({"retained": 1, "unexpired": 1}));
     assert_eq!(s["running"], 1);
+    assert_eq!(s["runs_started"], 1);
     assert_eq!(s["fallbacks"]["total"], 0);
     assert_eq!(s["snapshot_running"], false);
     assert!(s["queue"]["capacity"].as_u64().unwrap() > 0);

@@ -505,6 +505,7 @@ async fn status(ctx: &Context) -> Status {
         disabled_reason,
         tasks,
         running: svc.running_count(),
+        runs_started: svc.runs_started(),
         queue: Queue {
             depth: store.queued(),
             capacity: store.queue_capacity(),

@@ -133,6 +133,18 @@ pub fn taskgate(args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
+/// What the daemon serving `state` reports of itself now
+/// (`taskgate status --json` over its admin socket).
+pub fn admin_status(state: &Path) -> serde_json::Value {
+    let out = taskgate(
+        &["status", "--json", "--state-dir", &state.to_string_lossy()],
+        &[],
+    );
+    assert!(out.status.success(), "taskgate status --json: {out:?}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("taskgate status --json printed no JSON ({e}): {out:?}"))
+}
+
 /// The refusal line of a failed run: asserts there is exactly one line.
 pub fn one_line_stderr(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr).to_string();
