@@ -515,6 +515,17 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::wait_for`], also returning every notification that came
+    /// before the match since this call, in order: datagrams on one socket
+    /// keep the order they were sent in, so this is what the daemon said
+    /// between two events, whatever time passed.
+    pub fn wait_for_collecting(&mut self, needle: &str, limit: Duration) -> (String, Vec<String>) {
+        let from = self.notes.len();
+        let found = self.wait_for(needle, limit);
+        let before = self.notes[from..self.notes.len() - 1].to_vec();
+        (found, before)
+    }
+
     /// The notifications that arrive during the next `span`.
     pub fn collect_for(&mut self, span: Duration) -> Vec<String> {
         let until = Instant::now() + span;
