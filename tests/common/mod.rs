@@ -683,6 +683,39 @@ impl Fifo {
         }
     }
 
+    /// Writes `text` to the tool reading this pipe and closes it: the
+    /// release of a tool that blocks until told to go on. A tool that has
+    /// not opened the pipe within `limit` fails the test.
+    pub fn write(&self, text: &str, limit: Duration) {
+        let (tx, rx) = mpsc::channel();
+        let (path, text) = (self.path.clone(), text.to_string());
+        // Opening a FIFO for writing blocks until a reader opens it.
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::write(&path, text));
+        });
+        match rx.recv_timeout(limit) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("writing {}: {e}", self.path.display()),
+            Err(_) => panic!("nothing opened {} within {limit:?}", self.path.display()),
+        }
+    }
+
+    /// Whether a process has the pipe open for reading now (or is waiting
+    /// in its open): a non-blocking open for writing fails with ENXIO only
+    /// when none has.
+    pub fn has_reader(&self) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.path)
+        {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => false,
+            Err(e) => panic!("opening {}: {e}", self.path.display()),
+        }
+    }
+
     /// What the tool wrote, once it has closed its end; a tool that has not
     /// written within `limit` fails the test.
     pub fn read(&self, limit: Duration) -> String {
