@@ -182,12 +182,29 @@ impl Client {
         params["_meta"] = self.meta(extra_meta);
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let body = body.to_string();
+        self.sending(id, || {
+            let exchange = self.exchange(method, name, body.clone());
+            async {
+                tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+                    .await
+                    .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))?
+            }
+        })
+        .await
+    }
+
+    /// Sends with `send` until an answer is not busy or the busy retries
+    /// are spent, waiting before each retry what the busy answer asked for.
+    /// Apart from the exchange, so that a test can count what is sent when
+    /// on a paused clock.
+    async fn sending<F: Future<Output = Result<Answer, ClientError>>>(
+        &self,
+        id: u64,
+        mut send: impl FnMut() -> F,
+    ) -> Result<Value, ClientError> {
         let mut answers = 0u32;
         loop {
-            let exchange = self.exchange(method, name, body.clone());
-            let answer = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-                .await
-                .map_err(|_| ClientError::Timeout(REQUEST_TIMEOUT))??;
+            let answer = send().await?;
             let wait = busy_wait(&answer);
             let outcome = self.read_answer(answer, id);
             let Some(wait) = wait else {
@@ -451,12 +468,89 @@ fn response_message(text: &str, id: u64) -> Result<Value, ClientError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A busy answer as the daemon sends it: 503, `Retry-After`, and the
+    /// JSON-RPC error (with `data.retryAfterMs` when `hint_ms` is given).
+    fn busy(retry_after: Option<u64>, hint_ms: Option<u64>) -> Answer {
+        let mut error = json!({"code": crate::wire::SERVER_BUSY.code, "message": "busy"});
+        if let Some(ms) = hint_ms {
+            error["data"] = json!({ "retryAfterMs": ms });
+        }
+        Answer {
+            status: 503,
+            retry_after: retry_after.map(Duration::from_secs),
+            text: json!({"jsonrpc": "2.0", "id": 1, "error": error}).to_string(),
+        }
+    }
+
+    /// When, on the paused clock, each attempt was sent, answered busy
+    /// every time, by a client allowed `retries` retries.
+    async fn busy_attempts(retries: u32, answer: impl Fn() -> Answer) -> Vec<Duration> {
+        let client = Client::new("http://127.0.0.1:1/mcp", true)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_busy_retries(retries);
+        let start = tokio::time::Instant::now();
+        let mut sent = Vec::new();
+        let got = client
+            .sending(1, || {
+                sent.push(start.elapsed());
+                std::future::ready(Ok(answer()))
+            })
+            .await;
+        match got {
+            Err(ClientError::StillBusy { answers, .. }) => assert_eq!(answers, retries + 1),
+            other => panic!("expected the client to give up, got {other:?}"),
+        }
+        assert_eq!(client.busy_answers(), u64::from(retries) + 1);
+        sent
+    }
+
+    /// Each retry is sent exactly when the busy answer said to, never
+    /// sooner: the wait is the paused clock's, so nothing here depends on
+    /// how fast the machine is.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_answer_is_sent_again_after_the_wait_it_asks_for() {
+        let s = Duration::from_secs;
+        // The daemon's answer: `Retry-After: 1` and `retryAfterMs` 1000.
+        assert_eq!(
+            busy_attempts(2, || busy(Some(1), Some(1000))).await,
+            [s(0), s(1), s(2)]
+        );
+        // `data.retryAfterMs` is the finer hint and wins.
+        assert_eq!(
+            busy_attempts(1, || busy(Some(1), Some(250))).await,
+            [s(0), Duration::from_millis(250)]
+        );
+        // `Retry-After` alone, then no hint at all (one second).
+        assert_eq!(busy_attempts(1, || busy(Some(3), None)).await, [s(0), s(3)]);
+        assert_eq!(busy_attempts(1, || busy(None, None)).await, [s(0), s(1)]);
+    }
+
+    /// Without retries a busy answer is the error itself, at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_told_nothing_sends_once() {
+        let client = Client::new("http://127.0.0.1:1/mcp", true).unwrap_or_else(|e| panic!("{e}"));
+        let mut sent = 0;
+        let got = client
+            .sending(1, || {
+                sent += 1;
+                std::future::ready(Ok(busy(Some(1), Some(1000))))
+            })
+            .await;
+        assert!(
+            matches!(got, Err(ClientError::Rpc { code, .. }) if code == crate::wire::SERVER_BUSY.code),
+            "{got:?}"
+        );
+        assert_eq!(sent, 1);
+    }
+
     /// The client's default URL is the daemon's default listen address: one
     /// definition of that address, in the configuration's key table.
     #[test]
     fn the_default_url_is_the_default_listen_address() {
         assert_eq!(
-            super::DEFAULT_URL,
+            DEFAULT_URL,
             format!("http://{}/mcp", crate::config::DEFAULT_LISTEN)
         );
     }

@@ -32,7 +32,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -273,6 +273,7 @@ pub fn serve(
             reload_sender,
             reload_requests,
             describe: None,
+            board: Arc::new(StatusBoard::default()),
             chores: TaskTracker::new(),
             chores_stop: CancellationToken::new(),
             admin,
@@ -316,6 +317,8 @@ struct Process {
     reload_requests: mpsc::Receiver<ReloadReply>,
     /// Where the daemon serves, for STATUS= (set once ready).
     describe: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Every STATUS= sent while serving goes through it.
+    board: Arc<StatusBoard>,
     /// Status refresh, watchdog, artifact sweep.
     chores: TaskTracker,
     chores_stop: CancellationToken,
@@ -331,11 +334,20 @@ struct Process {
 impl Process {
     fn spawn_chores(&self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
         let stop = &self.chores_stop;
-        self.chores
-            .spawn(refresh_status(self.svc.clone(), describe, stop.clone()));
+        self.chores.spawn(refresh_status(
+            self.svc.clone(),
+            self.board.clone(),
+            describe.clone(),
+            stop.clone(),
+        ));
         if let Some(period) = sd_notify::watchdog_enabled() {
-            self.chores
-                .spawn(watchdog(self.svc.store().clone(), period, stop.clone()));
+            self.chores.spawn(watchdog(
+                self.svc.store().clone(),
+                self.board.clone(),
+                describe,
+                period,
+                stop.clone(),
+            ));
         }
         self.chores
             .spawn(sweep_artifacts(self.svc.clone(), stop.clone()));
@@ -350,7 +362,7 @@ impl Process {
                 None => describe(),
             });
         let status = status_line(&self.svc, &describe()).await;
-        notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.board.ready(&status);
         self.describe = Some(describe.clone());
         self.spawn_chores(describe);
     }
@@ -433,7 +445,7 @@ impl Process {
             Some(describe) => status_line(&self.svc, &describe()).await,
             None => String::new(),
         };
-        notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        self.board.ready(&status);
         outcome
     }
 
@@ -704,7 +716,7 @@ impl Process {
         // that nothing was reloaded (their reply is dropped).
         self.reload_requests.close();
         while self.reload_requests.try_recv().is_ok() {}
-        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        self.board.stopping();
         tracing::info!("stopping: no new calls are admitted");
     }
 
@@ -788,23 +800,112 @@ async fn status_line(svc: &TaskService, where_: &str) -> String {
 
 async fn refresh_status(
     svc: Arc<TaskService>,
+    board: Arc<StatusBoard>,
     describe: Arc<dyn Fn() -> String + Send + Sync>,
     stop: CancellationToken,
 ) {
-    let mut last = String::new();
     let mut ticks = ticker(STATUS_REFRESH).await;
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             // A fallback shows at once, not at the next tick.
             _ = svc.fallback_noted() => {}
+            // So do the counts again once the watchdog's notice is over.
+            _ = board.resumed.notified() => {}
             _ = stop.cancelled() => return,
         }
+        let generation = board.generation();
         let line = status_line(&svc, &describe()).await;
-        if line != last {
-            notify(&[NotifyState::Status(&line)]);
-            last = line;
+        board.publish(&line, generation);
+    }
+}
+
+/// The one sender of STATUS= while serving. The refresh chore's counts and
+/// the watchdog's notice both go through it, so that counts (built while
+/// the store still answered, or saying it was too busy to count) never
+/// replace the notice that pings are being withheld, and nothing replaces
+/// STATUS=stopping.
+#[derive(Default)]
+struct StatusBoard {
+    state: std::sync::Mutex<BoardState>,
+    /// Wakes the refresh chore when pings resume.
+    resumed: Notify,
+}
+
+#[derive(Default)]
+struct BoardState {
+    /// The last STATUS= sent.
+    last: String,
+    /// The watchdog withholds its pings: its notice is the status.
+    withheld: bool,
+    /// Counts every start and end of a withheld stretch: a line built
+    /// across one is stale.
+    generation: u64,
+    /// STOPPING=1 went out.
+    stopping: bool,
+}
+
+impl StatusBoard {
+    fn generation(&self) -> u64 {
+        lock(&self.state).generation
+    }
+
+    /// READY=1 with `status`, or alone while the watchdog's notice stands.
+    fn ready(&self, status: &str) {
+        let mut state = lock(&self.state);
+        if state.withheld || state.stopping {
+            notify(&[NotifyState::Ready]);
+        } else {
+            notify(&[NotifyState::Ready, NotifyState::Status(status)]);
+            state.last = status.to_string();
         }
+    }
+
+    /// A refreshed status line, built after `generation` was read.
+    fn publish(&self, line: &str, generation: u64) {
+        let mut state = lock(&self.state);
+        if state.withheld || state.stopping || state.generation != generation {
+            return;
+        }
+        if state.last != line {
+            notify(&[NotifyState::Status(line)]);
+            state.last = line.to_string();
+        }
+    }
+
+    /// The watchdog withheld a ping: `notice` is the status, sent for every
+    /// ping withheld (it says for how long the store has been silent).
+    fn withhold(&self, notice: &str) {
+        let mut state = lock(&self.state);
+        if state.stopping {
+            return;
+        }
+        if !state.withheld {
+            state.withheld = true;
+            state.generation += 1;
+        }
+        notify(&[NotifyState::Status(notice)]);
+        state.last = notice.to_string();
+    }
+
+    /// Pings go out again: the refresh chore puts the counts back. True
+    /// when pings had been withheld.
+    fn resume(&self) -> bool {
+        let mut state = lock(&self.state);
+        if !state.withheld {
+            return false;
+        }
+        state.withheld = false;
+        state.generation += 1;
+        self.resumed.notify_one();
+        true
+    }
+
+    fn stopping(&self) {
+        let mut state = lock(&self.state);
+        state.stopping = true;
+        notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+        state.last = "stopping".to_string();
     }
 }
 
@@ -858,11 +959,21 @@ fn return_freed_memory() {
 fn return_freed_memory() {}
 
 /// Pings the watchdog at half its period, but only while the store thread
-/// answers: a hung store thread lets systemd restart the daemon.
-async fn watchdog(store: Store, period: Duration, stop: CancellationToken) {
+/// answers: a hung store thread lets systemd restart the daemon. Each ping
+/// withheld replaces STATUS= with a notice saying so (`systemctl status`
+/// then shows why the watchdog will fire); the counts come back with the
+/// first ping after it.
+async fn watchdog(
+    store: Store,
+    board: Arc<StatusBoard>,
+    describe: Arc<dyn Fn() -> String + Send + Sync>,
+    period: Duration,
+    stop: CancellationToken,
+) {
     let interval = period / 2;
     let mut ticks = ticker(interval).await;
     let mut last_progress = store.progress();
+    let mut answered = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
@@ -876,9 +987,32 @@ async fn watchdog(store: Store, period: Duration, stop: CancellationToken) {
         };
         last_progress = store.progress();
         if alive {
+            let silent = answered.elapsed();
+            answered = tokio::time::Instant::now();
             notify(&[NotifyState::Watchdog]);
+            if board.resume() {
+                tracing::warn!(
+                    silent_ms = silent.as_millis() as u64,
+                    "the store thread answers again after {:.1} s; watchdog pings resumed",
+                    silent.as_secs_f64()
+                );
+            }
         } else {
-            tracing::error!("the store thread is not answering; withholding the watchdog ping");
+            let silent = answered.elapsed();
+            tracing::error!(
+                silent_ms = silent.as_millis() as u64,
+                "the store thread has not answered for {:.1} s; withholding the watchdog ping",
+                silent.as_secs_f64()
+            );
+            board.withhold(&withheld_notice(silent, &describe()));
         }
     }
+}
+
+/// The STATUS= line while the watchdog withholds its pings.
+fn withheld_notice(silent: Duration, where_: &str) -> String {
+    format!(
+        "WATCHDOG WITHHELD: the task store has not answered for {:.1} s, so no watchdog ping is sent and systemd restarts taskgate once WatchdogSec passes without one; check the disk holding the state directory (a hung or failing disk stalls the store) and the journal; {where_}",
+        silent.as_secs_f64()
+    )
 }

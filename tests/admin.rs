@@ -84,6 +84,8 @@ fn status_shows_one_screen_and_json_for_scripts() {
     let state = state_dir(root.path());
     let d = start(root.path(), &state);
     let task = start_nap(&d, 60);
+    let polled = runtime().block_on(d.client(true).get_task(&task)).unwrap();
+    assert_eq!(polled["status"], "working", "{polled}");
 
     let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{out:?}");
@@ -102,6 +104,7 @@ fn status_shows_one_screen_and_json_for_scripts() {
         ),
         "task store       serving".to_string(),
         "tasks            1 retained, 1 unexpired, 1 running".to_string(),
+        "since start      1 tool runs started, 1 task reads from the store".to_string(),
         "store queue      0 of ".to_string(),
         "fallbacks        none".to_string(),
     ] {
@@ -118,6 +121,8 @@ fn status_shows_one_screen_and_json_for_scripts() {
     assert_eq!(s["store"], "serving");
     assert_eq!(s["tasks"], json!({"retained": 1, "unexpired": 1}));
     assert_eq!(s["running"], 1);
+    assert_eq!(s["runs_started"], 1);
+    assert_eq!(s["task_reads"], 1);
     assert_eq!(s["fallbacks"]["total"], 0);
     assert_eq!(s["snapshot_running"], false);
     assert!(s["queue"]["capacity"].as_u64().unwrap() > 0);

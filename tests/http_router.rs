@@ -323,13 +323,35 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
     fx.close().await;
 }
 
-/// Ten clients poll one task every 20 ms for a second, without `Mcp-Name`
-/// and without knowing any of taskgate's codes: every poll is answered with
-/// the task, never an error, and the store is read about once per
-/// `pollIntervalMs` (200 ms), however fast they poll.
-#[tokio::test]
+/// Ten clients poll one task every 20 ms, without `Mcp-Name` and without
+/// knowing any of taskgate's codes, for five poll intervals (200 ms): every
+/// poll is answered with the task, never an error, and the store is read
+/// exactly once per interval, however fast they poll.
+///
+/// On tokio's paused clock: the clients' rounds fall at 10 ms past each
+/// 20 ms step, between the instants a read is due (every 200 ms from the
+/// first), and the clock moves only to the next timer once everything
+/// that can answer has answered. While the store thread reads, no timer is
+/// pending, so no read is stretched across a clock step: the count per
+/// interval is exact, not a rate over a measured time.
+#[tokio::test(start_paused = true)]
 async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_interval() {
+    const CLIENTS: usize = 10;
+    const INTERVAL: Duration = Duration::from_millis(200);
+    const ROUND: Duration = Duration::from_millis(20);
+    // The fixture's `max_held_polls` (4); one owner holds half of them.
+    const HELD_PER_OWNER: usize = 2;
     let fx = fixture();
+    // A failure guard in real time (a paused clock's timer would fire the
+    // moment the runtime waits for the store thread).
+    let hang = CancellationToken::new();
+    {
+        let hang = hang.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(60));
+            hang.cancel();
+        });
+    }
     let created = json_body(
         fx.send(tasks_request(
             "tools/call",
@@ -346,57 +368,87 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
         .to_string();
 
     // One poll first: the task's pacing starts with the first answer (ten
-    // first polls at the same instant would each read once).
+    // first polls at the same instant would each read once). The next read
+    // is due one interval from this instant.
+    let start = tokio::time::Instant::now();
     let first = json_body(
         fx.send(tasks_request("tasks/get", json!({"taskId": id})))
             .await,
     )
     .await;
     assert_eq!(first["result"]["status"], "working", "{first}");
+    assert_eq!(
+        tokio::time::Instant::now(),
+        start,
+        "the clock moved during a read"
+    );
     let reads_before = fx.svc.store().task_reads();
-    let started = tokio::time::Instant::now();
-    let window = Duration::from_secs(1);
-    let pollers: Vec<_> = (0..10)
-        .map(|_| {
-            let router = fx.app.router.clone();
-            let id = id.clone();
-            tokio::spawn(async move {
-                let mut answered = 0u32;
-                while started.elapsed() < window {
-                    let request = tasks_request("tasks/get", json!({"taskId": id}));
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, StatusCode, Value)>();
+    // A client polls again only once its last poll was answered.
+    let mut waiting = [false; CLIENTS];
+    let (mut fired, mut answered) = (0usize, 0usize);
+    let mut answer = async |waiting: &mut [bool; CLIENTS], answered: &mut usize| {
+        let (client, status, body) = tokio::select! {
+            got = rx.recv() => got.unwrap_or_else(|| panic!("the pollers went away")),
+            _ = hang.cancelled() => panic!("polls unanswered after 60 s: {waiting:?}"),
+        };
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["result"]["taskId"], id.as_str(), "{body}");
+        assert_eq!(body["result"]["status"], "working", "{body}");
+        waiting[client] = false;
+        *answered += 1;
+    };
+    for interval in 1..=5u32 {
+        let due = start + INTERVAL * interval;
+        for round in 0..10u32 {
+            tokio::time::sleep_until(due - INTERVAL + ROUND / 2 + ROUND * round).await;
+            for (client, busy) in waiting.iter_mut().enumerate() {
+                if *busy {
+                    continue;
+                }
+                *busy = true;
+                fired += 1;
+                let (router, id, tx) = (fx.app.router.clone(), id.clone(), tx.clone());
+                tokio::spawn(async move {
                     let response = router
-                        .clone()
-                        .oneshot(request)
+                        .oneshot(tasks_request("tasks/get", json!({"taskId": id})))
                         .await
                         .unwrap_or_else(|e| panic!("{e}"));
                     let status = response.status();
-                    let body = json_body(response).await;
-                    assert_eq!(status, StatusCode::OK, "{body}");
-                    assert_eq!(body["result"]["taskId"], id.as_str(), "{body}");
-                    assert_eq!(body["result"]["status"], "working", "{body}");
-                    answered += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                answered
-            })
-        })
-        .collect();
-    let mut polls = 0;
-    for poller in pollers {
-        polls += poller.await.unwrap_or_else(|e| panic!("{e}"));
+                    let _ = tx.send((client, status, json_body(response).await));
+                });
+            }
+            // Early: every poll but the held ones is answered from memory
+            // at once, and none reads the store.
+            while answered < fired - HELD_PER_OWNER {
+                answer(&mut waiting, &mut answered).await;
+            }
+            assert_eq!(
+                fx.svc.store().task_reads() - reads_before,
+                u64::from(interval) - 1,
+                "a poll read the store early, round {round} of interval {interval}"
+            );
+        }
+        // The read falls due: the held polls wake, one of them reads.
+        tokio::time::sleep_until(due).await;
+        while answered < fired {
+            answer(&mut waiting, &mut answered).await;
+        }
+        assert_eq!(
+            fx.svc.store().task_reads() - reads_before,
+            u64::from(interval),
+            "interval {interval}: not one store read"
+        );
+        // The read took no time on the clock (the timer wheel's
+        // millisecond at most).
+        assert!(tokio::time::Instant::now() - due < Duration::from_millis(1));
     }
-    let elapsed = started.elapsed();
-    let reads = fx.svc.store().task_reads() - reads_before;
-    let intervals = elapsed.as_millis() as u64 / 200;
-    eprintln!("{polls} polls in {elapsed:?}: {reads} store reads ({intervals} intervals)");
-    assert!(
-        reads <= intervals + 2,
-        "{reads} store reads for {polls} polls in {elapsed:?}: more than one per 200 ms interval"
-    );
-    assert!(
-        polls as u64 > 2 * reads,
-        "only {polls} polls: the pollers did not poll faster than the store was read"
-    );
+    // Each interval: a round of every client (two of them held until the
+    // read is due), then nine rounds of the others, each answered from
+    // memory.
+    let per_interval = CLIENTS + 9 * (CLIENTS - HELD_PER_OWNER);
+    assert_eq!(answered, 5 * per_interval, "{answered} polls answered");
     fx.svc.stop_running(Duration::from_secs(10)).await;
     fx.close().await;
 }

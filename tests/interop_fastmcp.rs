@@ -4,8 +4,9 @@
 //! drive the task to the end. That library polls from 20 ms upwards and
 //! knows none of taskgate's codes; it omits `Mcp-Name` on `tasks/get`. It
 //! must get the task's result, and the store must be read about once per
-//! `pollIntervalMs`, however fast it polls (counted from the daemon's
-//! debug events for reads of that task).
+//! `pollIntervalMs`, however fast it polls: the daemon's own count of task
+//! reads (`taskgate status --json`), asked once the client has its result
+//! and before the daemon stops, with that task the only one it holds.
 
 mod common;
 
@@ -65,26 +66,32 @@ fn client(args: &[&str]) -> Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not the client's JSON ({e}): {stdout}"))
 }
 
-/// Reads of `task` the daemon made from its store, from its debug events.
-fn store_reads(log: &str, task: &str) -> usize {
-    log.lines()
-        .filter(|l| l.contains("task read from the store") && l.contains(task))
-        .count()
-}
-
-fn assert_paced(got: &Value, log: &str) {
+/// `status` is what the daemon reported after the client had its result:
+/// every task read it asked of its store since it started, while holding
+/// no task but this one.
+fn assert_paced(got: &Value, status: &Value) {
     let task = got["taskId"].as_str().unwrap_or_default();
     assert!(task.starts_with("tg-"), "{got}");
     assert_eq!(got["text"], "rested", "{got}");
     assert_eq!(got["isError"], false, "{got}");
+    assert_eq!(
+        status["tasks"],
+        serde_json::json!({"retained": 1, "unexpired": 1}),
+        "{status}"
+    );
     let seconds = got["seconds"].as_f64().unwrap_or_default();
-    let intervals = (seconds * 1000.0) as usize / INTERVAL_MS as usize;
-    let reads = store_reads(log, task);
+    let intervals = (seconds * 1000.0) as u64 / INTERVAL_MS;
+    let reads = status["task_reads"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no task_reads in {status}"));
     eprintln!(
         "{} polls in {seconds} s; {reads} store reads of {task} ({intervals} intervals of {INTERVAL_MS} ms)",
         got["polls"]
     );
-    assert!(reads >= 1, "no store read of {task} was logged:\n{log}");
+    assert!(
+        reads >= 1,
+        "the daemon read {task} from its store never: {status}"
+    );
     assert!(
         reads <= intervals + 2,
         "{reads} store reads of {task} in {seconds} s: more than one per {INTERVAL_MS} ms"
@@ -99,12 +106,12 @@ fn fastmcp_over_http_gets_its_result_and_is_paced() {
         .config(&config(dir.path()))
         .state_dir(&state)
         .log(&dir.path().join("taskgate.log"))
-        .env("TASKGATE_LOG", "debug")
         .start();
     let got = client(&["http", &daemon.url(), "nap", "1.5"]);
+    let status = admin_status(&state);
     let log = daemon.log_text();
     assert!(daemon.stop().success(), "daemon log:\n{log}");
-    assert_paced(&got, &log);
+    assert_paced(&got, &status);
 }
 
 #[test]
@@ -112,31 +119,15 @@ fn fastmcp_over_stdio_gets_its_result_and_is_paced() {
     let dir = private_dir();
     let state = state_dir(dir.path());
     let cfg = config(dir.path());
-    // The client starts the daemon itself; its stderr (the log) goes to
-    // the client's stderr, which the script passes on.
-    let log_path = dir.path().join("taskgate.log");
-    let wrapper = dir.path().join("taskgate-logged.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nTASKGATE_LOG=debug exec {BIN} \"$@\" 2>>{}\n",
-            log_path.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
+    // The client starts the daemon itself and asks it for its status
+    // before the session ends; the daemon's stderr goes to the client's.
     let got = client(&[
         "stdio",
-        wrapper.to_str().unwrap(),
+        BIN,
         cfg.to_str().unwrap(),
         state.to_str().unwrap(),
         "nap",
         "1.5",
     ]);
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    assert_paced(&got, &log);
+    assert_paced(&got, &got["status"]);
 }

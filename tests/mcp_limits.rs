@@ -31,17 +31,16 @@ type = "number"
 
 [[tool]]
 name = "hold"
-argv = ["/bin/sh", "-c", "echo started > {started}; sleep $0; printf rested", "{{seconds}}"]
+argv = ["/bin/sh", "-c", "echo started > {started}; cat {release} > /dev/null; printf rested"]
 sandbox = "unconfined" # its files sit beside the state directory
 effect = "read_only"
 task = "optional"
-timeout_secs = 60
+timeout_secs = 600
 [tool.input_schema]
 type = "object"
-[tool.input_schema.properties.seconds]
-type = "number"
 "#,
-            started = started_fifo(dir).display()
+            started = started_fifo(dir).display(),
+            release = release_fifo(dir).display()
         ),
     )
     .unwrap();
@@ -61,6 +60,24 @@ fn limits_daemon(extra: &str) -> (tempfile::TempDir, Daemon) {
 /// Where the `hold` tool says it has started (made by `Fifo::new`).
 fn started_fifo(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("started")
+}
+
+/// What the `hold` tool waits on after it started: it runs until the test
+/// writes to this pipe (or it is killed), so the slot it holds is held
+/// for as long as the test has not released it, however slow the machine.
+fn release_fifo(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("release")
+}
+
+/// How long a call that must answer may take before the test fails: a
+/// guard against a hang, never what makes a test pass.
+const HANG: Duration = Duration::from_secs(60);
+
+/// `fut`, which must end within [`HANG`]; `what` names it when it does not.
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(HANG, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not answer within {HANG:?}"))
 }
 
 /// A keep-alive GET whose whole response is read: the server has accepted
@@ -146,21 +163,25 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
     );
     let rt = runtime();
     rt.block_on(async {
-        // One slow synchronous call holds the only request slot.
+        // One held synchronous call takes the only request slot.
         let url = daemon.url();
         let started = Fifo::new(&started_fifo(root.path()));
+        let release = Fifo::new(&release_fifo(root.path()));
         let slow = tokio::spawn(async move {
             taskgate::client::Client::new(&url, false)
                 .unwrap()
-                .call_tool("hold", json!({"seconds": 1.5}), None)
+                .call_tool("hold", json!({}), None)
                 .await
         });
-        // The tool runs: the call holds the slot.
-        started.read(Duration::from_secs(20));
-        let refused = daemon
-            .client(false)
-            .call_tool("nap", json!({"seconds": 0}), None)
-            .await;
+        // The tool runs: the call holds the slot until it is released.
+        started.read(HANG);
+        let refused = within(
+            "a call past max_concurrent_requests",
+            daemon
+                .client(false)
+                .call_tool("nap", json!({"seconds": 0}), None),
+        )
+        .await;
         match refused {
             Err(ClientError::Rpc { code, message, .. }) => {
                 assert_eq!(code, taskgate::wire::SERVER_BUSY.code);
@@ -168,31 +189,44 @@ fn concurrent_requests_and_running_tasks_are_bounded() {
             }
             other => panic!("expected a busy refusal, got {other:?}"),
         }
-        let done = slow.await.unwrap().unwrap();
+        // Answered while the slot was held: nothing had released it yet.
+        assert!(!slow.is_finished(), "the held call ended unreleased");
+        release.write("go", HANG);
+        let done = within("the released call", slow).await.unwrap().unwrap();
         assert_eq!(done["content"][0]["text"], "rested");
 
         // One running slot: the first call becomes a task, the second
         // (slots full) cannot run synchronously either and is refused at
-        // once.
+        // once, while the task still holds its slot.
         let c = daemon.client(true);
-        let first = c
-            .call_tool("nap", json!({"seconds": 2}), None)
-            .await
-            .unwrap();
+        let first = c.call_tool("hold", json!({}), None).await.unwrap();
         assert_eq!(first["resultType"], "task");
+        let id = first["taskId"].as_str().unwrap();
+        started.read(HANG);
         let error = assert_refused(
-            c.call_tool("nap", json!({"seconds": 0}), None).await,
+            within(
+                "a call past max_running",
+                c.call_tool("nap", json!({"seconds": 0}), None),
+            )
+            .await,
             wire::RUN_SLOTS_BUSY,
         );
         assert_eq!(error["data"]["maxRunning"], 1, "{error}");
+        assert_eq!(c.get_task(id).await.unwrap()["status"], "working");
+        release.write("go", HANG);
+        let done = within("the released task", c.wait_task(id, &first))
+            .await
+            .unwrap();
+        assert_eq!(done["status"], "completed", "{done}");
     });
     assert!(daemon.stop().success());
 }
 
 /// A client told to retry busy answers sends the refused request again
-/// after the wait the answer asks for (`Retry-After: 1`), counts every busy
-/// answer, and gives up after its bound with an error that says so; one
-/// told nothing is refused at once, as before.
+/// (after the wait the answer asks for: `client::tests` proves the wait on a
+/// paused clock), counts every busy answer, and gives up after its bound
+/// with an error that says so; one told nothing is refused at once, as
+/// before; one with retries to spare gets through once the slot is free.
 #[test]
 fn busy_answers_are_retried_after_their_hint_a_bounded_number_of_times() {
     let (root, daemon) = limits_daemon(
@@ -200,54 +234,74 @@ fn busy_answers_are_retried_after_their_hint_a_bounded_number_of_times() {
     );
     let rt = runtime();
     rt.block_on(async {
-        // One slow synchronous call holds the only request slot for 4 s.
+        // One held synchronous call takes the only request slot until the
+        // test releases it: every answer below until then is given while
+        // the slot is provably held.
         let url = daemon.url();
         let started = Fifo::new(&started_fifo(root.path()));
+        let release = Fifo::new(&release_fifo(root.path()));
         let slow = tokio::spawn(async move {
             taskgate::client::Client::new(&url, false)
                 .unwrap()
-                .call_tool("hold", json!({"seconds": 4}), None)
+                .call_tool("hold", json!({}), None)
                 .await
         });
-        started.read(Duration::from_secs(20));
-        let held = Instant::now();
+        started.read(HANG);
 
         let plain = daemon.client(false);
-        assert_refused_busy(plain.call_tool("nap", json!({"seconds": 0}), None).await);
+        assert_refused_busy(
+            within(
+                "a busy call",
+                plain.call_tool("nap", json!({"seconds": 0}), None),
+            )
+            .await,
+        );
         assert_eq!(plain.busy_answers(), 1);
 
-        // One retry: a second busy answer a second later, then it gives up.
+        // One retry: a second busy answer, then it gives up.
         let once = daemon.client(false).with_busy_retries(1);
-        let t = Instant::now();
-        match once.call_tool("nap", json!({"seconds": 0}), None).await {
+        match within(
+            "a call retried once",
+            once.call_tool("nap", json!({"seconds": 0}), None),
+        )
+        .await
+        {
             Err(ClientError::StillBusy { answers, last }) => {
                 assert_eq!(answers, 2);
                 assert_refused_busy(Err(*last));
             }
             other => panic!("expected the client to give up, got {other:?}"),
         }
-        assert!(
-            t.elapsed() >= Duration::from_millis(900),
-            "sent again after {:?}, before the Retry-After of 1 s",
-            t.elapsed()
-        );
-        assert!(
-            held.elapsed() < Duration::from_secs(4),
-            "the slot was freed meanwhile"
-        );
         assert_eq!(once.busy_answers(), 2);
 
-        // Retries enough to outlast the slow call: it goes through.
-        let patient = daemon.client(false).with_busy_retries(10);
-        let done = patient
-            .call_tool("nap", json!({"seconds": 0}), None)
-            .await
-            .unwrap();
+        // Retries enough to outlast the held call: refused while it holds
+        // the slot, it goes through once the slot is released.
+        let patient = std::sync::Arc::new(daemon.client(false).with_busy_retries(10));
+        let call = {
+            let patient = patient.clone();
+            tokio::spawn(async move { patient.call_tool("nap", json!({"seconds": 0}), None).await })
+        };
+        let deadline = Instant::now() + HANG;
+        while patient.busy_answers() == 0 {
+            if call.is_finished() {
+                panic!(
+                    "the patient call ended while the slot was held: {:?}",
+                    call.await
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the patient client got no busy answer within {HANG:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!slow.is_finished(), "the held call ended unreleased");
+        release.write("go", HANG);
+        let slow = within("the released call", slow).await.unwrap().unwrap();
+        assert_eq!(slow["content"][0]["text"], "rested");
+        let done = within("the patient call", call).await.unwrap().unwrap();
         assert_eq!(done["content"][0]["text"], "rested");
         assert!(patient.busy_answers() >= 1, "{}", patient.busy_answers());
-        assert!(held.elapsed() >= Duration::from_secs(3));
-        let slow = slow.await.unwrap().unwrap();
-        assert_eq!(slow["content"][0]["text"], "rested");
     });
     assert!(daemon.stop().success());
 }
@@ -344,7 +398,7 @@ fn spilled_results_go_when_their_task_expires() {
 }
 
 /// A quick tool, `required` or `optional`, plus one that holds its running
-/// slot until cancelled.
+/// slot until cancelled: it waits on [`release_fifo`], which no test writes.
 fn task_mode_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
     let p = dir.join("taskgate.toml");
     let tool = |name: &str, script: &str, task: &str| {
@@ -353,21 +407,23 @@ fn task_mode_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
 [[tool]]
 name = "{name}"
 argv = ["/bin/sh", "-c", {script:?}]
+sandbox = "unconfined" # linger's pipe sits beside the state directory
 effect = "read_only"
 task = "{task}"
-timeout_secs = 60
+timeout_secs = 600
 [tool.input_schema]
 type = "object"
 "#
         )
     };
+    let linger = format!("cat {}", release_fifo(dir).display());
     std::fs::write(
         &p,
         format!(
             "{extra}\n[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n{}{}{}",
             tool("must", "printf done", "required"),
             tool("may", "printf done", "optional"),
-            tool("linger", "sleep 60", "required"),
+            tool("linger", &linger, "required"),
         ),
     )
     .unwrap();
@@ -400,16 +456,23 @@ fn a_required_tool_at_the_live_task_limit_gets_the_capacity_error_and_an_optiona
     let rt = runtime();
     rt.block_on(async {
         let c = daemon.client(true);
-        // The one live task the store may hold.
+        // The one live task the store may hold, for a day (the default
+        // ttl): nothing in this test frees its place.
         let first = c.call_tool("must", json!({}), None).await.unwrap();
         assert_eq!(first["resultType"], "task", "{first}");
-        // At the limit a required tool gets the capacity error...
-        let started = Instant::now();
+        // At the limit a required tool gets the capacity error, while the
+        // limit still holds: a call queued for a place would still wait.
         assert_refused(
-            c.call_tool("must", json!({}), None).await,
+            within(
+                "a required call at the live-task limit",
+                c.call_tool("must", json!({}), None),
+            )
+            .await,
             wire::STORE_CAPACITY,
         );
-        assert!(started.elapsed() < Duration::from_secs(5));
+        let id = first["taskId"].as_str().unwrap();
+        let live = c.get_task(id).await;
+        assert_eq!(live.unwrap()["taskId"], id, "the live task went");
         // ...and an optional one still answers, synchronously.
         let now = c.call_tool("may", json!({}), None).await.unwrap();
         assert_eq!(now["resultType"], "complete", "{now}");
@@ -441,68 +504,84 @@ fn a_required_tool_with_every_slot_busy_gets_a_clear_error_at_once() {
     let rt = runtime();
     rt.block_on(async {
         let c = daemon.client(true);
-        // Holds the only running slot until cancelled.
+        // Holds the only running slot until cancelled: nothing ever
+        // releases it, so a call queued for the slot would wait for good.
+        let _release = Fifo::new(&release_fifo(root.path()));
         let held = c.call_tool("linger", json!({}), None).await.unwrap();
         assert_eq!(held["resultType"], "task", "{held}");
-        let started = Instant::now();
+        let held = held["taskId"].as_str().unwrap();
         let error = assert_refused(
-            c.call_tool("must", json!({}), None).await,
+            within(
+                "a required call with every slot busy",
+                c.call_tool("must", json!({}), None),
+            )
+            .await,
             wire::TASK_SLOTS_BUSY,
         );
         assert_eq!(error["data"]["maxRunning"], 1, "{error}");
-        assert!(started.elapsed() < Duration::from_secs(5));
         // An optional tool would need the same slot to run synchronously:
         // refused at once as well, with the error that says so.
         let error = assert_refused(
-            c.call_tool("may", json!({}), None).await,
+            within(
+                "an optional call with every slot busy",
+                c.call_tool("may", json!({}), None),
+            )
+            .await,
             wire::RUN_SLOTS_BUSY,
         );
         assert_eq!(error["data"]["maxRunning"], 1, "{error}");
-        assert!(started.elapsed() < Duration::from_secs(5));
-        c.cancel_task(held["taskId"].as_str().unwrap())
-            .await
-            .unwrap();
+        // Both answers came while the slot was taken.
+        assert_eq!(c.get_task(held).await.unwrap()["status"], "working");
+        c.cancel_task(held).await.unwrap();
     });
     assert!(daemon.stop().success());
 }
 
-/// A tool past its stdout cap that keeps stderr open (a child left behind
-/// holds it) is stopped at once with the output-limit error, not at its
-/// timeout.
+/// A tool past its stdout cap that keeps stderr open (it then waits, stdout
+/// and stderr open, on a pipe nobody writes) is stopped at once with the
+/// output-limit error, not at its end (never) or its timeout (longer than
+/// the test waits), and nothing of it is left.
 #[test]
 fn an_output_cap_ends_the_call_at_once_while_stderr_stays_open() {
     let root = private_dir();
     let state = state_dir(root.path());
+    let release = Fifo::new(&release_fifo(root.path()));
     let p = root.path().join("taskgate.toml");
     std::fs::write(
         &p,
-        r#"
+        format!(
+            r#"
 [[tool]]
 name = "spew"
-argv = ["/bin/sh", "-c", "head -c 200000 /dev/zero; sleep 30"]
+argv = ["/bin/sh", "-c", "head -c 200000 /dev/zero; exec cat {}"]
+sandbox = "unconfined" # its pipe sits beside the state directory
 effect = "read_only"
 task = "optional"
-timeout_secs = 20
+timeout_secs = {}
 max_stdout_bytes = 1024
 [tool.input_schema]
 type = "object"
 "#,
+            release.path.display(),
+            10 * HANG.as_secs()
+        ),
     )
     .unwrap();
     let daemon = Daemon::start(&p, &state, &root.path().join("log"));
     let rt = runtime();
     rt.block_on(async {
-        let started = Instant::now();
         assert_refused(
-            daemon
-                .client(false)
-                .call_tool("spew", json!({}), None)
-                .await,
+            within(
+                "a call past its output cap",
+                daemon.client(false).call_tool("spew", json!({}), None),
+            )
+            .await,
             wire::TOOL_OUTPUT_LIMIT,
         );
-        let took = started.elapsed();
-        assert!(took < Duration::from_secs(5), "the cap took {took:?}");
     });
+    // The answer comes once the tool's processes are gone: none is left
+    // waiting for the release that never came.
+    assert!(!release.has_reader(), "the capped tool is still running");
     assert!(daemon.stop().success());
 }
 

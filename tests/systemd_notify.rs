@@ -1,7 +1,8 @@
 //! The service-manager protocol observed for real: a unix datagram socket
 //! stands in for systemd as NOTIFY_SOCKET while the real binary serves.
 //! READY=1 and STATUS= after startup, WATCHDOG=1 while the store thread
-//! answers and none while it hangs, STOPPING=1 on SIGTERM, then exit 0.
+//! answers and, while it hangs, none but a STATUS= notice for each ping
+//! withheld, STOPPING=1 on SIGTERM, then exit 0.
 
 mod common;
 
@@ -9,6 +10,9 @@ use std::time::Duration;
 
 use common::*;
 use nix::sys::signal::Signal;
+
+/// The STATUS= notice of a withheld watchdog ping.
+const WITHHELD: &str = "STATUS=WATCHDOG WITHHELD:";
 
 fn watchdogs(msgs: &[String]) -> usize {
     msgs.iter()
@@ -35,24 +39,48 @@ fn ready_status_watchdog_and_stopping_reach_the_service_manager() {
     assert!(http_get(port, "/healthz").starts_with("HTTP/1.1 200"));
     assert!(http_get(port, "/readyz").starts_with("HTTP/1.1 200"));
 
-    // Pings every 200 ms while the store thread answers.
-    let healthy = daemon.collect_for(Duration::from_secs(2));
-    assert!(watchdogs(&healthy) >= 4, "{healthy:?}");
+    // Pings (every 200 ms) while the store thread answers; a deadline only
+    // fails a daemon that stopped pinging.
+    for _ in 0..4 {
+        daemon.wait_for("WATCHDOG=1", Duration::from_secs(10));
+    }
 
-    // Hang the store thread: the pings stop, the process stays alive.
+    // Hang the store thread: each ping the watchdog then withholds is a
+    // STATUS= notice saying so. Between consecutive notices no WATCHDOG=1
+    // and no other STATUS= may come: the order on the socket, not a time
+    // window, shows the pings stopped and the counts did not hide it.
     std::fs::write(&stall, "").unwrap();
-    let _grace = daemon.collect_for(Duration::from_millis(800));
-    let hung = daemon.collect_for(Duration::from_secs(2));
-    assert_eq!(
-        watchdogs(&hung),
-        0,
-        "pinged while the store thread hung: {hung:?}"
+    let (first, _) = daemon.wait_for_collecting(WITHHELD, Duration::from_secs(10));
+    assert!(
+        first.contains("the task store has not answered")
+            && first.contains("check the disk holding the state directory")
+            && first.contains(dir.to_str().unwrap()),
+        "{first}"
     );
+    for _ in 0..5 {
+        let (_, between) = daemon.wait_for_collecting(WITHHELD, Duration::from_secs(10));
+        assert_eq!(
+            watchdogs(&between),
+            0,
+            "pinged while the store thread hung: {between:?}"
+        );
+        assert!(
+            !between.iter().any(|m| m.contains("STATUS=")),
+            "another status replaced the withheld notice: {between:?}"
+        );
+    }
+    // The process itself still answers.
     assert!(http_get(port, "/healthz").starts_with("HTTP/1.1 200"));
 
-    // Released, it answers again and the pings resume.
+    // Released, it answers again: the pings resume and the counts replace
+    // the notice.
     std::fs::remove_file(&stall).unwrap();
-    daemon.wait_for("WATCHDOG=1", Duration::from_secs(5));
+    daemon.wait_for("WATCHDOG=1", Duration::from_secs(10));
+    let (back, between) = daemon.wait_for_collecting("STATUS=", Duration::from_secs(10));
+    assert!(
+        back.contains("STATUS=serving on") && back.contains("retained 3, unexpired 3"),
+        "{back} (after {between:?})"
+    );
 
     daemon.signal(Signal::SIGTERM);
     daemon.wait_for("STOPPING=1", Duration::from_secs(10));

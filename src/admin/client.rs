@@ -384,6 +384,10 @@ pub fn render(s: &Status) -> Vec<String> {
         format!("admin socket     {}", s.admin_socket.display()),
         format!("task store       {store}"),
         format!("tasks            {tasks}"),
+        format!(
+            "since start      {} tool runs started, {} task reads from the store",
+            s.runs_started, s.task_reads
+        ),
         format!("store queue      {} of {}", s.queue.depth, s.queue.capacity),
         format!("WAL              {}; {checkpoint}", bytes(s.wal_bytes)),
         format!("fallbacks        {fallbacks} (calls that asked for a task and ran synchronously)"),

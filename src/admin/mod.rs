@@ -220,6 +220,17 @@ pub struct Status {
     pub tasks: Option<TaskCounts>,
     /// Tool runs holding a running slot.
     pub running: usize,
+    /// Tool runs started since the daemon started, background and
+    /// synchronous (absent from, and so 0 for, a daemon older than this
+    /// field).
+    #[serde(default)]
+    pub runs_started: u64,
+    /// Task reads asked of the store since the daemon started: polls (and
+    /// other lookups of one task) that reached it; a poll held or answered
+    /// from memory by the pacing is not one. Absent from, and so 0 for, a
+    /// daemon older than this field.
+    #[serde(default)]
+    pub task_reads: u64,
     pub queue: Queue,
     /// Size of `tasks.db-wal` now.
     pub wal_bytes: u64,

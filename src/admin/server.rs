@@ -509,6 +509,8 @@ async fn status(ctx: &Context) -> Status {
         disabled_reason,
         tasks,
         running: svc.running_count(),
+        runs_started: svc.runs_started(),
+        task_reads: store.task_reads(),
         queue: Queue {
             depth: store.queued(),
             capacity: store.queue_capacity(),

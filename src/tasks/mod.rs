@@ -303,6 +303,10 @@ pub struct TaskService {
     stop: CancellationToken,
     /// Every background run, so that stopping can wait for their outcomes.
     tracker: TaskTracker,
+    /// Tool runs started since the daemon started, background and
+    /// synchronous: what an operator (and a restart's test) reads to know
+    /// whether anything ran at all.
+    runs_started: AtomicU64,
     /// Synchronous fallbacks by [`FallbackReason`].
     fallbacks: [AtomicU64; 4],
     /// Wakes the status line when a fallback was counted.
@@ -345,6 +349,7 @@ impl TaskService {
             stopping: AtomicBool::new(false),
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            runs_started: AtomicU64::new(0),
             fallbacks: Default::default(),
             fallback_noted: Notify::new(),
         })
@@ -384,6 +389,12 @@ impl TaskService {
 
     pub fn running_count(&self) -> usize {
         lock(&self.running).len()
+    }
+
+    /// Tool runs started since the daemon started: every call that reached
+    /// its tool, background or synchronous (a refused call is none).
+    pub fn runs_started(&self) -> u64 {
+        self.runs_started.load(Ordering::Relaxed)
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -697,6 +708,7 @@ impl TaskService {
                 token.cancel();
             })
         };
+        self.runs_started.fetch_add(1, Ordering::Relaxed);
         let run = tool.run(args, self.settings.cancel_grace, &token).await;
         watch.abort();
         run.map_err(|e| TaskError::run(&tool.spec().name, &e))
@@ -712,6 +724,7 @@ impl TaskService {
         _slot: (OwnedSemaphorePermit, OwnerSlot),
     ) {
         let name = tool.spec().name.clone();
+        self.runs_started.fetch_add(1, Ordering::Relaxed);
         let run = tool
             .run(&args, self.settings.cancel_grace, &running.token)
             .await;

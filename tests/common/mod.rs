@@ -133,6 +133,18 @@ pub fn taskgate(args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
+/// What the daemon serving `state` reports of itself now
+/// (`taskgate status --json` over its admin socket).
+pub fn admin_status(state: &Path) -> serde_json::Value {
+    let out = taskgate(
+        &["status", "--json", "--state-dir", &state.to_string_lossy()],
+        &[],
+    );
+    assert!(out.status.success(), "taskgate status --json: {out:?}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("taskgate status --json printed no JSON ({e}): {out:?}"))
+}
+
 /// The refusal line of a failed run: asserts there is exactly one line.
 pub fn one_line_stderr(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stderr).to_string();
@@ -503,6 +515,17 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::wait_for`], also returning every notification that came
+    /// before the match since this call, in order: datagrams on one socket
+    /// keep the order they were sent in, so this is what the daemon said
+    /// between two events, whatever time passed.
+    pub fn wait_for_collecting(&mut self, needle: &str, limit: Duration) -> (String, Vec<String>) {
+        let from = self.notes.len();
+        let found = self.wait_for(needle, limit);
+        let before = self.notes[from..self.notes.len() - 1].to_vec();
+        (found, before)
+    }
+
     /// The notifications that arrive during the next `span`.
     pub fn collect_for(&mut self, span: Duration) -> Vec<String> {
         let until = Instant::now() + span;
@@ -657,6 +680,39 @@ impl Fifo {
         nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
         Fifo {
             path: path.to_path_buf(),
+        }
+    }
+
+    /// Writes `text` to the tool reading this pipe and closes it: the
+    /// release of a tool that blocks until told to go on. A tool that has
+    /// not opened the pipe within `limit` fails the test.
+    pub fn write(&self, text: &str, limit: Duration) {
+        let (tx, rx) = mpsc::channel();
+        let (path, text) = (self.path.clone(), text.to_string());
+        // Opening a FIFO for writing blocks until a reader opens it.
+        std::thread::spawn(move || {
+            let _ = tx.send(std::fs::write(&path, text));
+        });
+        match rx.recv_timeout(limit) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("writing {}: {e}", self.path.display()),
+            Err(_) => panic!("nothing opened {} within {limit:?}", self.path.display()),
+        }
+    }
+
+    /// Whether a process has the pipe open for reading now (or is waiting
+    /// in its open): a non-blocking open for writing fails with ENXIO only
+    /// when none has.
+    pub fn has_reader(&self) -> bool {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.path)
+        {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => false,
+            Err(e) => panic!("opening {}: {e}", self.path.display()),
         }
     }
 

@@ -8,11 +8,15 @@ error codes.
     python fastmcp_client.py stdio TASKGATE CONFIG STATE_DIR TOOL SECONDS
 
 Prints one JSON line: the task id, its result text, how many tasks/get the
-library sent, and the seconds it took. Exits non-zero on any error.
+library sent, and the seconds it took; over stdio also what the daemon it
+started reports of itself (`taskgate status --json`), asked once the result
+is in and before the session, and with it the daemon, ends. Exits non-zero
+on any error.
 """
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
 
@@ -51,12 +55,19 @@ async def main() -> None:
         result = await task.result()
         elapsed = time.monotonic() - started
         text = "".join(getattr(c, "text", "") for c in result.content)
+        status = None
+        if sys.argv[1] == "stdio":
+            status = json.loads(subprocess.run(
+                [taskgate, "status", "--json", "--state-dir", state],
+                capture_output=True, check=True, text=True,
+            ).stdout)
         print(json.dumps({
             "taskId": task.task_id,
             "text": text,
             "isError": bool(getattr(result, "is_error", False)),
             "polls": polls,
             "seconds": round(elapsed, 3),
+            "status": status,
         }))
 
 
