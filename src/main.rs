@@ -154,7 +154,14 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             }
             taskgate::tools::confine::protect_daemon();
             taskgate::tools::process::sweep_scratch();
-            service::serve(&args.overrides(), transport, builtins)
+            service::serve(
+                service::Options {
+                    overrides: args.overrides(),
+                    builtins,
+                    clock: None,
+                },
+                transport,
+            )
         }
         Command::Check(args) if args.config_only => check_config(&args.common.overrides()),
         Command::Check(args) => check(&args.common.overrides()),

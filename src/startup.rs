@@ -21,7 +21,7 @@ use crate::config::{Config, Overrides, StateDirSource};
 use crate::exit::Refusal;
 use crate::parts::{Parts, task_store};
 use crate::state_dir::{Actor, LifetimeLock, StateDir};
-use crate::store::{OpenReport, Store, StoreId};
+use crate::store::{Clock, OpenReport, Store, StoreId};
 use crate::tools::{Registry, Runner};
 
 /// The settings a start would run with, every one validated.
@@ -107,9 +107,10 @@ pub struct Serving {
 /// parts (today the task store: validated without writing, then opened for
 /// writing, its artifacts opened with what a crash left half-done removed,
 /// and restart recovery).
-pub fn open_serving(config: &Config) -> Result<Serving, Refusal> {
+/// `clock` is the store's (the system's, unless a test moves its own).
+pub fn open_serving(config: &Config, clock: Clock) -> Result<Serving, Refusal> {
     let mut claimed = claim(config)?;
-    let opened = task_store::open_serving(&claimed.dir, &mut claimed.lock, config)?;
+    let opened = task_store::open_serving(&claimed.dir, &mut claimed.lock, config, clock)?;
     Ok(Serving {
         claimed,
         store: opened.store,

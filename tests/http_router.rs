@@ -1,6 +1,7 @@
 //! The HTTP application in process: `/healthz`, `/readyz` and the 503
-//! paths, driven with `tower::ServiceExt::oneshot` against the real router
-//! over a real store opened by the real startup path.
+//! paths, driven with `tower::ServiceExt::oneshot` against the router of a
+//! daemon opened in process by the real startup path
+//! (`service::Daemon::start`), over a real store.
 
 mod common;
 
@@ -15,13 +16,16 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use taskgate::config::{Config, Effect, Overrides, TaskMode};
+use taskgate::config::{Effect, Overrides, TaskMode};
 use taskgate::http::App;
-use taskgate::tasks::{Limits, TaskService};
-use taskgate::tools::{ArgumentError, Registry, RunError, RunFuture, Runner, ToolSpec};
+use taskgate::service::{Daemon, Options};
+use taskgate::tasks::TaskService;
+use taskgate::tools::{ArgumentError, RunError, RunFuture, Runner, ToolSpec};
 
 struct Fixture {
     _root: tempfile::TempDir,
+    /// Holds the state directory's lock until the test ends.
+    _daemon: Daemon,
     svc: Arc<TaskService>,
     app: App,
     /// Notified when the `hold` tool has started a call.
@@ -59,8 +63,8 @@ impl Runner for Hold {
     }
 }
 
-/// A daemon's pieces without its process, opened by the real startup path;
-/// one request at a time may be in flight.
+/// A daemon opened in process by the real startup path, with two built-in
+/// tools; one `tools/call` at a time may be in flight.
 fn fixture() -> Fixture {
     let root = common::private_dir();
     let state = common::state_dir(root.path());
@@ -70,16 +74,6 @@ fn fixture() -> Fixture {
         "[server]\nmax_concurrent_requests = 1\n[tasks]\npoll_interval_ms = 200\n",
     )
     .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
-    let overrides = Overrides {
-        config_path: Some(config_path),
-        state_dir: Some(state),
-        listen: None,
-    };
-    let env = [("HOME".to_string(), "/nonexistent".to_string())]
-        .into_iter()
-        .collect();
-    let config = Config::load_from(&overrides, &env).unwrap_or_else(|e| panic!("{e}"));
-    let serving = taskgate::startup::open_serving(&config).unwrap_or_else(|e| panic!("{e:?}"));
     let started = Arc::new(Notify::new());
     let hold: Arc<dyn Runner> = Arc::new(Hold {
         spec: ToolSpec {
@@ -102,26 +96,21 @@ fn fixture() -> Fixture {
         },
         started: Arc::new(Notify::new()),
     });
-    let tools =
-        Registry::build(&config.tools, &[], vec![hold, linger]).unwrap_or_else(|e| panic!("{e}"));
-    let svc = TaskService::new(
-        serving.store.clone(),
-        tools,
-        serving.artifacts,
-        config.tasks.clone(),
-        Limits {
-            max_polls_tracked: 1000,
-            max_sync_calls: 8,
-            max_held_polls: 4,
+    let daemon = Daemon::start(Options {
+        overrides: Overrides {
+            config_path: Some(config_path),
+            state_dir: Some(state),
+            listen: None,
         },
-    );
-    // The lifetime lock stays held for the rest of the test process.
-    std::mem::forget(serving.claimed);
-    let app = App::new(svc.clone(), &config.server);
+        builtins: vec![hold, linger],
+        clock: None,
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"));
     Fixture {
         _root: root,
-        svc,
-        app,
+        svc: daemon.service().clone(),
+        app: daemon.app(),
+        _daemon: daemon,
         started,
     }
 }
@@ -339,8 +328,9 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
     const CLIENTS: usize = 10;
     const INTERVAL: Duration = Duration::from_millis(200);
     const ROUND: Duration = Duration::from_millis(20);
-    // The fixture's `max_held_polls` (4); one owner holds half of them.
-    const HELD_PER_OWNER: usize = 2;
+    // The daemon holds at most half of `server.reserved_control_requests`
+    // (16 by default) early polls at once, and one owner half of those.
+    const HELD_PER_OWNER: usize = 16 / 2 / 2;
     let fx = fixture();
     // A failure guard in real time (a paused clock's timer would fire the
     // moment the runtime waits for the store thread).
@@ -444,11 +434,96 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
         // millisecond at most).
         assert!(tokio::time::Instant::now() - due < Duration::from_millis(1));
     }
-    // Each interval: a round of every client (two of them held until the
+    // Each interval: a round of every client (four of them held until the
     // read is due), then nine rounds of the others, each answered from
     // memory.
     let per_interval = CLIENTS + 9 * (CLIENTS - HELD_PER_OWNER);
     assert_eq!(answered, 5 * per_interval, "{answered} polls answered");
     fx.svc.stop_running(Duration::from_secs(10)).await;
     fx.close().await;
+}
+
+/// A built-in tool that answers at once.
+#[derive(Debug)]
+struct Quick {
+    spec: ToolSpec,
+}
+
+impl Runner for Quick {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, _args: &Value) -> Result<(), ArgumentError> {
+        Ok(())
+    }
+
+    fn run<'a>(
+        &'a self,
+        _args: &'a Map<String, Value>,
+        _grace: Duration,
+        _cancel: &'a CancellationToken,
+    ) -> RunFuture<'a> {
+        Box::pin(async move { Ok(json!({"content": [{"type": "text", "text": "done"}]})) })
+    }
+}
+
+/// `service::run`, the in-process entry point: a daemon serving a listener
+/// bound by the caller answers a real client over HTTP, and stops cleanly
+/// (its store checkpointed and closed) when its shutdown future resolves.
+#[test]
+fn run_serves_a_listener_in_process_until_its_shutdown() {
+    let root = common::private_dir();
+    let state = common::state_dir(root.path());
+    let quick: Arc<dyn Runner> = Arc::new(Quick {
+        spec: ToolSpec {
+            name: "quick".into(),
+            description: "answers at once".into(),
+            input_schema: json!({"type": "object"}),
+            effect: Effect::ReadOnly,
+            task: TaskMode::Never,
+        },
+    });
+    let options = Options {
+        overrides: Overrides {
+            config_path: None,
+            state_dir: Some(state.clone()),
+            listen: None,
+        },
+        builtins: vec![quick],
+        clock: None,
+    };
+    let rt = common::runtime();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .port();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(taskgate::service::run(listener, options, async move {
+            let _ = stopped.await;
+        }));
+        let client = taskgate::client::Client::new(&format!("http://127.0.0.1:{port}/mcp"), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The daemon opens its store after the listener is bound: the first
+        // call may arrive before it serves, and is answered once it does.
+        let answer = client
+            .call_tool("quick", json!({}), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer["content"][0]["text"], "done", "{answer}");
+        let _ = stop.send(());
+        let ended = tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .unwrap_or_else(|_| panic!("run did not return after its shutdown"));
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+    });
+    assert!(
+        !state.join("tasks.db-wal").exists(),
+        "the stop did not checkpoint and close the store"
+    );
+    assert!(state.join("tasks.db").exists());
 }

@@ -316,85 +316,110 @@ fn assert_refused_busy(r: Result<serde_json::Value, ClientError>) {
     }
 }
 
+/// A built-in tool whose result (40 KiB) is spilled to an artifact.
+#[derive(Debug)]
+struct Big {
+    spec: taskgate::tools::ToolSpec,
+}
+
+impl taskgate::tools::Runner for Big {
+    fn spec(&self) -> &taskgate::tools::ToolSpec {
+        &self.spec
+    }
+
+    fn validate(&self, _: &serde_json::Value) -> Result<(), taskgate::tools::ArgumentError> {
+        Ok(())
+    }
+
+    fn run<'a>(
+        &'a self,
+        _: &'a serde_json::Map<String, serde_json::Value>,
+        _: Duration,
+        _: &'a tokio_util::sync::CancellationToken,
+    ) -> taskgate::tools::RunFuture<'a> {
+        Box::pin(async move {
+            Ok(json!({"content": [{"type": "text", "text": "b".repeat(40 * 1024)}]}))
+        })
+    }
+}
+
+/// Spilled results go when their task expires: a daemon opened in process
+/// on the store's manual clock, two tasks spilled 2000 s apart (a finished
+/// task is kept an hour), the artifact sweep run once the first has
+/// expired.
 #[test]
 fn spilled_results_go_when_their_task_expires() {
-    use taskgate::artifacts::Artifacts;
-    use taskgate::store::{Clock, Store, StoreOptions};
+    use taskgate::service::{Daemon, Options};
+    use taskgate::store::{Clock, TaskId, TaskStatus};
+    use taskgate::tasks::{Call, Delivery};
     let root = private_dir();
     let state = state_dir(root.path());
+    let cfg = root.path().join("taskgate.toml");
+    std::fs::write(&cfg, "[tasks]\ndefault_ttl_secs = 1000\n").unwrap();
+    let (clock, hand) = Clock::manual(Clock::system().now_ms());
+    let big: std::sync::Arc<dyn taskgate::tools::Runner> = std::sync::Arc::new(Big {
+        spec: taskgate::tools::ToolSpec {
+            name: "big".into(),
+            description: "a large result".into(),
+            input_schema: json!({"type": "object"}),
+            effect: taskgate::config::Effect::ReadOnly,
+            task: taskgate::config::TaskMode::Required,
+        },
+    });
+    let daemon = Daemon::start(Options {
+        overrides: taskgate::config::Overrides {
+            config_path: Some(cfg),
+            state_dir: Some(state.clone()),
+            listen: None,
+        },
+        builtins: vec![big],
+        clock: Some(clock),
+    })
+    .unwrap();
+    let svc = daemon.service().clone();
     let rt = runtime();
     rt.block_on(async {
-        let (clock, hand) = Clock::manual(Clock::system().now_ms());
-        let (store, _) = Store::open(StoreOptions {
-            clock,
-            ..StoreOptions::new(state.join("tasks.db"))
-        })
-        .unwrap();
-        let artifacts = Artifacts::open(&state, 1 << 20, 1 << 24).unwrap();
-        let owner = common::owner();
-        let short = store
-            .create(new_task(300))
-            .await
-            .unwrap()
-            .record()
-            .id
-            .clone();
-        let long = store
-            .create(new_task(600_000))
-            .await
-            .unwrap()
-            .record()
-            .id
-            .clone();
-        for id in [&short, &long] {
-            artifacts
-                .write(id, &owner, &json!({"content": []}))
-                .unwrap();
-        }
-        let used = artifacts.used_bytes();
-        assert!(used > 0);
-        let settings = taskgate::config::Config::load_from(
-            &Default::default(),
-            &[("HOME".to_string(), "/nonexistent".to_string())]
-                .into_iter()
-                .collect(),
-        )
-        .unwrap()
-        .tasks;
-        let svc = taskgate::tasks::TaskService::new(
-            store.clone(),
-            taskgate::tools::Registry::default(),
-            artifacts,
-            settings,
-            taskgate::tasks::Limits {
-                max_polls_tracked: 1000,
-                max_sync_calls: 8,
-                max_held_polls: 4,
-            },
-        );
+        let spill = || async {
+            let call = Call {
+                tool: "big".into(),
+                arguments: None,
+                caller: taskgate::auth::Caller::Local,
+                negotiated: true,
+                operation_id: None,
+                client_cancel: Default::default(),
+            };
+            let Ok(Delivery::Task(task)) = svc.call(call).await else {
+                panic!("no task");
+            };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let t = svc
+                    .get(task.id.as_str(), &taskgate::auth::Caller::Local)
+                    .await
+                    .unwrap();
+                if t.status == TaskStatus::Completed {
+                    break task.id;
+                }
+                assert!(Instant::now() < deadline, "{t:?}");
+                tokio::task::yield_now().await;
+            }
+        };
+        let artifact = |id: &TaskId| state.join("artifacts").join(format!("{id}.json"));
+        let short = spill().await;
+        hand.advance(Duration::from_secs(2000));
+        let long = spill().await;
+        assert!(artifact(&short).exists() && artifact(&long).exists());
         svc.sweep_artifacts(64).await;
-        assert!(
-            state
-                .join("artifacts")
-                .join(format!("{short}.json"))
-                .exists()
-        );
-        hand.advance(Duration::from_millis(400));
+        assert!(artifact(&short).exists(), "swept before its task expired");
+        // The first task expires (an hour after it finished), the second
+        // has 2000 s left.
+        hand.advance(Duration::from_secs(2000));
         svc.sweep_artifacts(64).await;
-        assert!(
-            !state
-                .join("artifacts")
-                .join(format!("{short}.json"))
-                .exists()
-        );
-        assert!(
-            state
-                .join("artifacts")
-                .join(format!("{long}.json"))
-                .exists()
-        );
-        store.shutdown().await.unwrap();
+        assert!(!artifact(&short).exists(), "kept after its task expired");
+        assert!(artifact(&long).exists(), "swept while its task lives");
+        svc.store().shutdown().await.unwrap();
     });
+    drop(daemon);
 }
 
 /// A quick tool, `required` or `optional`, plus one that holds its running

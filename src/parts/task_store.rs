@@ -17,7 +17,9 @@ use crate::artifacts::Artifacts;
 use crate::config::Config;
 use crate::exit::Refusal;
 use crate::state_dir::{self, LifetimeLock, StateDir};
-use crate::store::{self, CheckReport, OpenReport, SCHEMA_VERSION, Store, StoreId, StoreOptions};
+use crate::store::{
+    self, CheckReport, Clock, OpenReport, SCHEMA_VERSION, Store, StoreId, StoreOptions,
+};
 
 /// The task store part.
 #[derive(Default)]
@@ -43,8 +45,10 @@ pub fn open_serving(
     dir: &StateDir,
     lock: &mut LifetimeLock,
     config: &Config,
+    clock: Clock,
 ) -> Result<Opened, Refusal> {
     let mut options = StoreOptions::from_settings(&dir.db_path(), &config.store);
+    options.clock = clock;
     // A directory that held a store serves that store only: an empty or
     // replaced tasks.db is refused before anything is written.
     options.expected_identity = recorded_store(lock);

@@ -1,0 +1,538 @@
+//! The serving process: startup in order, systemd notification (READY,
+//! STATUS, WATCHDOG, RELOADING, STOPPING), signals, configuration reloads
+//! and the shutdown order.
+//!
+//! [`run`] is the in-process entry point (mini-redis's `server::run`): it
+//! serves a bound listener until a shutdown future resolves, then stops in
+//! the order below. `taskgate serve` ([`serve`]) is the same daemon behind
+//! the process edge: a runtime, the signal handlers, the listener bound
+//! before anything in the state directory is touched. Tests that need the
+//! serving parts without a listener open a [`Daemon`] and drive its
+//! router in process. The reloads are in `reload.rs`, the chores (STATUS=,
+//! the watchdog, artifact sweeps, memory) in `chores.rs`, stdio in
+//! `stdio.rs`, the stop and reload sources in `control.rs`.
+//!
+//! Signal handlers are installed before any startup work, so a SIGTERM at
+//! any moment, even the instant READY=1 went out, is a clean stop, and a
+//! SIGHUP during startup (whose default would end the process) is a reload
+//! once serving begins.
+//!
+//! Reload (SIGHUP, or a `reload` request on the admin socket, which is
+//! what `taskgate reload` and the unit's `ExecReload=` send; both run the
+//! one `Process::reload_configuration`, one at a time): RELOADING=1; the
+//! file is read and validated by the same function as at startup
+//! ([`startup::effective`]); an invalid one changes nothing (logged at
+//! error); a changed startup-only key is kept at its started value (one
+//! warning naming it); tools and the reloadable keys are swapped in for
+//! calls admitted afterwards (`TaskService::reload`); READY=1. Nothing that
+//! runs is stopped or altered. The admin socket's caller gets the outcome
+//! (what changed, what was kept, or why the file was refused) once READY=1
+//! went out, so `systemctl reload` ends when the new settings apply.
+//!
+//! Shutdown: stop admitting (a call is refused with `TG_SERVER_STOPPING`,
+//! polls and cancels are still answered), then STOPPING=1; every
+//! running tool is stopped and its task recorded as failed (interrupted);
+//! the HTTP listener closes and in-flight requests get their real answers;
+//! streams and sessions end; the background chores end; then the store's
+//! final TRUNCATE checkpoint; exit 0.
+
+mod chores;
+mod control;
+mod reload;
+mod stdio;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin::ReloadReply;
+use crate::admin::server::Admin;
+use crate::auth::Authenticator;
+use crate::config::{Config, Overrides, keys};
+use crate::exit::{ExitClass, Refusal};
+use crate::http::tls::Tls;
+use crate::http::{self, LimitedListener};
+use crate::startup::{self, Claimed, Effective};
+use crate::store::Clock;
+use crate::tasks::{Limits, TaskService};
+use crate::tools::Runner;
+use chores::StatusBoard;
+use control::{Control, Heard, StopSignals};
+use reload::Reload;
+
+/// How many recovered task IDs the startup log names.
+const RECOVERED_IDS_LOGGED: usize = 16;
+/// How long in-flight HTTP requests get to finish once the listener closed.
+const HTTP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
+/// How long the server gets to close its connections after that.
+const HTTP_CLOSE_LIMIT: Duration = Duration::from_secs(5);
+/// Reload requests from the admin socket waiting for the serving process:
+/// one per admin connection at most.
+const RELOAD_QUEUE: usize = crate::admin::MAX_CONNECTIONS;
+
+/// Sends states to the service manager; a no-op without `NOTIFY_SOCKET`.
+pub fn notify(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "cannot notify the service manager: {e}");
+    }
+}
+
+/// Which transport serves the clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Http,
+    Stdio,
+}
+
+/// How a daemon is started.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// What the command line gave (`--config`, `--state-dir`, `--listen`);
+    /// a reload reads the configuration again the same way.
+    pub overrides: Overrides,
+    /// Tools served beside the configured ones: the benchmark's no-op
+    /// under `taskgate bench`, a test's own in process.
+    pub builtins: Vec<Arc<dyn Runner>>,
+    /// The store's clock: the system's, unless a test moves its own.
+    pub clock: Option<Clock>,
+}
+
+/// Runs `taskgate serve` to completion: the async runtime, the signal
+/// handlers (before any startup work), the configuration, the listener
+/// (bound before the state directory is touched), then the daemon until a
+/// stop signal.
+pub fn serve(options: Options, transport: Transport) -> Result<(), Refusal> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("taskgate-rt")
+        .build()
+        .map_err(|e| {
+            Refusal::new(
+                ExitClass::Io,
+                format!("cannot start the async runtime: {e}"),
+            )
+        })?;
+    let signals = runtime.block_on(async { StopSignals::install() })?;
+    let effective = configure(&options, transport)?;
+    let listener = match transport {
+        Transport::Http => Some(runtime.block_on(bind(&effective.config))?),
+        Transport::Stdio => None,
+    };
+    let daemon = Daemon::open(options, effective)?;
+    let control = Control::Signals(signals);
+    runtime.block_on(async move {
+        match listener {
+            Some(listener) => daemon.serve_http(listener, control).await,
+            None => daemon.serve_stdio(control).await,
+        }
+    })
+}
+
+/// Serves `listener` until `shutdown` resolves, then stops in order, as
+/// `taskgate serve` does on SIGTERM; reloads come over the admin socket.
+/// The daemon's own startup and refusals are those of `serve`; the caller
+/// owns the process (no signal handler is installed, no runtime made).
+pub async fn run(
+    listener: TcpListener,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Refusal> {
+    // Opening validates and recovers the store on its own thread and waits
+    // for it: a blocking step.
+    let daemon = tokio::task::spawn_blocking(move || Daemon::start(options))
+        .await
+        .map_err(|e| Refusal::new(ExitClass::Io, format!("startup did not finish: {e}")))??;
+    daemon.serve_http(listener, Control::until(shutdown)).await
+}
+
+/// Step 1: the effective settings, and the rules that need the transport.
+/// From here on the configured log filter applies (the logger started with
+/// `TASKGATE_LOG` or the default, before any configuration was read).
+fn configure(options: &Options, transport: Transport) -> Result<Effective, Refusal> {
+    for b in &options.builtins {
+        tracing::warn!(tool = %b.spec().name, "serving a built-in test tool: {}", b.spec().name);
+    }
+    let effective = startup::effective(&options.overrides, options.builtins.clone())?;
+    if transport == Transport::Stdio
+        && effective
+            .config
+            .auth
+            .as_ref()
+            .is_some_and(|a| a.local_owner == crate::config::LocalOwner::Never)
+    {
+        // stdio carries no credential: under `never` it would have to act as
+        // someone it cannot prove to be.
+        return Err(Refusal::new(
+            ExitClass::Config,
+            "auth.local_owner = \"never\" leaves stdio no caller to act as (it cannot present a credential); serve over HTTP, or set auth.local_owner = \"loopback\"".to_string(),
+        ));
+    }
+    set_log_filter(&effective.config.log.filter);
+    Ok(effective)
+}
+
+/// A daemon opened and not yet serving: the state directory claimed (its
+/// lock held until the daemon is dropped), the store validated, opened and
+/// recovered, the task service on it, the admin socket bound.
+pub struct Daemon {
+    config: Config,
+    svc: Arc<TaskService>,
+    claimed: Claimed,
+    admin: Admin,
+    reload: Reload,
+    auth: Option<Arc<Authenticator>>,
+    tls: Option<Arc<Tls>>,
+}
+
+impl Daemon {
+    /// Startup step 1 (the configuration, as `serve` reads it) and
+    /// [`Daemon::open`]: a daemon in process, for tests. Blocking.
+    pub fn start(options: Options) -> Result<Daemon, Refusal> {
+        let effective = configure(&options, Transport::Http)?;
+        Daemon::open(options, effective)
+    }
+
+    /// Startup steps 3–9 (the state directory, its lock, the durable
+    /// parts, recovery), then the task service. Blocking.
+    pub fn open(options: Options, effective: Effective) -> Result<Daemon, Refusal> {
+        let Effective {
+            config,
+            tools,
+            auth,
+            tls,
+        } = effective;
+        let clock = options.clock.clone().unwrap_or_else(Clock::system);
+        let mut serving = startup::open_serving(&config, clock)?;
+        // The lock is held: a socket file a killed daemon left is replaced.
+        let admin = Admin::bind(
+            &mut serving.claimed.lock,
+            serving.claimed.dir.path(),
+            &config,
+        );
+        let report = &serving.report;
+        tracing::info!(
+            message_id = crate::events::START,
+            state_dir = %serving.claimed.dir.path().display(),
+            state_dir_source = %config.state_dir_source,
+            initialized = report.initialized,
+            migrated_from = ?report.migrated_from,
+            recovered = report.recovered,
+            retained = report.retained,
+            unexpired = report.unexpired,
+            tools = config.tools.len(),
+            "task store open in {}: {} tasks retained ({} unexpired), {} tools",
+            serving.claimed.dir.path().display(),
+            report.retained,
+            report.unexpired,
+            config.tools.len(),
+        );
+        tools.log_confinement();
+        if report.recovered > 0 {
+            // Enough IDs to find the affected tasks, never an unbounded line.
+            let shown: Vec<&str> = report
+                .recovered_ids
+                .iter()
+                .take(RECOVERED_IDS_LOGGED)
+                .map(|id| id.as_str())
+                .collect();
+            tracing::warn!(
+                message_id = crate::events::RECOVERY,
+                recovered = report.recovered,
+                cancelled = report.cancelled,
+                first_ids = %shown.join(" "),
+                "{} tasks that were running when the daemon stopped have ended ({} cancelled as their cancel was committed, the rest failed); none was re-run; first: {}",
+                report.recovered,
+                report.cancelled,
+                shown.join(" "),
+            );
+        }
+        let svc = TaskService::new(
+            serving.store.clone(),
+            tools,
+            serving.artifacts,
+            config.tasks.clone(),
+            Limits {
+                max_polls_tracked: config.store.max_live_tasks as usize,
+                max_sync_calls: config.server.max_concurrent_requests,
+                // At most half the control budget waits in early polls, so
+                // cancels and on-time polls always find a slot.
+                max_held_polls: (config.server.reserved_control_requests / 2).max(1),
+            },
+        );
+        Ok(Daemon {
+            reload: Reload::new(options, &config),
+            config,
+            svc,
+            claimed: serving.claimed,
+            admin,
+            auth: auth.map(Arc::new),
+            tls: tls.map(Arc::new),
+        })
+    }
+
+    /// The task service the daemon serves.
+    pub fn service(&self) -> &Arc<TaskService> {
+        &self.svc
+    }
+
+    /// The HTTP application `serve` puts behind its listener, for driving
+    /// in process (a new one at each call: its own sessions and budgets).
+    pub fn app(&self) -> http::App {
+        http::App::with_auth(self.svc.clone(), &self.config.server, self.auth.clone())
+    }
+
+    fn into_process(self, control: Control) -> (Process, Config, Claimed) {
+        let (reload_sender, reload_requests) = mpsc::channel(RELOAD_QUEUE);
+        let process = Process {
+            svc: self.svc,
+            control,
+            reload: self.reload,
+            reload_sender,
+            reload_requests,
+            describe: None,
+            board: Arc::new(StatusBoard::default()),
+            chores: TaskTracker::new(),
+            chores_stop: CancellationToken::new(),
+            admin: self.admin,
+            auth: self.auth,
+            tls: self.tls,
+        };
+        (process, self.config, self.claimed)
+    }
+
+    async fn serve_http(self, listener: TcpListener, control: Control) -> Result<(), Refusal> {
+        let state_dir = self.claimed.dir.path().display().to_string();
+        let app = self.app();
+        let (mut process, config, claimed) = self.into_process(control);
+        let result = process.run_http(listener, app, &config, state_dir).await;
+        // The lock is released only when the process is done with the files.
+        drop(claimed);
+        result
+    }
+
+    async fn serve_stdio(self, control: Control) -> Result<(), Refusal> {
+        let state_dir = self.claimed.dir.path().display().to_string();
+        let (mut process, config, claimed) = self.into_process(control);
+        let result = process
+            .run_stdio(state_dir, config.server.max_request_bytes)
+            .await;
+        drop(claimed);
+        result
+    }
+}
+
+async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
+    TcpListener::bind(config.server.listen).await.map_err(|e| {
+        Refusal::new(
+            ExitClass::Io,
+            format!(
+                "cannot listen on {}: {e}; choose another address with --listen or server.listen",
+                config.server.listen
+            ),
+        )
+    })
+}
+
+/// A serving process once startup is done.
+struct Process {
+    svc: Arc<TaskService>,
+    /// Stop and reload requests besides the admin socket's.
+    control: Control,
+    reload: Reload,
+    /// Given to the admin socket, whose `reload` requests come in on
+    /// `reload_requests`.
+    reload_sender: mpsc::Sender<ReloadReply>,
+    reload_requests: mpsc::Receiver<ReloadReply>,
+    /// Where the daemon serves, for STATUS= (set once ready).
+    describe: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// Every STATUS= sent while serving goes through it.
+    board: Arc<StatusBoard>,
+    /// Status refresh, watchdog, artifact sweep.
+    chores: TaskTracker,
+    chores_stop: CancellationToken,
+    /// The private admin socket (`taskgate status`, online snapshots).
+    admin: Admin,
+    /// The credentials in force, swapped by reloads; `None`: every caller
+    /// is local.
+    auth: Option<Arc<Authenticator>>,
+    /// The TLS pair in force, re-read by reloads.
+    tls: Option<Arc<Tls>>,
+}
+
+impl Process {
+    fn spawn_chores(&self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+        let stop = &self.chores_stop;
+        self.chores.spawn(chores::refresh_status(
+            self.svc.clone(),
+            self.board.clone(),
+            describe.clone(),
+            stop.clone(),
+        ));
+        if let Some(period) = sd_notify::watchdog_enabled() {
+            self.chores.spawn(chores::watchdog(
+                self.svc.store().clone(),
+                self.board.clone(),
+                describe,
+                period,
+                stop.clone(),
+            ));
+        }
+        self.chores
+            .spawn(chores::sweep_artifacts(self.svc.clone(), stop.clone()));
+    }
+
+    async fn ready(&mut self, describe: Arc<dyn Fn() -> String + Send + Sync>) {
+        // The last reload's outcome stays on the STATUS line.
+        let last = self.reload.last.clone();
+        let describe: Arc<dyn Fn() -> String + Send + Sync> =
+            Arc::new(move || match lock(&last).as_deref() {
+                Some(reload) => format!("{}; {reload}", describe()),
+                None => describe(),
+            });
+        let status = chores::status_line(&self.svc, &describe()).await;
+        self.board.ready(&status);
+        self.describe = Some(describe.clone());
+        self.spawn_chores(describe);
+    }
+
+    /// Serves reloads, signalled or asked for on the admin socket, until a
+    /// stop signal comes.
+    async fn until_stop(&mut self) {
+        loop {
+            tokio::select! {
+                heard = self.control.recv() => match heard {
+                    Heard::Stop => return,
+                    Heard::Reload => {
+                        // The outcome is in the log and on the STATUS line.
+                        let _ = self.reload_configuration().await;
+                    }
+                },
+                Some(reply) = self.reload_requests.recv() => {
+                    let outcome = self.reload_configuration().await;
+                    // A caller that went away has missed nothing the log
+                    // does not say.
+                    let _ = reply.send(outcome);
+                }
+            }
+        }
+    }
+
+    async fn run_http(
+        &mut self,
+        listener: TcpListener,
+        app: http::App,
+        config: &Config,
+        state_dir: String,
+    ) -> Result<(), Refusal> {
+        let local = listener
+            .local_addr()
+            .map_err(|e| Refusal::new(ExitClass::Io, e.to_string()))?;
+        let drain = app.drain();
+        let sessions = app.sessions();
+        self.chores.spawn(chores::return_memory_after_sessions(
+            sessions.clone(),
+            chores::MEMORY_CHORE_INTERVAL.min(config.server.session_idle),
+            self.chores_stop.clone(),
+        ));
+        let listener_stop = CancellationToken::new();
+        let server = {
+            let stop = listener_stop.clone();
+            tokio::spawn(http::run(
+                LimitedListener::new(listener, config.server.max_connections),
+                app.router,
+                config.server.header_read_timeout,
+                self.tls.clone(),
+                async move { stop.cancelled().await },
+            ))
+        };
+        tracing::info!(
+            message_id = crate::events::READY,
+            listen = %local,
+            "serving MCP over HTTP at http://{local}/mcp"
+        );
+        self.admin.start(
+            self.svc.clone(),
+            local.to_string(),
+            Some(sessions),
+            self.reload_sender.clone(),
+        );
+        self.ready(Arc::new(move || {
+            format!("serving on {local}; state {state_dir}")
+        }))
+        .await;
+
+        self.until_stop().await;
+        self.begin_stopping();
+        // Tools first, while clients can still poll their tasks' ends.
+        self.svc.stop_running(self.svc.stop_limit()).await;
+        // Then the listener: in-flight requests finish with their answers
+        // before streams and sessions are ended.
+        listener_stop.cancel();
+        if !drain.idle(HTTP_DRAIN_LIMIT).await {
+            tracing::warn!("HTTP requests still in flight after {HTTP_DRAIN_LIMIT:?}; ending them");
+        }
+        drain.end_streams();
+        let abort = server.abort_handle();
+        match tokio::time::timeout(HTTP_CLOSE_LIMIT, server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed: {e}"),
+            Err(_) => {
+                tracing::warn!("HTTP connections did not close in time; dropping them");
+                abort.abort();
+            }
+        }
+        self.finish().await;
+        Ok(())
+    }
+
+    fn begin_stopping(&mut self) {
+        // Admission ends before STOPPING=1 goes out: a call that arrives once
+        // stopping has been announced is refused, never started.
+        self.svc.stop_admitting();
+        // Reloads asked for and not yet run: their callers hear at once
+        // that nothing was reloaded (their reply is dropped).
+        self.reload_requests.close();
+        while self.reload_requests.try_recv().is_ok() {}
+        self.board.stopping();
+        tracing::info!("stopping: no new calls are admitted");
+    }
+
+    /// The chores end, then the store closes with its final checkpoint.
+    async fn finish(&mut self) {
+        self.chores_stop.cancel();
+        self.chores.close();
+        self.chores.wait().await;
+        // Answered until here, so `status` shows the stop; a snapshot being
+        // written finishes first (bounded), then the socket file goes.
+        self.admin.stop().await;
+        let closed = self.svc.store().shutdown().await;
+        // A snapshot the closing store abandoned removes its copy first.
+        self.admin.after_store_closed().await;
+        match closed {
+            Ok(()) => tracing::info!("stopped cleanly"),
+            Err(e) => tracing::warn!(error = %e, "store shutdown incomplete: {e}"),
+        }
+    }
+}
+
+/// Applies a validated log filter. It parsed when the configuration was
+/// loaded, so a failure here is a logger that was never installed (the
+/// filter stays as it was, and says so).
+fn set_log_filter(filter: &str) {
+    match crate::logging::apply_filter(filter) {
+        Ok(true) => tracing::info!(filter, "log filter {}: {filter}", keys::LOG_FILTER.dotted()),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "log filter unchanged: {e}"),
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,243 @@
+//! Configuration reloads (SIGHUP, or `reload` on the admin socket; one at
+//! a time): RELOADING=1, the file read and validated as at startup, the
+//! credentials renewed first, startup-only keys kept, tools and reloadable
+//! keys swapped in for calls admitted afterwards, READY=1.
+
+use std::sync::Arc;
+
+use sd_notify::NotifyState;
+
+use super::chores::status_line;
+use super::{Options, Process, lock, notify, set_log_filter};
+use crate::admin::{AdminError, Reloaded};
+use crate::auth::AuthError;
+use crate::config::{Config, keys};
+use crate::exit::Refusal;
+use crate::startup;
+use crate::tools::Registry;
+
+/// What a reload needs: how the daemon was started, and the configuration
+/// it started with (startup-only keys are compared with that one, so a
+/// refused change is named again at every reload until a restart).
+pub(super) struct Reload {
+    options: Options,
+    started: Config,
+    /// The configuration the last applied reload read (at first the one
+    /// the daemon started with): reloadable keys and tools are reported as
+    /// changed against it.
+    applied: Config,
+    /// Reloads so far; numbered on the STATUS line, so that a reader can
+    /// tell one reload's outcome from the previous one's.
+    count: u64,
+    /// The outcome of the last reload, for the STATUS line.
+    pub(super) last: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Reload {
+    pub(super) fn new(options: Options, config: &Config) -> Reload {
+        Reload {
+            options,
+            started: config.clone(),
+            applied: config.clone(),
+            count: 0,
+            last: Arc::default(),
+        }
+    }
+}
+
+impl Process {
+    /// One reload, between RELOADING=1 and READY=1 (systemd's reload
+    /// protocol: MONOTONIC_USEC ties the two to this reload). The one code
+    /// path for SIGHUP and `taskgate reload`.
+    pub(super) async fn reload_configuration(&mut self) -> Result<Reloaded, AdminError> {
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => notify(&[NotifyState::Reloading, now]),
+            Err(_) => notify(&[NotifyState::Reloading]),
+        }
+        self.reload.count += 1;
+        let number = self.reload.count;
+        let outcome = match startup::effective(
+            &self.reload.options.overrides,
+            self.reload.options.builtins.clone(),
+        ) {
+            Err(refusal) => {
+                tracing::error!(
+                    "configuration reload refused: {}; still running on the previous configuration",
+                    refusal.message
+                );
+                Err(AdminError::new(
+                    refusal.class,
+                    format!(
+                        "reload {number} refused: {}; the daemon goes on with its previous configuration",
+                        refusal.message
+                    ),
+                ))
+            }
+            Ok(mut new) => match self.renew_credentials(&mut new) {
+                Err(refusal) => {
+                    tracing::error!(
+                        "configuration reload refused: {}; still running on the previous configuration",
+                        refusal.message
+                    );
+                    Err(AdminError::new(
+                        refusal.class,
+                        format!(
+                            "reload {number} refused: {}; the daemon goes on with its previous configuration",
+                            refusal.message
+                        ),
+                    ))
+                }
+                Ok(()) => Ok(self.apply(number, new)),
+            },
+        };
+        let summary = match &outcome {
+            Err(_) => "refused (invalid configuration; see the log)".to_string(),
+            Ok(done) if done.kept.is_empty() => "applied".to_string(),
+            Ok(done) => format!(
+                "applied, except startup-only {} (restart to apply)",
+                done.kept.join(", ")
+            ),
+        };
+        *lock(&self.reload.last) = Some(format!("reload {number} {summary}"));
+        let describe = self.describe.clone();
+        let status = match describe {
+            Some(describe) => status_line(&self.svc, &describe()).await,
+            None => String::new(),
+        };
+        self.board.ready(&status);
+        outcome
+    }
+
+    /// The reload's credential step, before anything else is applied: the
+    /// TLS pair is read again and the validated credential set swapped in.
+    /// Turning authentication on or off is refused (it changes who every
+    /// open session acts as; a restart does it), and so is a TLS pair that
+    /// does not load, keeping the one in force.
+    fn renew_credentials(&mut self, new: &mut startup::Effective) -> Result<(), Refusal> {
+        if let Some(tls) = &self.tls {
+            tls.reload().map_err(Refusal::from)?;
+        }
+        match (&self.auth, new.auth.take()) {
+            (Some(running), Some(fresh)) => {
+                let summary = running.adopt(fresh);
+                tracing::info!("credentials reloaded: {summary}");
+                Ok(())
+            }
+            (None, None) => Ok(()),
+            (Some(_), None) => Err(AuthError::OnOff("off").into()),
+            (None, Some(_)) => Err(AuthError::OnOff("on").into()),
+        }
+    }
+
+    /// Applies a validated configuration: the reloadable parts go to new
+    /// calls, a changed startup-only key is named and left as it started.
+    /// Returns what changed, for the caller of `taskgate reload`.
+    fn apply(&mut self, number: u64, new: startup::Effective) -> Reloaded {
+        let mut kept = Vec::new();
+        let mut kept_lines = Vec::new();
+        for change in self.reload.started.changes(&new.config) {
+            if change.key.is_startup_only() {
+                tracing::warn!(
+                    key = %change.key.dotted(),
+                    "configuration reload: {} = {} in the new configuration, but it applies at start only; keeping {} until a restart",
+                    change.key.dotted(),
+                    change.new,
+                    change.old
+                );
+                kept_lines.push(format!(
+                    "not applied: {} = {} applies at start only; the daemon keeps {} until a restart",
+                    change.key.dotted(),
+                    change.new,
+                    change.old
+                ));
+                kept.push(change.key.dotted());
+            }
+        }
+        // Reloadable keys, against what the previous reload applied.
+        let mut changed: Vec<String> = self
+            .reload
+            .applied
+            .changes(&new.config)
+            .into_iter()
+            .filter(|c| !c.key.is_startup_only())
+            .map(|c| format!("changed: {} {} -> {}", c.key.dotted(), c.old, c.new))
+            .collect();
+        let names = |r: &Registry| -> std::collections::BTreeSet<String> {
+            r.specs().map(|s| s.name.clone()).collect()
+        };
+        let before = names(&self.svc.tools());
+        let after = names(&new.tools);
+        let added: Vec<&String> = after.difference(&before).collect();
+        let removed: Vec<&String> = before.difference(&after).collect();
+        // A tool of the same name whose definition differs in the file.
+        let redefined: Vec<&String> = new
+            .config
+            .tools
+            .iter()
+            .filter(|t| {
+                self.reload
+                    .applied
+                    .tools
+                    .iter()
+                    .any(|old| old.name == t.name && *old != **t)
+            })
+            .map(|t| &t.name)
+            .collect();
+        if !(added.is_empty() && removed.is_empty() && redefined.is_empty()) {
+            changed.push(format!(
+                "changed: tools (added: {}; removed: {}; redefined: {})",
+                list(&added),
+                list(&removed),
+                list(&redefined)
+            ));
+        }
+        let poll_interval = new.config.tasks.poll_interval;
+        tracing::info!(
+            tools = after.len(),
+            "configuration reloaded: {} tools (added: {}; removed: {}; redefined: {}), {} = {} ms; running tasks keep the tools they started with",
+            after.len(),
+            list(&added),
+            list(&removed),
+            list(&redefined),
+            keys::TASKS_POLL_INTERVAL_MS.dotted(),
+            poll_interval.as_millis()
+        );
+        new.tools.log_confinement();
+        self.svc.reload(new.tools, poll_interval);
+        set_log_filter(&new.config.log.filter);
+        self.reload.applied = new.config;
+
+        let mut lines = vec![if kept.is_empty() {
+            format!("reload {number}: applied")
+        } else {
+            format!(
+                "reload {number}: applied, except startup-only {} (restart to apply)",
+                kept.join(", ")
+            )
+        }];
+        if changed.is_empty() {
+            lines.push("no reloadable setting or tool changed".to_string());
+        }
+        lines.extend(changed);
+        lines.extend(kept_lines);
+        lines.push("running tasks keep the tool definitions they started with".to_string());
+        Reloaded {
+            number,
+            kept,
+            lines,
+        }
+    }
+}
+
+/// `a, b` or `none`.
+fn list(names: &[&String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
