@@ -82,6 +82,7 @@ check_prereqs() {
   # The tests run strace and unshare by the absolute paths Debian uses.
   [ -x /usr/bin/strace ] || apt_need strace strace "fault injection: EIO on fsync, ENOSPC on write"
   [ -x /usr/bin/unshare ] || apt_need unshare util-linux "a private mount namespace with a small tmpfs"
+  command -v ip >/dev/null || apt_need ip iproute2 "a network namespace with an address that is not loopback"
   # The tests create their unprivileged service user with useradd, and
   # probe the admin socket from a tool written in perl (perl-base).
   [ -x /usr/sbin/useradd ] || apt_need useradd passwd "a service user the daemon runs as in the confinement tests"
@@ -112,6 +113,7 @@ check_prereqs() {
 needs_root_lines() {
   echo "  tests/startup_refusals.rs, tests/backup_restore.rs: chown files to another user"
   echo "  tests/fault_injection.rs: mounts a 3 MiB tmpfs in a private mount namespace (unshare -m)"
+  echo "  tests/auth_http.rs: a network namespace of its own with an address that is not loopback"
   echo "  tests/tool_confinement.rs: creates a service user (useradd) and runs the daemon as it"
   if [ "$system_test" -eq 1 ]; then
     echo "  scripts/system-test.sh: debootstrap and a booted systemd-nspawn container"

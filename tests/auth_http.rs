@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -249,7 +249,11 @@ impl Reply {
 
 /// Sends one request on a fresh connection and reads the whole answer.
 fn exchange(port: u16, request: &str) -> Reply {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    exchange_on(TcpStream::connect(("127.0.0.1", port)).unwrap(), request)
+}
+
+/// Sends one request on the connection `s` and reads the whole answer.
+fn exchange_on(mut s: TcpStream, request: &str) -> Reply {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(request.as_bytes()).unwrap();
     let mut raw = Vec::new();
@@ -297,6 +301,11 @@ fn dechunk(mut s: &str) -> String {
 
 /// A 2026-07-28 request with the Tasks extension declared.
 fn rpc(port: u16, token: Option<&str>, method: &str, params: Value) -> Reply {
+    exchange(port, &rpc_request(port, token, method, params))
+}
+
+/// The request [`rpc`] sends.
+fn rpc_request(port: u16, token: Option<&str>, method: &str, params: Value) -> String {
     let mut params = params;
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -312,12 +321,9 @@ fn rpc(port: u16, token: Option<&str>, method: &str, params: Value) -> Reply {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    exchange(
-        port,
-        &format!(
-            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n{name}{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        ),
+    format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n{name}{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
 }
 
@@ -427,6 +433,97 @@ fn loopback_without_credentials_is_the_local_owner_only_where_allowed() {
     // A token that is presented is checked even on loopback.
     let r = rpc(port, Some(&secret('z')), "tools/list", json!({}));
     assert_eq!(r.status, 401, "{}", r.raw);
+}
+
+/// A documentation address (TEST-NET-1, RFC 5737): local in the test's
+/// own network namespace, and not loopback.
+const NOT_LOOPBACK: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+
+/// Runs `f` on a thread of its own in a new network namespace whose
+/// loopback interface also carries `extra`. What the thread starts (the
+/// daemon) shares the namespace; the rest of the test process does not.
+/// The daemon can then be reached from an address that is not loopback,
+/// whatever interfaces the machine has.
+fn in_a_network_namespace<T: Send>(extra: Ipv4Addr, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: unshare takes no pointer; a new network namespace
+                // moves only the calling thread.
+                let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+                assert_eq!(
+                    rc,
+                    0,
+                    "unshare(CLONE_NEWNET): {}",
+                    std::io::Error::last_os_error()
+                );
+                let with_prefix = format!("{extra}/32");
+                for args in [
+                    &["link", "set", "lo", "up"][..],
+                    &["address", "add", &with_prefix, "dev", "lo"][..],
+                ] {
+                    let out = std::process::Command::new("ip")
+                        .args(args)
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "ip {args:?}: {out:?}");
+                }
+                f()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// A connection to the daemon's loopback port from `source`, a local
+/// address that is not loopback: the daemon sees `source` as its peer.
+fn connect_from(source: Ipv4Addr, port: u16) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((source, 0).into()).unwrap();
+        let stream = socket
+            .connect((Ipv4Addr::LOCALHOST, port).into())
+            .await
+            .unwrap()
+            .into_std()
+            .unwrap();
+        stream.set_nonblocking(false).unwrap();
+        stream
+    })
+}
+
+/// `local_owner = "loopback"` makes a request without credentials the
+/// local caller only when its peer is a loopback address: from any other
+/// address the same request gets the bare challenge, as it would with
+/// `local_owner = "never"`, while a token still works from there.
+#[test]
+fn without_credentials_a_peer_that_is_not_loopback_is_refused() {
+    prereq::require_root("a network namespace with an address that is not loopback");
+    prereq::require_tool("ip");
+    in_a_network_namespace(NOT_LOOPBACK, || {
+        let f = start("local_owner = \"loopback\"", "");
+        let port = port(&f);
+        let call = json!({"name": "nap", "arguments": {}});
+        let local = rpc(port, None, "tools/call", call.clone());
+        assert_eq!(local.status, 200, "{}", local.raw);
+        let request = rpc_request(port, None, "tools/call", call);
+        let r = exchange_on(connect_from(NOT_LOOPBACK, port), &request);
+        assert_eq!(
+            (r.status, r.challenge.as_deref()),
+            (401, Some(BARE)),
+            "{}",
+            r.raw
+        );
+        assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{}", r.raw);
+        let request = rpc_request(port, Some(&secret('a')), "tools/list", json!({}));
+        let ok = exchange_on(connect_from(NOT_LOOPBACK, port), &request);
+        assert_eq!(ok.status, 200, "{}", ok.raw);
+        assert!(ok.body["result"]["tools"].is_array(), "{}", ok.raw);
+    });
 }
 
 #[test]

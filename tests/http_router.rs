@@ -286,8 +286,17 @@ async fn a_request_past_the_concurrency_bound_gets_a_json_rpc_503() {
 #[tokio::test]
 async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
     let fx = fixture();
+    // A call admitted by mistake runs `hold` until it is cancelled: a
+    // bounded wait makes that a failure that says so, not a hung test.
+    let refused = |request| async {
+        tokio::time::timeout(Duration::from_secs(10), fx.send(request))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("a call while stopping was admitted: its tool ran instead of being refused")
+            })
+    };
     fx.svc.stop_admitting();
-    let response = fx.send(mcp_call("hold")).await;
+    let response = refused(mcp_call("hold")).await;
     let body = json_body(response).await;
     assert_eq!(
         body["error"]["code"],
@@ -300,7 +309,7 @@ async fn a_call_while_stopping_is_refused_with_the_stopping_error() {
     // never reaches the protocol layer: it is told the server is stopping.
     let drain = fx.app.drain();
     assert!(drain.idle(Duration::from_secs(5)).await);
-    let response = fx.send(mcp_call("hold")).await;
+    let response = refused(mcp_call("hold")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body = json_body(response).await;
     assert_eq!(

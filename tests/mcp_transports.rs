@@ -1222,7 +1222,8 @@ fn ids_look_the_same(w: &mut dyn Wire, foreign: &str, expired: &str) {
 // Malformed messages: JSON-RPC errors with the codes the specification
 // fixes, and the connection or session goes on.
 
-fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
+/// Malformed messages, each with the id its error echoes and its code.
+fn malformed_cases() -> Vec<(String, Value, i64)> {
     let mut meta_only = json!({});
     meta_only["_meta"] = meta(true);
     let with = |extra: Value| {
@@ -1232,7 +1233,7 @@ fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
         }
         p
     };
-    let cases: Vec<(String, Value, i64)> = vec![
+    vec![
         ("{\"jsonrpc\": \"2.0\", \"id\": 1, ".into(), Value::Null, -32700),
         ("not json at all".into(), Value::Null, -32700),
         (
@@ -1266,7 +1267,11 @@ fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
             json!("s"),
             -32602,
         ),
-    ];
+    ]
+}
+
+fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
+    let cases = malformed_cases();
     for (text, id, code) in &cases {
         let (status, reply) = w.send_text(text, id);
         assert_eq!(reply.code(), Some(*code), "{text} -> {}", reply.raw);
@@ -1312,11 +1317,73 @@ fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
     );
 }
 
+/// Every malformed message, then a well-formed request, on one HTTP/1.1
+/// keep-alive connection: each gets its error and none closes the
+/// connection (the body was read whole, so nothing stands in the way of
+/// the next request), and the last is served.
+async fn one_connection_outlives_malformed_messages(port: u16) {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to taskgate");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut good = json!({"jsonrpc": "2.0", "id": 40, "method": "tools/list", "params": {}});
+    good["params"]["_meta"] = meta(false);
+    let mut messages: Vec<(String, Option<&str>)> = malformed_cases()
+        .into_iter()
+        .map(|(text, ..)| (text, None))
+        .collect();
+    messages.push((good.to_string(), Some("tools/list")));
+    let last = messages.len() - 1;
+    for (n, (text, method)) in messages.into_iter().enumerate() {
+        if let Err(e) = sender.ready().await {
+            panic!("the connection was closed before message {n}, {text}: {e}");
+        }
+        let mut req = Request::post("/mcp")
+            .header("host", format!("127.0.0.1:{port}"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", V2026);
+        if let Some(m) = method {
+            req = req.header("mcp-method", m);
+        }
+        let req = req.body(Full::new(Bytes::from(text.clone()))).unwrap();
+        let resp = sender
+            .send_request(req)
+            .await
+            .unwrap_or_else(|e| panic!("message {n}, {text}, on the kept connection: {e}"));
+        let status = resp.status().as_u16();
+        let closes = resp
+            .headers()
+            .get("connection")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert!(!closes, "{text} -> {status} closes the connection: {body}");
+        if n == last {
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains("slow_echo"), "{body}");
+        } else {
+            assert_eq!(status, 400, "{text} -> {body}");
+        }
+    }
+}
+
 #[test]
 fn http_malformed_messages_get_json_rpc_errors() {
     let fx = Fixture::new();
     let mut w = HttpWire::start(&fx, "http.log");
     malformed_messages_get_json_rpc_errors(&mut w);
+    let port = w.port;
+    w.rt.block_on(async {
+        tokio::time::timeout(STEP, one_connection_outlives_malformed_messages(port))
+            .await
+            .unwrap_or_else(|_| panic!("no answers on one connection within {STEP:?}"))
+    });
     w.stop_and_expect_clean_exit();
 }
 

@@ -1,9 +1,11 @@
 //! Stopping, through the real binary, real sockets and real signals:
 //! a SIGTERM at any moment after READY=1 is a clean stop (STOPPING=1, the
 //! final checkpoint, exit 0); once stopping has begun no new call is
-//! admitted and the client is told so; and under load every in-flight call
-//! gets its real answer, so no task is committed whose handle never reached
-//! its client.
+//! admitted and the client is told so, while the task already running is
+//! waited for and its end recorded; under load every in-flight call gets
+//! its real answer, so no task is committed whose handle never reached its
+//! client; and an answer still being sent when the listener closes is sent
+//! whole.
 //!
 //! `TASKGATE_SHUTDOWN_ROUNDS` sets the SIGTERM-upon-READY rounds (default
 //! 30); `TASKGATE_SHUTDOWN_LOAD_ROUNDS` the stops under load (default 3).
@@ -158,7 +160,7 @@ fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
         .start();
     let rt = runtime();
     let late = Client::new(&daemon.url(), false).unwrap();
-    rt.block_on(async {
+    let stubborn = rt.block_on(async {
         let created = daemon
             .client(true)
             .call_tool("stubborn", json!({}), None)
@@ -169,6 +171,7 @@ fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
         late.request("tools/list", json!({}), None, None)
             .await
             .unwrap();
+        created["taskId"].as_str().unwrap().to_string()
     });
     started.read(Duration::from_secs(20));
 
@@ -191,6 +194,25 @@ fn a_call_after_stopping_began_is_refused_and_runs_nothing() {
         daemon.log_text()
     );
     assert_eq!(status.code(), Some(0), "log:\n{}", daemon.log_text());
+    // The stop waited for the running task (its grace, then the kill) and
+    // recorded its end: nothing is left working for a restart to find.
+    assert_eq!(
+        row_status(&state, &stubborn),
+        "failed",
+        "the task running when the stop began; log:\n{}",
+        daemon.log_text()
+    );
+}
+
+/// A task's status in the database, read without changing the files.
+fn row_status(state: &Path, id: &str) -> String {
+    let conn = rusqlite::Connection::open_with_flags(
+        state.join("tasks.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    conn.query_row("SELECT status FROM tasks WHERE id = ?1", [id], |r| r.get(0))
+        .unwrap()
 }
 
 /// What one client saw during a stop under load.
@@ -341,4 +363,166 @@ timeout_secs = 60
         failed.len(),
         failed.join("\n")
     );
+}
+
+/// Bytes the `big` tool writes: more than the daemon's socket send buffer
+/// can hold (its largest is `net.ipv4.tcp_wmem`'s maximum, 4 MiB by
+/// default), so that part of the answer is still in the daemon's hands
+/// while the client has not read it.
+const BIG: usize = 8 << 20;
+
+/// The body of an HTTP/1.1 response read whole: chunked framing removed.
+fn response_body(raw: &[u8]) -> (String, Vec<u8>) {
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no whole response head in {} bytes", raw.len()));
+    let head = String::from_utf8_lossy(&raw[..at]).to_string();
+    let mut body = &raw[at + 4..];
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return (head, body.to_vec());
+    }
+    let mut out = Vec::new();
+    while let Some(end) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&body[..end])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+            .unwrap_or(0);
+        let rest = &body[end + 2..];
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.extend_from_slice(&rest[..size]);
+        body = rest[size..].strip_prefix(b"\r\n").unwrap_or(&rest[size..]);
+    }
+    (head, out)
+}
+
+/// An answer the daemon is still sending when it stops taking connections
+/// (a large result to a client that reads slowly) is sent whole before the
+/// connection closes: the call was admitted before the stop, so it gets
+/// its real answer, not a cut-off one.
+#[test]
+fn an_answer_still_being_sent_when_the_listener_closes_is_sent_whole() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let config = root.path().join("taskgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[tasks]
+poll_interval_ms = 50
+
+[[tool]]
+name = "big"
+argv = ["/bin/sh", "-c", "head -c {BIG} /dev/zero | tr '\\0' 'a'"]
+effect = "read_only"
+task = "optional"
+max_stdout_bytes = {BIG}
+"#
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::builder()
+        .config(&config)
+        .state_dir(&state)
+        .log(&root.path().join("log"))
+        .start();
+    let port = daemon.port;
+    let rt = runtime();
+    let id = rt.block_on(async {
+        let c = daemon.client(true);
+        let created = c.call_tool("big", json!({}), None).await.unwrap();
+        let id = created["taskId"].as_str().unwrap().to_string();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match c.get_task(&id).await {
+                Ok(t) if t["status"] == "completed" => break,
+                Ok(t) if t["status"] == "working" => {}
+                Ok(t) => panic!("the big task ended {t}"),
+                Err(ClientError::Rpc { code, .. }) if code == wire::POLL_TOO_SOON.code => {}
+                Err(e) => panic!("tasks/get {id}: {e}"),
+            }
+            assert!(Instant::now() < deadline, "the big task did not end");
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        id
+    });
+
+    // A client with a small receive buffer asks for the whole result and
+    // reads nothing until the daemon has closed its listener.
+    let mut stream = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket
+            .connect(([127, 0, 0, 1], port).into())
+            .await
+            .unwrap()
+            .into_std()
+            .unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "artifact_read", "arguments": {"taskId": id},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string();
+    std::io::Write::write_all(
+        &mut stream,
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: artifact_read\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // The answer has begun to arrive: the call was admitted and answered.
+    let mut first = [0u8; 1];
+    assert_eq!(stream.peek(&mut first).unwrap(), 1, "no answer began");
+
+    daemon.signal(Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the listener did not close after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Time enough for a daemon that drops its connections to drop this one.
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut raw = Vec::new();
+    let read = std::io::Read::read_to_end(&mut stream, &mut raw);
+    let status = daemon.wait_exit(STOP_LIMIT);
+    let (head, body) = response_body(&raw);
+    let text = if head.to_ascii_lowercase().contains("text/event-stream") {
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.starts_with('{'))
+            .map(str::to_string)
+            .unwrap_or_default()
+    } else {
+        String::from_utf8_lossy(&body).to_string()
+    };
+    let answer: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the answer was cut off ({read:?}, {} bytes read): {e}; head: {head}",
+            raw.len()
+        )
+    });
+    let whole = answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no result text; head: {head}"));
+    assert_eq!(whole.len(), BIG, "head: {head}");
+    assert!(whole.bytes().all(|b| b == b'a'));
+    assert_eq!(status.code(), Some(0), "log:\n{}", daemon.log_text());
 }

@@ -824,14 +824,29 @@ max_processes = 3
 /// every Debian system has (perl-base is essential).
 const ADMIN_PROBE: &str = r#"use strict; use warnings; use IO::Socket::UNIX; use Cwd;
 my $io = shift @ARGV;
+# Every run of 64 hex digits (an admin key's form) the tool can see without
+# the state directory: its environment, its own command line and its
+# shim's. Each is tried as the key, besides no key at all.
+my @seen = values %ENV;
+for my $f ("/proc/self/cmdline", "/proc/" . getppid() . "/cmdline") {
+  next unless open(my $fh, "<", $f);
+  local $/;
+  my $text = <$fh>;
+  push @seen, split(/\0/, defined $text ? $text : "");
+}
+my %found = map { lc($_) => 1 } map { /([0-9a-fA-F]{64})/g } @seen;
+print "key seen $_\n" for sort keys %found;
+my @keys = ("", sort keys %found);
 my $n = 0;
 for my $sock (@ARGV) {
   for my $op ("status", "snapshot_scratch", "snapshot_io", "reload") {
+   for my $key (@keys) {
     $n++;
-    my $req = $op eq "status" ? '{"op":"status"}'
-      : $op eq "reload" ? '{"op":"reload"}'
-      : $op eq "snapshot_scratch" ? '{"op":"snapshot","to":"' . getcwd() . "/snap$n" . '"}'
-      : '{"op":"snapshot","to":"' . "$io/snap$n" . '"}';
+    my $with = $key eq "" ? "" : ',"key":"' . $key . '"';
+    my $req = $op eq "status" ? '{"op":"status"' . $with . '}'
+      : $op eq "reload" ? '{"op":"reload"' . $with . '}'
+      : $op eq "snapshot_scratch" ? '{"op":"snapshot","to":"' . getcwd() . "/snap$n" . '"' . $with . '}'
+      : '{"op":"snapshot","to":"' . "$io/snap$n" . '"' . $with . '}';
     my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Peer => $sock);
     if (!$s) { print "$op $sock connect failed: $!\n"; next; }
     print $s "$req\n";
@@ -839,6 +854,7 @@ for my $sock (@ARGV) {
     $answer = "" unless defined $answer;
     chomp $answer;
     print "$op $sock answer $answer\n";
+   }
   }
 }
 for my $f (glob("snap*"), glob("$io/snap*")) { print "found $f\n"; }
@@ -852,7 +868,9 @@ for my $f (glob("snap*"), glob("$io/snap*")) { print "found $f\n"; }
 /// `snapshot` (into its scratch directory, where it could read the copy,
 /// and elsewhere) and a `reload`, is refused each time, and no snapshot
 /// appears and no reload happens: it cannot present the admin key, which
-/// is only in the state directory's `tasks.lock`.
+/// is only in the state directory's `tasks.lock`. Nothing the tool can see
+/// outside it (its environment, its own and its shim's command line) holds
+/// anything of a key's form: the probe would try it as the key.
 #[test]
 fn a_tool_cannot_use_the_admin_socket_at_its_real_path() {
     for runtime_dir in [true, false] {
@@ -904,6 +922,10 @@ type = "string"
             .unwrap_or_default()
             .to_string();
         eprintln!("runtime directory {runtime_dir}:\n{text}");
+        assert!(
+            !text.contains("key seen "),
+            "the tool saw something of an admin key's form:\n{text}"
+        );
         let answers: Vec<&str> = text.lines().filter(|l| l.contains(" answer ")).collect();
         // With the runtime directory both paths name the socket; without
         // it `../admin.sock` is nothing (the scratch directory is in /tmp).

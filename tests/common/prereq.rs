@@ -25,6 +25,7 @@ pub fn require_tool(tool: &str) {
         // The tests run these two by absolute path, as Debian installs them.
         "strace" => (Path::new("/usr/bin/strace").is_file(), "strace"),
         "unshare" => (Path::new("/usr/bin/unshare").is_file(), "util-linux"),
+        "ip" => (on_path("ip"), "iproute2"),
         other => (on_path(other), other),
     };
     if !found {
