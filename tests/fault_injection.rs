@@ -130,9 +130,16 @@ async fn read_back(store: &Store, ids: &[(usize, TaskId)]) -> Result<(), String>
     Ok(())
 }
 
+/// Opens the child's store (a checkpoint timer of a day: no timer syncs
+/// the database file while a fault is armed) and creates and finishes
+/// [`BEFORE_FAULT`] tasks, each announced to the parent.
 async fn open_and_seed(base: &Path) -> (Store, Vec<(usize, TaskId)>) {
     let dir = state_dir(base);
-    let (store, _) = Store::open(StoreOptions::new(dir.join("tasks.db"))).expect("open");
+    let options = StoreOptions {
+        checkpoint_interval: Duration::from_secs(86_400),
+        ..StoreOptions::new(dir.join("tasks.db"))
+    };
+    let (store, _) = Store::open(options).expect("open");
     let mut ids = Vec::new();
     for tag in 0..BEFORE_FAULT {
         let id = create_finished(&store, tag)
@@ -162,25 +169,10 @@ impl FaultedWrite {
     }
 }
 
-/// EIO on the one fsync of `target`'s COMMIT. The store is opened with a
-/// checkpoint interval of a day, so no timer syncs the database file in
-/// between: the first fsync the store thread makes after "go" is that
-/// COMMIT's.
+/// EIO on the one fsync of `target`'s COMMIT: the first fsync the store
+/// thread makes after "go" is that COMMIT's (no checkpoint timer fires).
 async fn child_fsync_eio(base: &Path, target: FaultedWrite) {
-    let dir = state_dir(base);
-    let options = StoreOptions {
-        checkpoint_interval: Duration::from_secs(86_400),
-        ..StoreOptions::new(dir.join("tasks.db"))
-    };
-    let (store, _) = Store::open(options).expect("open");
-    let mut ids = Vec::new();
-    for tag in 0..BEFORE_FAULT {
-        let id = create_finished(&store, tag)
-            .await
-            .expect("create before the fault");
-        say(&format!("created {id}"));
-        ids.push((tag, id));
-    }
+    let (store, ids) = open_and_seed(base).await;
     // A task still running, for the finish and the cancel to act on.
     let pending = store
         .create(new_task(LONG_TTL_MS))

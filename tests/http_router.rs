@@ -32,15 +32,36 @@ struct Fixture {
     started: Arc<Notify>,
 }
 
-/// A built-in tool that announces each call and then runs until it is
-/// cancelled, so a test knows a request is in flight.
+/// What a built-in tool of these tests does with a call.
 #[derive(Debug)]
-struct Hold {
-    spec: ToolSpec,
-    started: Arc<Notify>,
+enum Behaviour {
+    /// Announces the call, then runs until it is cancelled, so a test
+    /// knows a request is in flight.
+    Hold(Arc<Notify>),
+    /// Answers at once.
+    Quick,
 }
 
-impl Runner for Hold {
+#[derive(Debug)]
+struct TestTool {
+    spec: ToolSpec,
+    behaviour: Behaviour,
+}
+
+fn test_tool(name: &str, task: TaskMode, behaviour: Behaviour) -> Arc<dyn Runner> {
+    Arc::new(TestTool {
+        spec: ToolSpec {
+            name: name.into(),
+            description: format!("{behaviour:?}"),
+            input_schema: json!({"type": "object"}),
+            effect: Effect::ReadOnly,
+            task,
+        },
+        behaviour,
+    })
+}
+
+impl Runner for TestTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
@@ -56,9 +77,14 @@ impl Runner for Hold {
         cancel: &'a CancellationToken,
     ) -> RunFuture<'a> {
         Box::pin(async move {
-            self.started.notify_one();
-            cancel.cancelled().await;
-            Err(RunError::Cancelled)
+            match &self.behaviour {
+                Behaviour::Hold(started) => {
+                    started.notify_one();
+                    cancel.cancelled().await;
+                    Err(RunError::Cancelled)
+                }
+                Behaviour::Quick => Ok(json!({"content": [{"type": "text", "text": "done"}]})),
+            }
         })
     }
 }
@@ -75,27 +101,13 @@ fn fixture() -> Fixture {
     )
     .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
     let started = Arc::new(Notify::new());
-    let hold: Arc<dyn Runner> = Arc::new(Hold {
-        spec: ToolSpec {
-            name: "hold".into(),
-            description: "runs until cancelled".into(),
-            input_schema: json!({"type": "object"}),
-            effect: Effect::ReadOnly,
-            task: TaskMode::Never,
-        },
-        started: started.clone(),
-    });
+    let hold = test_tool("hold", TaskMode::Never, Behaviour::Hold(started.clone()));
     // The same, as a task.
-    let linger: Arc<dyn Runner> = Arc::new(Hold {
-        spec: ToolSpec {
-            name: "linger".into(),
-            description: "runs until cancelled, as a task".into(),
-            input_schema: json!({"type": "object"}),
-            effect: Effect::ReadOnly,
-            task: TaskMode::Optional,
-        },
-        started: Arc::new(Notify::new()),
-    });
+    let linger = test_tool(
+        "linger",
+        TaskMode::Optional,
+        Behaviour::Hold(Arc::new(Notify::new())),
+    );
     let daemon = Daemon::start(Options {
         overrides: Overrides {
             config_path: Some(config_path),
@@ -452,31 +464,6 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
     fx.close().await;
 }
 
-/// A built-in tool that answers at once.
-#[derive(Debug)]
-struct Quick {
-    spec: ToolSpec,
-}
-
-impl Runner for Quick {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-
-    fn validate(&self, _args: &Value) -> Result<(), ArgumentError> {
-        Ok(())
-    }
-
-    fn run<'a>(
-        &'a self,
-        _args: &'a Map<String, Value>,
-        _grace: Duration,
-        _cancel: &'a CancellationToken,
-    ) -> RunFuture<'a> {
-        Box::pin(async move { Ok(json!({"content": [{"type": "text", "text": "done"}]})) })
-    }
-}
-
 /// `service::run`, the in-process entry point: a daemon serving a listener
 /// bound by the caller answers a real client over HTTP, and stops cleanly
 /// (its store checkpointed and closed) when its shutdown future resolves.
@@ -484,15 +471,7 @@ impl Runner for Quick {
 fn run_serves_a_listener_in_process_until_its_shutdown() {
     let root = common::private_dir();
     let state = common::state_dir(root.path());
-    let quick: Arc<dyn Runner> = Arc::new(Quick {
-        spec: ToolSpec {
-            name: "quick".into(),
-            description: "answers at once".into(),
-            input_schema: json!({"type": "object"}),
-            effect: Effect::ReadOnly,
-            task: TaskMode::Never,
-        },
-    });
+    let quick = test_tool("quick", TaskMode::Never, Behaviour::Quick);
     let options = Options {
         overrides: Overrides {
             config_path: None,

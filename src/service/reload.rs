@@ -56,10 +56,13 @@ impl Process {
         }
         self.reload.count += 1;
         let number = self.reload.count;
-        let outcome = match startup::effective(
+        let validated = startup::effective(
             &self.reload.options.overrides,
             self.reload.options.builtins.clone(),
-        ) {
+        )
+        .and_then(|mut new| self.renew_credentials(&mut new).map(|()| new));
+        let outcome = match validated {
+            Ok(new) => Ok(self.apply(number, new)),
             Err(refusal) => {
                 tracing::error!(
                     "configuration reload refused: {}; still running on the previous configuration",
@@ -73,22 +76,6 @@ impl Process {
                     ),
                 ))
             }
-            Ok(mut new) => match self.renew_credentials(&mut new) {
-                Err(refusal) => {
-                    tracing::error!(
-                        "configuration reload refused: {}; still running on the previous configuration",
-                        refusal.message
-                    );
-                    Err(AdminError::new(
-                        refusal.class,
-                        format!(
-                            "reload {number} refused: {}; the daemon goes on with its previous configuration",
-                            refusal.message
-                        ),
-                    ))
-                }
-                Ok(()) => Ok(self.apply(number, new)),
-            },
         };
         let summary = match &outcome {
             Err(_) => "refused (invalid configuration; see the log)".to_string(),
