@@ -128,6 +128,24 @@ fn status_shows_one_screen_and_json_for_scripts() {
     assert!(s["queue"]["capacity"].as_u64().unwrap() > 0);
     assert!(s["wal_bytes"].is_u64());
     assert!(s["uptime_secs"].is_u64());
+    // Every durable part says what it holds on disk: the task store its
+    // database (and WAL) in the state directory.
+    let parts = s["parts"].as_array().expect("parts");
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    assert_eq!(parts[0]["name"], "task-store");
+    assert_eq!(parts[0]["dir"], canonical.to_str().unwrap());
+    assert!(parts[0]["files"].as_u64().unwrap() >= 1, "{parts:?}");
+    let on_disk: u64 = ["tasks.db", "tasks.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(state.join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(parts[0]["bytes"].as_u64().unwrap() >= 4096, "{parts:?}");
+    assert!(parts[0]["bytes"].as_u64().unwrap() <= on_disk, "{parts:?} of {on_disk}");
+    assert!(
+        text.contains("durable part     task-store: "),
+        "no durable part line in:\n{text}"
+    );
 
     // While stopping, the answer says so; after the stop nothing answers.
     let rt = runtime();

@@ -398,6 +398,15 @@ pub fn render(s: &Status) -> Vec<String> {
     if s.snapshot_running {
         lines.push("snapshot         an online snapshot is being written".into());
     }
+    for p in &s.parts {
+        lines.push(format!(
+            "durable part     {}: {} files, {} in {}",
+            p.name,
+            p.files,
+            bytes(p.bytes),
+            p.dir.display()
+        ));
+    }
     if let Some(c) = &s.confinement {
         lines.extend(c.lines());
     }

@@ -247,6 +247,21 @@ pub struct Status {
     /// older than this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::tools::confine::Confinement>,
+    /// Each durable part and what it holds on disk (empty from a daemon
+    /// older than this field).
+    #[serde(default)]
+    pub parts: Vec<PartStatus>,
+}
+
+/// A durable part as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartStatus {
+    pub name: String,
+    /// Where its files are kept.
+    pub dir: PathBuf,
+    /// Its files an offline backup would copy, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 
 use super::{
     ANSWER_WRITE_TIMEOUT, AdminError, AdminKey, Answer, Fallbacks, MAX_CONNECTIONS,
-    MAX_REQUEST_BYTES, Queue, REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone, Status,
-    TaskCounts,
+    MAX_REQUEST_BYTES, PartStatus, Queue, REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone,
+    Status, TaskCounts,
 };
 use crate::backup::{self, BackupError};
 use crate::config::Config;
@@ -531,6 +531,22 @@ async fn status(ctx: &Context) -> Status {
         legacy_sessions,
         snapshot_running: ctx.snapshot_running.load(Ordering::Relaxed),
         confinement: Some(svc.tools().confinement()),
+        parts: Parts::new()
+            .all()
+            .into_iter()
+            .map(|part| {
+                // The task store's files sit in the state directory itself;
+                // a part with a directory of its own will name it here.
+                let dir = ctx.state_dir.clone();
+                let footprint = part.footprint(&dir);
+                PartStatus {
+                    name: part.name().to_string(),
+                    dir,
+                    files: footprint.files,
+                    bytes: footprint.bytes,
+                }
+            })
+            .collect(),
     }
 }
 

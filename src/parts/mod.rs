@@ -79,6 +79,13 @@ pub struct Verified {
     pub store_identity: Option<StoreId>,
 }
 
+/// A part's files on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Footprint {
+    pub files: u64,
+    pub bytes: u64,
+}
+
 /// One durable part. Every method but [`Part::swap`] is read-only.
 pub trait Part: Sync {
     /// Its name in the manifest and in messages.
@@ -133,6 +140,20 @@ pub trait Part: Sync {
 
     /// Validates a copy of it (its folder in a snapshot), read-only.
     fn verify(&self, copy: &Path, config: &Config) -> Result<Verified, BackupError>;
+
+    /// What the part holds on disk now, for `taskgate status`: its files
+    /// (those an offline backup would copy) and their bytes.
+    fn footprint(&self, live: &Path) -> Footprint {
+        let files = self.files(live).unwrap_or_default();
+        Footprint {
+            files: files.len() as u64,
+            bytes: files
+                .iter()
+                .filter_map(|f| fs::symlink_metadata(live.join(f)).ok())
+                .map(|m| m.len())
+                .sum(),
+        }
+    }
 
     /// Restore: moves what `live` holds of the part into `evidence` and
     /// installs the staged copy from `staged`, so that the live directory is
