@@ -51,7 +51,7 @@ pub fn effective(
     // reload read and validate them the same way (78 for content, 77 for
     // permissions) before anything is served.
     let auth = crate::auth::Authenticator::from_config(&config)?;
-    let tls = match &config.server.tls_files {
+    let tls = match config.server.tls_files() {
         Some((cert, key)) => Some(crate::http::tls::Tls::load(cert, key)?),
         None => None,
     };

@@ -258,9 +258,9 @@ impl CommandTool {
             env,
             working_dir: self.config.working_dir.clone(),
             stdin: serde_json::to_vec(args).unwrap_or_default(),
-            timeout: self.config.timeout,
-            max_stdout: self.config.max_stdout_bytes,
-            max_stderr: self.config.max_stderr_bytes,
+            timeout: self.config.limits.timeout,
+            max_stdout: self.config.limits.max_stdout_bytes,
+            max_stderr: self.config.limits.max_stderr_bytes,
             grace,
             limits: Some(self.limits),
             paths: self.paths.clone(),
@@ -331,24 +331,31 @@ impl Runner for CommandTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Effect, TaskMode};
+    use crate::config::{Effect, TaskMode, ToolLimits};
     use serde_json::json;
 
-    fn tool(argv: &[&str], schema: Value) -> Result<CommandTool, RegistryError> {
-        CommandTool::build(ToolConfig {
+    fn config(argv: &[&str], schema: Value) -> ToolConfig {
+        ToolConfig {
             name: "t".into(),
             description: String::new(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
             input_schema: schema,
             working_dir: None,
             env: vec![],
-            timeout: Duration::from_secs(1),
-            max_stdout_bytes: 10,
-            max_stderr_bytes: 10,
             effect: Effect::ReadOnly,
             task: TaskMode::Never,
+            limits: ToolLimits {
+                timeout: Duration::from_secs(1),
+                max_stdout_bytes: 10,
+                max_stderr_bytes: 10,
+                ..ToolLimits::default()
+            },
             confinement: Default::default(),
-        })
+        }
+    }
+
+    fn tool(argv: &[&str], schema: Value) -> Result<CommandTool, RegistryError> {
+        CommandTool::build(config(argv, schema))
     }
 
     #[test]
