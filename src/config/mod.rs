@@ -62,55 +62,12 @@ pub const DEFAULT_LISTEN: &str = match keys::SERVER_LISTEN.kind {
     _ => panic!("server.listen is an address"),
 };
 
+/// Most tools a configuration may declare.
+const MAX_TOOLS: usize = 1024;
+
 /// Where a value no layer set comes from.
 const EMBEDDED: &str = "the embedded default";
 
-/// The bounds an operator may set, with their defaults and ranges, as named
-/// constants for code that needs them without a configuration (the store's
-/// defaults, tests). They are read from [`keys`], never written here.
-pub mod bounds {
-    use super::keys::*;
-    use std::ops::RangeInclusive;
-
-    pub const QUEUE_DEPTH_DEFAULT: u64 = STORE_QUEUE_DEPTH.int().default;
-    pub const QUEUE_DEPTH: RangeInclusive<u64> = STORE_QUEUE_DEPTH.int().range();
-    pub const MAX_LIVE_TASKS_DEFAULT: u64 = STORE_MAX_LIVE_TASKS.int().default;
-    pub const MAX_LIVE_TASKS: RangeInclusive<u64> = STORE_MAX_LIVE_TASKS.int().range();
-    pub const CHECKPOINT_INTERVAL_SECS_DEFAULT: u64 = STORE_CHECKPOINT_INTERVAL_SECS.int().default;
-    pub const CHECKPOINT_INTERVAL_SECS: RangeInclusive<u64> =
-        STORE_CHECKPOINT_INTERVAL_SECS.int().range();
-    pub const MAX_DB_PAGES_DEFAULT: u64 = STORE_MAX_DB_PAGES.int().default;
-    pub const MAX_DB_PAGES: RangeInclusive<u64> = STORE_MAX_DB_PAGES.int().range();
-
-    pub const MAX_CONNECTIONS_DEFAULT: u64 = SERVER_MAX_CONNECTIONS.int().default;
-    pub const MAX_CONNECTIONS: RangeInclusive<u64> = SERVER_MAX_CONNECTIONS.int().range();
-    pub const MAX_CONCURRENT_REQUESTS_DEFAULT: u64 = SERVER_MAX_CONCURRENT_REQUESTS.int().default;
-    pub const MAX_CONCURRENT_REQUESTS: RangeInclusive<u64> =
-        SERVER_MAX_CONCURRENT_REQUESTS.int().range();
-    pub const MAX_REQUEST_BYTES_DEFAULT: u64 = SERVER_MAX_REQUEST_BYTES.int().default;
-    pub const MAX_REQUEST_BYTES: RangeInclusive<u64> = SERVER_MAX_REQUEST_BYTES.int().range();
-
-    pub const DEFAULT_TTL_SECS_DEFAULT: u64 = TASKS_DEFAULT_TTL_SECS.int().default;
-    pub const DEFAULT_TTL_SECS: RangeInclusive<u64> = TASKS_DEFAULT_TTL_SECS.int().range();
-    pub const POLL_INTERVAL_MS_DEFAULT: u64 = TASKS_POLL_INTERVAL_MS.int().default;
-    pub const POLL_INTERVAL_MS: RangeInclusive<u64> = TASKS_POLL_INTERVAL_MS.int().range();
-    pub const MAX_RUNNING_DEFAULT: u64 = TASKS_MAX_RUNNING.int().default;
-    pub const MAX_RUNNING: RangeInclusive<u64> = TASKS_MAX_RUNNING.int().range();
-    pub const CANCEL_GRACE_MS_DEFAULT: u64 = TASKS_CANCEL_GRACE_MS.int().default;
-    pub const CANCEL_GRACE_MS: RangeInclusive<u64> = TASKS_CANCEL_GRACE_MS.int().range();
-    pub const ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT: u64 =
-        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().default;
-    pub const ARTIFACTS_MAX_TOTAL_BYTES: RangeInclusive<u64> =
-        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().range();
-    pub const ARTIFACT_MAX_BYTES_DEFAULT: u64 = TASKS_ARTIFACT_MAX_BYTES.int().default;
-    pub const ARTIFACT_MAX_BYTES: RangeInclusive<u64> = TASKS_ARTIFACT_MAX_BYTES.int().range();
-
-    pub const TOOL_TIMEOUT_SECS_DEFAULT: u64 = TOOL_TIMEOUT_SECS.int().default;
-    pub const TOOL_MAX_STDOUT_BYTES_DEFAULT: u64 = TOOL_MAX_STDOUT_BYTES.int().default;
-    pub const TOOL_MAX_STDERR_BYTES_DEFAULT: u64 = TOOL_MAX_STDERR_BYTES.int().default;
-    /// Most tools a configuration may declare.
-    pub const MAX_TOOLS: usize = 1024;
-}
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error(
@@ -818,13 +775,12 @@ fn tool_settings(
     layers: &Layers,
     defaults: &ToolsSettings,
 ) -> Result<Vec<ToolConfig>, ConfigError> {
-    if raw.len() > bounds::MAX_TOOLS {
+    if raw.len() > MAX_TOOLS {
         return Err(ConfigError::Invalid {
             origin: origin.to_string(),
             message: format!(
-                "{} tools declared; at most {} are allowed",
-                raw.len(),
-                bounds::MAX_TOOLS
+                "{} tools declared; at most {MAX_TOOLS} are allowed",
+                raw.len()
             ),
         });
     }
