@@ -15,6 +15,10 @@
 //! then systemd's `$STATE_DIRECTORY`, then the layered `[store] directory`,
 //! then the XDG default) because systemd owns the directory when it runs
 //! the unit.
+//!
+//! What a value is for is not decided here: which tools may run in the
+//! background and which names are the daemon's own are `tools`' rules, and
+//! whether a listener may leave loopback is `http`'s.
 
 mod auth;
 pub mod keys;
@@ -99,15 +103,6 @@ pub enum ConfigError {
     BadAddress {
         key: String,
         value: String,
-        origin: String,
-    },
-    /// Authentication arrives later; until then only loopback is served.
-    #[error(
-        "{key} = {value} (from {origin}) is not a loopback address, which needs credentials in [auth] and server.tls = \"on\" (or \"terminated-upstream\" behind a TLS proxy you run); otherwise listen on 127.0.0.1 or ::1"
-    )]
-    NotLoopback {
-        key: String,
-        value: SocketAddr,
         origin: String,
     },
     #[error(
@@ -206,7 +201,8 @@ impl ServerSettings {
     }
 }
 
-/// A command tool, validated.
+/// A command tool, validated as a table; what may run how is `tools`'
+/// to decide when it compiles the tool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolConfig {
     pub name: String,
@@ -220,6 +216,9 @@ pub struct ToolConfig {
     /// Its bounded keys; a confinement limit it leaves out is `[tools]`'.
     pub limits: ToolLimits,
     pub confinement: ToolConfinement,
+    /// Where it was declared (the configuration file), as a refusal of
+    /// the tool names it.
+    pub origin: String,
 }
 
 /// Whether a tool's filesystem is confined (Landlock).
@@ -381,20 +380,6 @@ impl Config {
         let tools = tool_settings(tables.tools, &tables.origin, &layers, &tool_defaults)?;
         // `[auth]` counts only with credentials, its issuers from their tables.
         let auth = auth::settings(auth, tables.jwt, &tables.origin)?;
-        // Off loopback, every caller must prove who it is, over TLS (here or
-        // in a proxy the operator runs).
-        if let Some((value, origin)) = server
-            .listen_sources
-            .iter()
-            .find(|(a, _)| !a.ip().is_loopback())
-            && (auth.is_none() || server.tls == TlsMode::Off)
-        {
-            return Err(ConfigError::NotLoopback {
-                key: keys::SERVER_LISTEN.dotted(),
-                value: *value,
-                origin: origin.clone(),
-            });
-        }
 
         Ok(Config {
             file,
@@ -749,9 +734,6 @@ fn same_directory(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Tool names the daemon itself serves.
-pub const RESERVED_TOOL_NAMES: &[&str] = &["artifact_read"];
-
 fn valid_tool_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
@@ -796,9 +778,6 @@ fn tool_settings(
                 "name must be 1-64 characters of A-Z a-z 0-9 _ - .".into()
             ));
         }
-        if RESERVED_TOOL_NAMES.contains(&t.name.as_str()) {
-            return Err(bad("this name is reserved for a built-in tool".into()));
-        }
         if !seen.insert(t.name.clone()) {
             return Err(bad("declared twice; tool names must be unique".into()));
         }
@@ -822,13 +801,6 @@ fn tool_settings(
         let env = t.env.clone().unwrap_or_default();
         if let Some(name) = env.iter().find(|n| !valid_env_name(n)) {
             return Err(bad(format!("env entry {name:?} is not a variable name")));
-        }
-        let effect = t.effect.unwrap_or(Effect::NonIdempotentWrite);
-        let task = t.task.unwrap_or(TaskMode::Never);
-        if task != TaskMode::Never && effect == Effect::NonIdempotentWrite {
-            return Err(bad(
-                "a non-idempotent write cannot run as a background task (a restart would leave its effect unknown); declare effect = \"read_only\" or \"idempotent_write\" if that is true, or set task = \"never\"".into(),
-            ));
         }
         let input_schema = match t.input_schema.clone() {
             Some(table) => {
@@ -866,10 +838,11 @@ fn tool_settings(
             input_schema,
             working_dir: t.working_dir,
             env,
-            effect,
-            task,
+            effect: t.effect.unwrap_or(Effect::NonIdempotentWrite),
+            task: t.task.unwrap_or(TaskMode::Never),
             limits,
             confinement,
+            origin: origin.to_string(),
         });
     }
     Ok(tools)

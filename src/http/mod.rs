@@ -30,6 +30,7 @@
 //! requests off with an empty 500.
 
 pub mod auth;
+pub mod exposure;
 pub mod origin;
 pub mod respond;
 pub mod tls;
