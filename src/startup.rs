@@ -36,10 +36,11 @@ pub struct Effective {
     pub tls: Option<crate::http::tls::Tls>,
 }
 
-/// Step 1: the configuration layered and checked key by key (a listen
-/// address that is not loopback included, from any layer), the rules
-/// between keys, the credential files of `[auth]`, and the tools compiled.
-/// Reads only the configuration file and the files it names; writes
+/// Step 1: the configuration layered and checked key by key, the rules
+/// between keys, the exposure rule (a listen address off loopback, from
+/// any layer, needs credentials and TLS: `http::exposure`), the credential
+/// files of `[auth]`, and the tools compiled under `tools`' rules (no
+/// reserved name, no background non-idempotent write). Reads only the configuration file and the files it names; writes
 /// nothing. `builtins` are the tools served beside the
 /// configured ones (the benchmark's no-op).
 pub fn effective(
@@ -47,11 +48,13 @@ pub fn effective(
     builtins: Vec<Arc<dyn Runner>>,
 ) -> Result<Effective, Refusal> {
     let config = Config::load(overrides)?;
+    // A listener off loopback needs credentials and TLS, from any layer.
+    crate::http::exposure::check(&config)?;
     // The credential files are configuration too: a start, `check` and a
     // reload read and validate them the same way (78 for content, 77 for
     // permissions) before anything is served.
     let auth = crate::auth::Authenticator::from_config(&config)?;
-    let tls = match &config.server.tls_files {
+    let tls = match config.server.tls_files() {
         Some((cert, key)) => Some(crate::http::tls::Tls::load(cert, key)?),
         None => None,
     };

@@ -641,9 +641,11 @@ fn the_store_copies_itself_while_creates_go_on() {
         }
         assert!(report.pages > 0 && report.steps > 0, "{report:?}");
         store.shutdown().await.unwrap();
-        let copy =
-            taskgate::store::check_read_only(&dest, taskgate::config::bounds::MAX_DB_PAGES_DEFAULT)
-                .expect("the copy checks");
+        let copy = taskgate::store::check_read_only(
+            &dest,
+            taskgate::config::StoreSettings::default().max_db_pages,
+        )
+        .expect("the copy checks");
         match copy {
             taskgate::store::CheckReport::Valid { retained, .. } => {
                 assert!(

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use common::strace::Strace;
 use common::*;
 use rusqlite::{Connection, OpenFlags};
+use taskgate::config::StoreSettings;
 use taskgate::store::{
     CapacityKind, Clock, Outcome, Store, StoreError, StoreOptions, TERMINAL_RETENTION_MS, TaskId,
     TaskStatus,
@@ -136,7 +137,10 @@ async fn read_back(store: &Store, ids: &[(usize, TaskId)]) -> Result<(), String>
 async fn open_and_seed(base: &Path) -> (Store, Vec<(usize, TaskId)>) {
     let dir = state_dir(base);
     let options = StoreOptions {
-        checkpoint_interval: Duration::from_secs(86_400),
+        settings: StoreSettings {
+            checkpoint_interval: Duration::from_secs(86_400),
+            ..StoreSettings::default()
+        },
         ..StoreOptions::new(dir.join("tasks.db"))
     };
     let (store, _) = Store::open(options).expect("open");
@@ -276,7 +280,10 @@ async fn child_full_filesystem(base: &Path) {
     // database is "near the cap" when the disk fills, and the error must
     // still say the disk is full, not tell the operator to raise the cap.
     let options = StoreOptions {
-        max_db_pages: 1000,
+        settings: StoreSettings {
+            max_db_pages: 1000,
+            ..StoreSettings::default()
+        },
         ..StoreOptions::new(db.clone())
     };
     let (store, _) = Store::open(options).expect("open");
@@ -743,7 +750,10 @@ fn the_page_cap_is_a_capacity_error_and_the_sweep_makes_room() {
     runtime().block_on(async {
         let (clock, hand) = Clock::manual(1_767_225_600_000);
         let options = StoreOptions {
-            max_db_pages: 64,
+            settings: StoreSettings {
+                max_db_pages: 64,
+                ..StoreSettings::default()
+            },
             clock,
             ..StoreOptions::new(db.clone())
         };

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rusqlite::{Connection, OpenFlags};
+use taskgate::config::StoreSettings;
 use taskgate::store::{Store, StoreError, StoreOptions};
 
 /// Names the database the child serves; its presence makes `kill_child` run.
@@ -57,7 +58,10 @@ fn options(db: PathBuf) -> StoreOptions {
     StoreOptions {
         // Tens of thousands of tasks pile up over the rounds; the
         // live-task bound is not what this test is about.
-        max_live_tasks: 1_000_000,
+        settings: StoreSettings {
+            max_live_tasks: 1_000_000,
+            ..StoreSettings::default()
+        },
         ..StoreOptions::new(db)
     }
 }

@@ -64,7 +64,7 @@ fn a_full_queue_is_refused_at_once_and_queued_commits_survive_their_callers() {
     let rt = runtime();
     rt.block_on(async {
         let store = open_with(&dir, |o| {
-            o.queue_depth = 8;
+            o.settings.queue_depth = 8;
             o.stall_file = Some(stall.clone());
         });
         // The store thread is stalled: 8 commands fit, the rest are refused.
@@ -224,7 +224,7 @@ fn the_live_limit_refuses_creation_until_tasks_expire() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let (store, clock) = open_manual(&dir, |o| o.max_live_tasks = 10);
+        let (store, clock) = open_manual(&dir, |o| o.settings.max_live_tasks = 10);
         for _ in 0..10 {
             store.create(new_task(800)).await.unwrap();
         }
@@ -254,7 +254,7 @@ fn the_per_owner_live_limit_refuses_only_that_owner_until_its_tasks_expire() {
     let dir = state_dir(root.path());
     let rt = runtime();
     rt.block_on(async {
-        let (store, clock) = open_manual(&dir, |o| o.max_live_tasks_per_owner = 3);
+        let (store, clock) = open_manual(&dir, |o| o.settings.max_live_tasks_per_owner = 3);
         let of = |who: &[u8], ttl| NewTask {
             owner: Digest::of(who),
             ..new_task(ttl)
@@ -315,7 +315,7 @@ fn lowering_the_limit_keeps_existing_records_readable() {
         }
         store.shutdown().await.unwrap();
 
-        let store = open_with(&dir, |o| o.max_live_tasks = 5);
+        let store = open_with(&dir, |o| o.settings.max_live_tasks = 5);
         for id in &ids {
             let t = store.get(id, &owner()).await.unwrap().unwrap();
             // Restart recovery failed the working tasks; still readable.

@@ -245,7 +245,7 @@ impl Issuer {
         if !audience_ok {
             return Err(Rejection::WrongAudience);
         }
-        let leeway = i64::try_from(s.leeway_secs).unwrap_or(0) * 1000;
+        let leeway = i64::try_from(s.limits.leeway_secs).unwrap_or(0) * 1000;
         let exp = numeric_date(c, "exp")?.ok_or(Rejection::BadClaims)?;
         if now_ms >= exp.saturating_add(leeway) {
             return Err(Rejection::Expired);
@@ -261,7 +261,7 @@ impl Issuer {
         {
             return Err(Rejection::NotYetValid);
         }
-        let max = i64::try_from(s.max_token_lifetime_secs).unwrap_or(i64::MAX / 1000) * 1000;
+        let max = i64::try_from(s.limits.max_token_lifetime_secs).unwrap_or(i64::MAX / 1000) * 1000;
         if exp.saturating_sub(iat.unwrap_or(now_ms)) > max {
             return Err(Rejection::LifetimeTooLong);
         }

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::keys::{self, KeySpec};
-use super::{ConfigError, Layers, invalid_toml, require_absolute};
+use super::keys::{self, AuthSettings, JwtLimits};
+use super::settings::{self, Layers};
+use super::{ConfigError, invalid_toml, require_absolute};
 
 /// Most `[[auth.jwt]]` issuers a configuration may declare.
 pub const MAX_JWT_ISSUERS: usize = 64;
@@ -17,13 +18,14 @@ pub const MAX_JWT_ISSUERS: usize = 64;
 /// reserved, so that no JWT issuer can mint owners of static tokens.
 pub const STATIC_ISSUER: &str = "taskgate:static";
 
-/// Who acts as the local owner without a credential.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LocalOwner {
-    /// HTTP from a loopback address without `Authorization` (and stdio).
-    Loopback,
-    /// Nobody over HTTP: loopback presents a credential too.
-    Never,
+settings::choice! {
+    /// Who acts as the local owner without a credential (`auth.local_owner`).
+    pub enum LocalOwner {
+        /// HTTP from a loopback address without `Authorization` (and stdio).
+        Loopback = "loopback",
+        /// Nobody over HTTP: loopback presents a credential too.
+        Never = "never",
+    }
 }
 
 /// A JWS algorithm an issuer may sign with. `none` has no variant: it can
@@ -123,22 +125,10 @@ pub struct JwtIssuer {
     pub require_typ: Option<String>,
     pub tenant: TenantSource,
     pub scope_claim: ScopeClaim,
-    pub max_token_lifetime_secs: u64,
-    pub leeway_secs: u64,
+    /// Its bounded keys.
+    pub limits: JwtLimits,
     /// Listed as an authorization server in the protected resource metadata.
     pub advertise: bool,
-}
-
-/// `[auth]`, when credentials are configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthSettings {
-    pub local_owner: LocalOwner,
-    /// This server's canonical URI (RFC 8707).
-    pub resource: Option<String>,
-    pub realm: String,
-    pub tokens_file: Option<PathBuf>,
-    pub revocations_file: Option<PathBuf>,
-    pub jwt: Vec<JwtIssuer>,
 }
 
 impl AuthSettings {
@@ -151,6 +141,11 @@ impl AuthSettings {
     }
 }
 
+/// The shape of an `[[auth.jwt]]` table, deserialised from the file's text
+/// so that an unknown key or a value of the wrong type is named with its
+/// line. Its bounded keys ([`keys::JWT_KEYS`]) are read from the table
+/// through their definitions ([`JwtLimits`]); they are listed here only so
+/// that the shape accepts them and checks their type.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJwt {
@@ -163,7 +158,9 @@ pub(super) struct RawJwt {
     tenant_claim: Option<String>,
     tenant: Option<String>,
     scope_claim: Option<String>,
+    #[allow(dead_code, reason = "read through JWT_MAX_TOKEN_LIFETIME_SECS")]
     max_token_lifetime_secs: Option<u64>,
+    #[allow(dead_code, reason = "read through JWT_LEEWAY_SECS")]
     leeway_secs: Option<u64>,
     advertise: Option<bool>,
 }
@@ -196,24 +193,15 @@ const DEFAULT_ALGORITHMS: [JwtAlgorithm; 3] = [
 ];
 const DEFAULT_TYP: &str = "at+jwt";
 
-/// `[auth]` from the layers: `None` when no credential is configured.
+/// `[auth]` (its keys read from the layers already) with its issuers from
+/// their `[[auth.jwt]]` tables: `None` when no credential is configured.
 /// Every key is checked either way, so a wrong value is refused before it
 /// would matter.
 pub(super) fn settings(
-    layers: &Layers,
-    raw_jwt: Vec<RawJwt>,
+    mut auth: AuthSettings,
+    raw_jwt: Vec<(RawJwt, toml::Table)>,
     origin: &str,
 ) -> Result<Option<AuthSettings>, ConfigError> {
-    let local_owner = match layers.choice(&keys::AUTH_LOCAL_OWNER)? {
-        "never" => LocalOwner::Never,
-        _ => LocalOwner::Loopback,
-    };
-    let resource = layers.checked_text(&keys::AUTH_RESOURCE)?;
-    let realm = layers
-        .checked_text(&keys::AUTH_REALM)?
-        .unwrap_or_else(|| "taskgate".to_string());
-    let tokens_file = layers.file(&keys::AUTH_TOKENS_FILE)?;
-    let revocations_file = layers.file(&keys::AUTH_REVOCATIONS_FILE)?;
     if raw_jwt.len() > MAX_JWT_ISSUERS {
         return Err(ConfigError::Invalid {
             origin: origin.to_string(),
@@ -223,19 +211,18 @@ pub(super) fn settings(
             ),
         });
     }
-    let mut jwt = Vec::with_capacity(raw_jwt.len());
-    for raw in raw_jwt {
-        let issuer = issuer_settings(raw, resource.as_deref(), origin)?;
-        if jwt.iter().any(|j: &JwtIssuer| j.issuer == issuer.issuer) {
+    for (raw, table) in raw_jwt {
+        let issuer = issuer_settings(raw, &table, auth.resource.as_deref(), origin)?;
+        if auth.jwt.iter().any(|j| j.issuer == issuer.issuer) {
             return Err(ConfigError::Invalid {
                 origin: format!("{origin}: [[auth.jwt]] {:?}", issuer.issuer),
                 message: "declared twice; each issuer has one table".into(),
             });
         }
-        jwt.push(issuer);
+        auth.jwt.push(issuer);
     }
-    if tokens_file.is_none() && jwt.is_empty() {
-        if local_owner == LocalOwner::Never {
+    if auth.tokens_file.is_none() && auth.jwt.is_empty() {
+        if auth.local_owner == LocalOwner::Never {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
@@ -247,23 +234,18 @@ pub(super) fn settings(
         }
         return Ok(None);
     }
-    Ok(Some(AuthSettings {
-        local_owner,
-        resource,
-        realm,
-        tokens_file,
-        revocations_file,
-        jwt,
-    }))
+    Ok(Some(auth))
 }
 
 fn issuer_settings(
     raw: RawJwt,
+    table: &toml::Table,
     resource: Option<&str>,
     origin: &str,
 ) -> Result<JwtIssuer, ConfigError> {
+    let at = format!("{origin}: [[auth.jwt]] {:?}", raw.issuer);
     let bad = |message: String| ConfigError::Invalid {
-        origin: format!("{origin}: [[auth.jwt]] {:?}", raw.issuer),
+        origin: at.clone(),
         message,
     };
     if raw.issuer.is_empty() || raw.issuer.len() > 2048 {
@@ -386,24 +368,16 @@ fn issuer_settings(
     if let Some(a) = audiences.iter().find(|a| a.is_empty()) {
         return Err(bad(format!("audience {a:?} is empty")));
     }
-    let bounded = |key: &KeySpec, v: Option<u64>| {
-        let spec = key.int();
-        let value = v.unwrap_or(spec.default);
-        if spec.range().contains(&value) {
-            Ok(value)
-        } else {
-            Err(bad(format!(
-                "{} = {value} is out of range {}..={}",
-                key.name, spec.min, spec.max
-            )))
-        }
-    };
+    // The table's origin names the issuer, so a key is named alone.
+    let limits = JwtLimits::load(&Layers::table(
+        keys::JWT_KEYS,
+        table,
+        &Layers::default(),
+        &at,
+        String::new(),
+    ))?;
     Ok(JwtIssuer {
-        max_token_lifetime_secs: bounded(
-            &keys::JWT_MAX_TOKEN_LIFETIME_SECS,
-            raw.max_token_lifetime_secs,
-        )?,
-        leeway_secs: bounded(&keys::JWT_LEEWAY_SECS, raw.leeway_secs)?,
+        limits,
         issuer: raw.issuer,
         jwks_file: raw.jwks_file,
         hmac_secret_file: raw.hmac_secret_file,

@@ -1,14 +1,29 @@
 //! Every configuration key, defined once: section, name, type, default,
-//! range, one line of documentation and when a change takes effect.
+//! range, one line of documentation, environment variable, when a change
+//! takes effect, and the typed field its value fills.
 //!
-//! The loader validates against this table, and everything an operator
-//! reads about a key is rendered from it: the starter file `taskgate init`
-//! writes (which is also the packaged conffile), the reference table in
-//! docs/operations.md and the taskgate.toml(5) man page. Adding a key here
-//! and a field in [`super::Config`] is the whole change.
+//! The definitions below are the whole of a key: [`settings!`] makes each
+//! one a [`KeySpec`] constant, a field of its section's struct and the code
+//! that reads and checks it, and everything an operator reads about a key
+//! is rendered from them ([`super::render`]): the starter file `taskgate
+//! init` writes (which is also the packaged conffile), the reference table
+//! in docs/operations.md and the taskgate.toml(5) man page. Adding a key is
+//! one definition here and the code that uses its field. A key that other
+//! keys constrain (`server.listen` and the `--listen` flag, `store.directory`
+//! and its precedence, `server.tls` and its files) is read here like any
+//! other and then held to the rules between keys in `Config::load_from`.
 
-use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::settings::{Choice, settings};
+use super::{JwtIssuer, LocalOwner, TlsMode};
+
+pub use super::render::{
+    PACKAGE_STATE_DIR, REFERENCE_BEGIN, REFERENCE_END, man_page, reference_markdown, starter_config,
+};
 
 /// A `[section]` of the file, or the per-tool `[[tool]]` tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +68,7 @@ impl Section {
     ];
 
     /// Sections of repeated tables, whose keys have no environment variable.
-    const fn repeated(self) -> bool {
+    pub(super) const fn repeated(self) -> bool {
         matches!(self, Section::Tool | Section::AuthJwt)
     }
 }
@@ -77,7 +92,7 @@ pub struct IntSpec {
     pub max: u64,
     pub unit: Unit,
     /// A key whose value is a further upper bound on this one.
-    pub at_most: Option<&'static str>,
+    pub at_most: Option<&'static KeySpec>,
 }
 
 impl IntSpec {
@@ -173,7 +188,7 @@ impl TextRule {
         }
     }
 
-    const fn label(self) -> &'static str {
+    pub(super) const fn label(self) -> &'static str {
         match self {
             TextRule::Uri => "absolute http(s) URI",
             TextRule::Realm => "1–64 printable characters",
@@ -220,10 +235,32 @@ pub struct KeySpec {
     pub env: Option<&'static str>,
     /// For a `[[tool]]` key: the `[tools]` setting that gives its default
     /// (`tools.max_processes`), so the docs name it instead of a number.
-    pub default_from: Option<&'static str>,
+    pub default_from: Option<&'static KeySpec>,
 }
 
 impl KeySpec {
+    /// A key applied at start, without a flag, with the variable its
+    /// section and name give and a default of its own: what a definition's
+    /// options (`applies`, `flag`, `env`, `default_from`) change. `doc` is
+    /// the definition's doc line, whose leading space is dropped.
+    pub const fn new(
+        section: Section,
+        name: &'static str,
+        kind: Kind,
+        doc: &'static str,
+    ) -> KeySpec {
+        KeySpec {
+            section,
+            name,
+            kind,
+            doc: doc.trim_ascii_start(),
+            flag: None,
+            applies: Applies::AtStart,
+            env: None,
+            default_from: None,
+        }
+    }
+
     /// `section.name`, as error messages and the docs name the key.
     pub fn dotted(&self) -> String {
         format!("{}.{}", self.section.name(), self.name)
@@ -258,7 +295,7 @@ impl KeySpec {
     }
 
     /// The sentence the starter file and the man page add to the key's doc.
-    fn applies_text(&self) -> &'static str {
+    pub(super) fn applies_text(&self) -> &'static str {
         match self.applies {
             Applies::AtStart => "Applied at start; a reload keeps the old value.",
             Applies::Reload => "Applied on reload.",
@@ -266,593 +303,299 @@ impl KeySpec {
     }
 }
 
-const fn int(
-    section: Section,
-    name: &'static str,
-    default: u64,
-    range: (u64, u64),
-    unit: Unit,
-    doc: &'static str,
-) -> KeySpec {
-    KeySpec {
-        section,
-        name,
-        kind: Kind::Int(IntSpec {
-            default,
-            min: range.0,
-            max: range.1,
-            unit,
-            at_most: None,
-        }),
-        doc,
-        flag: None,
-        applies: Applies::AtStart,
-        env: None,
-        default_from: None,
-    }
-}
+// ---- kinds, for the definitions ----------------------------------------
 
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-const GIB: u64 = 1024 * MIB;
+pub(super) const KIB: u64 = 1024;
+pub(super) const MIB: u64 = 1024 * KIB;
+pub(super) const GIB: u64 = 1024 * MIB;
 const DAY: u64 = 86_400;
 
-pub const SERVER_LISTEN: KeySpec = KeySpec {
-    section: Section::Server,
-    name: "listen",
-    kind: Kind::Address {
-        default: "127.0.0.1:8765",
-    },
-    doc: "Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused unless `[auth]` configures credentials and `server.tls` is `on` (or `terminated-upstream`).",
-    flag: Some("--listen"),
-    applies: Applies::AtStart,
-    env: None,
-    default_from: None,
-};
-pub const SERVER_MAX_CONNECTIONS: KeySpec = int(
-    Section::Server,
-    "max_connections",
-    256,
-    (1, 65_536),
-    Unit::Count,
-    "Open HTTP connections; past it a new connection gets `503 too many connections` and is closed.",
-);
-pub const SERVER_MAX_CONCURRENT_REQUESTS: KeySpec = int(
-    Section::Server,
-    "max_concurrent_requests",
-    64,
-    (1, 4096),
-    Unit::Count,
-    "`tools/call` requests in flight on `/mcp` (and synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.",
-);
-pub const SERVER_RESERVED_CONTROL_REQUESTS: KeySpec = int(
-    Section::Server,
-    "reserved_control_requests",
-    16,
-    (1, 1024),
-    Unit::Count,
-    "`/mcp` requests other than `tools/call` (polls, cancels, listings) in flight, counted apart from `max_concurrent_requests` so long calls cannot starve them; at most half of them wait in early polls held until due.",
-);
-pub const SERVER_MAX_REQUEST_BYTES: KeySpec = int(
-    Section::Server,
-    "max_request_bytes",
-    MIB,
-    (4 * KIB, 16 * MIB),
-    Unit::Bytes,
-    "Largest request body on `/mcp` (and longest line on stdio); a larger one gets `413` with `TG_REQUEST_TOO_LARGE` (on stdio, the error alone). Bodies are read whole before a request slot is taken, so up to `max_connections` of them may be held at once.",
-);
-pub const SERVER_HEADER_READ_TIMEOUT_MS: KeySpec = int(
-    Section::Server,
-    "header_read_timeout_ms",
-    10_000,
-    (100, 600_000),
-    Unit::Millis,
-    "Time a connection gets to send a whole request head, counted from when it opens or its previous response ended; past it the connection is closed, so idle keep-alive and slow connections free their slot.",
-);
-pub const SERVER_BODY_READ_TIMEOUT_MS: KeySpec = int(
-    Section::Server,
-    "body_read_timeout_ms",
-    10_000,
-    (100, 600_000),
-    Unit::Millis,
-    "Time a request gets to send its whole body once its head has arrived; past it the request gets `408` with `TG_REQUEST_TIMEOUT` and the connection is closed. No request slot is taken until the body is in.",
-);
-pub const SERVER_MAX_SESSIONS: KeySpec = int(
-    Section::Server,
-    "max_sessions",
-    256,
-    (1, 65_536),
-    Unit::Count,
-    "Open legacy (`initialize`) sessions; past it an `initialize` gets 503 with `TG_SESSIONS_FULL` at once.",
-);
-pub const SERVER_ALLOWED_ORIGINS: KeySpec = KeySpec {
-    section: Section::Server,
-    name: "allowed_origins",
-    kind: Kind::Origins,
-    doc: "Web origins (`https://console.example:8443`) whose pages may call `/mcp` from a browser. A request whose `Origin` header is neither one of these nor the daemon's own origin gets `403` (DNS rebinding defence); a request without `Origin`, as non-browser clients send, is not affected.",
-    flag: None,
-    applies: Applies::AtStart,
-    env: None,
-    default_from: None,
-};
-pub const SERVER_SESSION_IDLE_SECS: KeySpec = int(
-    Section::Server,
-    "session_idle_secs",
-    120,
-    (1, DAY),
-    Unit::Seconds,
-    "Seconds a legacy session may go without a request before it is closed and its slot freed.",
-);
+const fn int(unit: Unit, default: u64, range: RangeInclusive<u64>) -> Kind {
+    Kind::Int(IntSpec {
+        default,
+        min: *range.start(),
+        max: *range.end(),
+        unit,
+        at_most: None,
+    })
+}
 
-pub const STORE_DIRECTORY: KeySpec = KeySpec {
-    section: Section::Store,
-    name: "directory",
-    kind: Kind::Path,
-    doc: "Private state directory: an absolute path, mode 0700, owned by the service user. `--state-dir` and systemd's `$STATE_DIRECTORY` take precedence; without any, `$XDG_STATE_HOME/taskgate`, created on first start.",
-    flag: Some("--state-dir"),
-    applies: Applies::AtStart,
-    env: None,
-    default_from: None,
-};
-pub const STORE_QUEUE_DEPTH: KeySpec = int(
-    Section::Store,
-    "queue_depth",
-    128,
-    (1, 4096),
-    Unit::Count,
-    "Commands waiting for the store thread; more are refused as busy at once.",
-);
-pub const STORE_MAX_LIVE_TASKS: KeySpec = int(
-    Section::Store,
-    "max_live_tasks",
-    100_000,
-    (1, 1_000_000),
-    Unit::Count,
-    "Unexpired tasks retained at most; creation beyond it is refused (capacity). Lowering it keeps existing tasks readable.",
-);
-pub const STORE_MAX_LIVE_TASKS_PER_OWNER: KeySpec = int(
-    Section::Store,
-    "max_live_tasks_per_owner",
-    1_000_000,
-    (1, 1_000_000),
-    Unit::Count,
-    "Unexpired tasks one owner (one issuer, tenant and subject) may hold; never more than `store.max_live_tasks`, which the default leaves as the only bound. Past it that owner's new tasks are refused with `TG_OWNER_LIMIT` until some expire; other owners go on.",
-);
-pub const STORE_CHECKPOINT_INTERVAL_SECS: KeySpec = int(
-    Section::Store,
-    "checkpoint_interval_secs",
-    60,
-    (1, DAY),
-    Unit::Seconds,
-    "Seconds between `wal_checkpoint(TRUNCATE)` runs (one also runs at a clean stop).",
-);
-/// 1,048,576 pages of 4 KiB: a 4 GiB ceiling, room for 100,000 full
-/// 16 KiB results plus rows and indexes.
-pub const STORE_MAX_DB_PAGES: KeySpec = int(
-    Section::Store,
-    "max_db_pages",
-    1_048_576,
-    (64, 1_048_576),
-    Unit::Pages,
-    "SQLite page cap in 4 KiB pages (the default is 4 GiB); at the cap new tasks are refused (capacity).",
-);
+/// A count of things.
+const fn count(default: u64, range: RangeInclusive<u64>) -> Kind {
+    int(Unit::Count, default, range)
+}
 
-pub const TASKS_DEFAULT_TTL_SECS: KeySpec = int(
-    Section::Tasks,
-    "default_ttl_secs",
-    DAY,
-    (60, 30 * DAY),
-    Unit::Seconds,
-    "How long a task stays readable after creation (`ttlMs`); a finished task stays at least one hour after it finished.",
-);
-pub const TASKS_POLL_INTERVAL_MS: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tasks,
-        "poll_interval_ms",
-        1000,
-        (50, 60_000),
-        Unit::Millis,
-        "Advertised `pollIntervalMs`. A task is read from the store at most once per interval for each client: an earlier poll is never refused, it is held until its read is due (or, when half of `server.reserved_control_requests` already wait, answered with what that client was last told). A reload applies it to tasks created afterwards and to the pacing of later polls.",
-    )
-};
-pub const TASKS_MAX_RUNNING: KeySpec = int(
-    Section::Tasks,
-    "max_running",
-    8,
-    (1, 1024),
-    Unit::Count,
-    "Tool runs at once, background or synchronous; when all are busy a call is refused at once (`TG_TASK_SLOTS_BUSY` or `TG_RUN_SLOTS_BUSY`).",
-);
-pub const TASKS_MAX_RUNNING_PER_OWNER: KeySpec = int(
-    Section::Tasks,
-    "max_running_per_owner",
-    1024,
-    (1, 1024),
-    Unit::Count,
-    "Background tasks one owner (one issuer, tenant and subject) may have running at once; never more than `tasks.max_running`, which the default leaves as the only bound. Past it that owner's calls are refused with `TG_OWNER_LIMIT`; other owners' go on.",
-);
-pub const TASKS_CANCEL_GRACE_MS: KeySpec = int(
-    Section::Tasks,
-    "cancel_grace_ms",
-    5000,
-    (0, 60_000),
-    Unit::Millis,
-    "Time between SIGTERM and SIGKILL when a task is cancelled or the daemon stops.",
-);
-pub const TASKS_ARTIFACTS_MAX_TOTAL_BYTES: KeySpec = int(
-    Section::Tasks,
-    "artifacts_max_total_bytes",
-    GIB,
-    (MIB, 64 * GIB),
-    Unit::Bytes,
-    "Disk space for results over 16 KiB, kept in `artifacts/`; when full, a task whose result would not fit fails.",
-);
-pub const TASKS_ARTIFACT_MAX_BYTES: KeySpec = KeySpec {
-    kind: Kind::Int(IntSpec {
-        default: 16 * MIB,
-        min: 16 * KIB,
-        max: GIB,
-        unit: Unit::Bytes,
-        at_most: Some("tasks.artifacts_max_total_bytes"),
-    }),
-    ..int(
-        Section::Tasks,
-        "artifact_max_bytes",
-        0,
-        (0, 0),
-        Unit::Bytes,
-        "Largest single result kept in `artifacts/`.",
-    )
-};
+const fn bytes(default: u64, range: RangeInclusive<u64>) -> Kind {
+    int(Unit::Bytes, default, range)
+}
 
-pub const TOOL_TIMEOUT_SECS: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tool,
-        "timeout_secs",
-        300,
-        (1, 7 * DAY),
-        Unit::Seconds,
-        "Seconds a call may run; then the tool's process group is killed and the call fails.",
-    )
-};
-pub const TOOL_MAX_STDOUT_BYTES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tool,
-        "max_stdout_bytes",
-        MIB,
-        (1, GIB),
-        Unit::Bytes,
-        "Largest output the tool may write; more is an error, never a truncated result.",
-    )
-};
-pub const TOOL_MAX_STDERR_BYTES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tool,
-        "max_stderr_bytes",
-        64 * KIB,
-        (0, 64 * MIB),
-        Unit::Bytes,
-        "Largest error output the tool may write; more is an error.",
-    )
-};
+/// Seconds; a `Duration` field reads them as seconds.
+const fn secs(default: u64, range: RangeInclusive<u64>) -> Kind {
+    int(Unit::Seconds, default, range)
+}
 
-// A tool's confinement limits, per process of the tool (`setrlimit(2)`),
-// except `max_processes`, which counts all of its processes. Each is set
-// once in `[tools]` and may be overridden by a `[[tool]]` table, whose key
-// has the same range; the defaults below are the `[tools]` ones.
+/// Milliseconds; a `Duration` field reads them as milliseconds.
+const fn millis(default: u64, range: RangeInclusive<u64>) -> Kind {
+    int(Unit::Millis, default, range)
+}
 
-/// `[tools] read_paths`: what every confined tool may read beside the
-/// built-in set, unless its own table says otherwise.
-pub const TOOLS_READ_PATHS: KeySpec = KeySpec {
-    section: Section::Tools,
-    name: "read_paths",
-    kind: Kind::Paths,
-    doc: "Absolute paths every confined tool may read and execute beside the built-in set (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and a few devices) and its working directory; a tool's own `read_paths` replaces this list. A path that overlaps the state directory or the configuration file refuses the start.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const TOOLS_MAX_ADDRESS_SPACE_BYTES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tools,
-        "max_address_space_bytes",
-        4 * GIB,
-        (16 * MIB, 1024 * GIB),
-        Unit::Bytes,
-        "Virtual memory of each of a tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).",
-    )
-};
-pub const TOOLS_MAX_OPEN_FILES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tools,
-        "max_open_files",
-        1024,
-        (16, 1_048_576),
-        Unit::Count,
-        "Open file descriptors of each of a tool's processes (RLIMIT_NOFILE).",
-    )
-};
-pub const TOOLS_MAX_PROCESSES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tools,
-        "max_processes",
-        128,
-        (1, 65_536),
-        Unit::Count,
-        "Processes a tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).",
-    )
-};
-pub const TOOLS_MAX_FILE_BYTES: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tools,
-        "max_file_bytes",
-        GIB,
-        (KIB, 1024 * GIB),
-        Unit::Bytes,
-        "Largest file a tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.",
-    )
-};
-pub const TOOLS_MAX_CPU_SECS: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::Tools,
-        "max_cpu_secs",
-        300,
-        (1, 7 * DAY),
-        Unit::Seconds,
-        "CPU seconds of each of a tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.",
-    )
-};
+/// SQLite pages of 4 KiB.
+const fn pages(default: u64, range: RangeInclusive<u64>) -> Kind {
+    int(Unit::Pages, default, range)
+}
 
-/// The log filter: taskgate's own events at info; the protocol libraries
-/// only when something is wrong (rmcp reports every finished stateless
-/// request at info, which would flood the journal). Its environment
-/// variable is `TASKGATE_LOG`, the name it had before it was a key; like
-/// every key's variable it overrides the file.
-pub const LOG_FILTER: KeySpec = KeySpec {
-    section: Section::Log,
-    name: "filter",
-    kind: Kind::Filter {
-        default: "info,rmcp=warn,hyper=warn,axum=warn,tower=warn",
-    },
-    doc: "Which events are logged, as a tracing filter: a default level, then `target=level` pairs, e.g. `info,taskgate::tasks=debug`. The protocol libraries stay at warn or above whatever it says (their debug events carry request bodies). `TASKGATE_LOG` in the environment overrides it (the variable takes precedence, as for every key); a reload applies a changed file only when the variable is not set. An invalid filter is refused (78); a reload that meets one keeps the filter in force.",
-    flag: None,
-    applies: Applies::Reload,
-    env: Some("TASKGATE_LOG"),
-    default_from: None,
-};
+/// A socket address.
+const fn address(default: &'static str) -> Kind {
+    Kind::Address { default }
+}
 
-pub const AUTH_LOCAL_OWNER: KeySpec = KeySpec {
-    section: Section::Auth,
-    name: "local_owner",
-    kind: Kind::Choice {
-        default: "loopback",
-        choices: &["loopback", "never"],
-    },
-    doc: "Who may call without a credential once credentials are configured: `loopback` lets HTTP requests from a loopback address that carry no `Authorization` header at all act as the one local owner with every scope, as before authentication was configured (a present header that is not a bearer credential is refused, never taken as none); `never` makes loopback requests present a credential too.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const AUTH_RESOURCE: KeySpec = KeySpec {
-    section: Section::Auth,
-    name: "resource",
-    kind: Kind::Text {
-        default: None,
-        example: "https://tasks.example.internal/mcp",
-        rule: TextRule::Uri,
-    },
-    doc: "Canonical URI of this server's MCP endpoint (RFC 8707): the audience a JWT must name unless its issuer lists `audiences`, and the `resource` of the protected resource metadata. Required when a `[[auth.jwt]]` issuer is configured.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const AUTH_REALM: KeySpec = KeySpec {
-    section: Section::Auth,
-    name: "realm",
-    kind: Kind::Text {
-        default: Some("taskgate"),
-        example: "taskgate",
-        rule: TextRule::Realm,
-    },
-    doc: "The `realm` of the `WWW-Authenticate: Bearer` challenge.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const SERVER_TLS: KeySpec = KeySpec {
-    section: Section::Server,
-    name: "tls",
-    kind: Kind::Choice {
-        default: "off",
-        choices: &["off", "on", "terminated-upstream"],
-    },
-    doc: "`off`: plain HTTP, and `server.listen` must be a loopback address. `on`: TLS with `tls_cert_file` and `tls_key_file` (re-read on reload). `terminated-upstream`: plain HTTP that a TLS-terminating reverse proxy you run forwards. A non-loopback `server.listen` needs `on` or `terminated-upstream`, and credentials in `[auth]`.",
-    flag: None,
-    applies: Applies::AtStart,
-    env: None,
-    default_from: None,
-};
-pub const SERVER_TLS_CERT_FILE: KeySpec = KeySpec {
-    section: Section::Server,
-    name: "tls_cert_file",
-    kind: Kind::File {
-        example: "/run/credentials/taskgate.service/tls.crt",
-    },
-    doc: "PEM certificate chain (leaf first) for `server.tls = \"on\"`; under systemd, pass it with `LoadCredential=` and name it under `$CREDENTIALS_DIRECTORY`. A reload reads it again (a renewed certificate needs no restart).",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const SERVER_TLS_KEY_FILE: KeySpec = KeySpec {
-    section: Section::Server,
-    name: "tls_key_file",
-    kind: Kind::File {
-        example: "/run/credentials/taskgate.service/tls.key",
-    },
-    doc: "PEM private key (PKCS#8, PKCS#1 or SEC1) matching `tls_cert_file`; re-read on reload like it.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const AUTH_TOKENS_FILE: KeySpec = KeySpec {
-    section: Section::Auth,
-    name: "tokens_file",
-    kind: Kind::File {
-        example: "/etc/taskgate/tokens.toml",
-    },
-    doc: "Static API tokens, as `[[token]]` tables holding only the `sha256:` hash of each secret (`taskgate token new` prints one). Must not be readable by other users (0640 root:taskgate). Setting it, or declaring an `[[auth.jwt]]` issuer, turns authentication on; turning it on or off takes a restart, while a reload re-reads the file.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-pub const AUTH_REVOCATIONS_FILE: KeySpec = KeySpec {
-    section: Section::Auth,
-    name: "revocations_file",
-    kind: Kind::File {
-        example: "/etc/taskgate/revocations.toml",
-    },
-    doc: "Revoked credentials, as `[[revoke]]` tables: a static token by `token` id, a JWT by `issuer` and `jti`, or everything an `issuer` gave a `subject` before `issued_before`. Re-read on reload, so a revocation needs no restart.",
-    flag: None,
-    applies: Applies::Reload,
-    env: None,
-    default_from: None,
-};
-
-pub const JWT_MAX_TOKEN_LIFETIME_SECS: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::AuthJwt,
-        "max_token_lifetime_secs",
-        3600,
-        (60, 7 * DAY),
-        Unit::Seconds,
-        "Longest lifetime a token of this issuer may have, `exp` minus `iat` (or minus now, without `iat`); a longer-lived token is refused.",
-    )
-};
-pub const JWT_LEEWAY_SECS: KeySpec = KeySpec {
-    applies: Applies::Reload,
-    ..int(
-        Section::AuthJwt,
-        "leeway_secs",
-        30,
-        (0, 300),
-        Unit::Seconds,
-        "Clock skew allowed when checking `exp`, `nbf` and `iat`.",
-    )
-};
-
-/// The `[[tool]]` key that overrides a `[tools]` limit: the same range,
-/// its default taken from that setting.
-const fn per_tool(defaults: KeySpec, doc: &'static str, dotted: &'static str) -> KeySpec {
-    KeySpec {
-        section: Section::Tool,
-        doc,
-        default_from: Some(dotted),
-        ..defaults
+/// One word of the enum `T` (see `choice!`).
+const fn choice<T: Choice>(default: &'static str) -> Kind {
+    Kind::Choice {
+        default,
+        choices: T::WORDS,
     }
 }
 
-pub const TOOL_MAX_ADDRESS_SPACE_BYTES: KeySpec = per_tool(
-    TOOLS_MAX_ADDRESS_SPACE_BYTES,
-    "Overrides `tools.max_address_space_bytes` for this tool.",
-    "tools.max_address_space_bytes",
-);
-pub const TOOL_MAX_OPEN_FILES: KeySpec = per_tool(
-    TOOLS_MAX_OPEN_FILES,
-    "Overrides `tools.max_open_files` for this tool.",
-    "tools.max_open_files",
-);
-pub const TOOL_MAX_PROCESSES: KeySpec = per_tool(
-    TOOLS_MAX_PROCESSES,
-    "Overrides `tools.max_processes` for this tool.",
-    "tools.max_processes",
-);
-pub const TOOL_MAX_FILE_BYTES: KeySpec = per_tool(
-    TOOLS_MAX_FILE_BYTES,
-    "Overrides `tools.max_file_bytes` for this tool.",
-    "tools.max_file_bytes",
-);
-pub const TOOL_MAX_CPU_SECS: KeySpec = per_tool(
-    TOOLS_MAX_CPU_SECS,
-    "Overrides `tools.max_cpu_secs` for this tool.",
-    "tools.max_cpu_secs",
-);
+const fn file(example: &'static str) -> Kind {
+    Kind::File { example }
+}
 
-/// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]` and
-/// `[auth]`, in documented order.
-pub static KEYS: &[KeySpec] = &[
-    SERVER_LISTEN,
-    SERVER_MAX_CONNECTIONS,
-    SERVER_MAX_CONCURRENT_REQUESTS,
-    SERVER_RESERVED_CONTROL_REQUESTS,
-    SERVER_MAX_REQUEST_BYTES,
-    SERVER_HEADER_READ_TIMEOUT_MS,
-    SERVER_BODY_READ_TIMEOUT_MS,
-    SERVER_MAX_SESSIONS,
-    SERVER_SESSION_IDLE_SECS,
-    SERVER_ALLOWED_ORIGINS,
-    SERVER_TLS,
-    SERVER_TLS_CERT_FILE,
-    SERVER_TLS_KEY_FILE,
-    STORE_DIRECTORY,
-    STORE_QUEUE_DEPTH,
-    STORE_MAX_LIVE_TASKS,
-    STORE_MAX_LIVE_TASKS_PER_OWNER,
-    STORE_CHECKPOINT_INTERVAL_SECS,
-    STORE_MAX_DB_PAGES,
-    TASKS_DEFAULT_TTL_SECS,
-    TASKS_POLL_INTERVAL_MS,
-    TASKS_MAX_RUNNING,
-    TASKS_MAX_RUNNING_PER_OWNER,
-    TASKS_CANCEL_GRACE_MS,
-    TASKS_ARTIFACTS_MAX_TOTAL_BYTES,
-    TASKS_ARTIFACT_MAX_BYTES,
-    TOOLS_READ_PATHS,
-    TOOLS_MAX_ADDRESS_SPACE_BYTES,
-    TOOLS_MAX_OPEN_FILES,
-    TOOLS_MAX_PROCESSES,
-    TOOLS_MAX_FILE_BYTES,
-    TOOLS_MAX_CPU_SECS,
-    LOG_FILTER,
-    AUTH_LOCAL_OWNER,
-    AUTH_RESOURCE,
-    AUTH_REALM,
-    AUTH_TOKENS_FILE,
-    AUTH_REVOCATIONS_FILE,
-];
+impl Kind {
+    /// An integer kind bounded from above by `other`'s value too.
+    const fn at_most(self, other: &'static KeySpec) -> Kind {
+        match self {
+            Kind::Int(mut spec) => {
+                spec.at_most = Some(other);
+                Kind::Int(spec)
+            }
+            kind => kind,
+        }
+    }
+}
 
-/// The bounded keys of each `[[tool]]` table (the others are described in
-/// the man page's prose: they have no default to speak of).
-pub static TOOL_KEYS: &[KeySpec] = &[
-    TOOL_TIMEOUT_SECS,
-    TOOL_MAX_STDOUT_BYTES,
-    TOOL_MAX_STDERR_BYTES,
-    TOOL_MAX_ADDRESS_SPACE_BYTES,
-    TOOL_MAX_OPEN_FILES,
-    TOOL_MAX_PROCESSES,
-    TOOL_MAX_FILE_BYTES,
-    TOOL_MAX_CPU_SECS,
-];
+const RELOAD: Applies = Applies::Reload;
 
-/// The bounded keys of each `[[auth.jwt]]` table (the others are described
-/// in the man page's prose).
-pub static JWT_KEYS: &[KeySpec] = &[JWT_MAX_TOKEN_LIFETIME_SECS, JWT_LEEWAY_SECS];
+// ---- the keys ------------------------------------------------------------
+
+settings! {
+    /// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]` and
+    /// `[auth]`, in documented order.
+    pub static KEYS;
+
+    /// `[server]`: the HTTP endpoint and the bounds of what it serves.
+    pub struct ServerSettings in Server {
+        /// Address of the HTTP endpoint (`/mcp`, `/healthz`, `/readyz`). A non-loopback address is refused unless `[auth]` configures credentials and `server.tls` is `on` (or `terminated-upstream`).
+        #[key(SERVER_LISTEN, "listen", address("127.0.0.1:8765"), flag: Some("--listen"))]
+        pub listen: SocketAddr,
+        /// Open HTTP connections; past it a new connection gets `503 too many connections` and is closed.
+        #[key(SERVER_MAX_CONNECTIONS, "max_connections", count(256, 1..=65_536))]
+        pub max_connections: usize,
+        /// `tools/call` requests in flight on `/mcp` (and synchronous tool calls on stdio); past it a request gets 503 or `TG_SERVER_BUSY` at once.
+        #[key(SERVER_MAX_CONCURRENT_REQUESTS, "max_concurrent_requests", count(64, 1..=4096))]
+        pub max_concurrent_requests: usize,
+        /// `/mcp` requests other than `tools/call` (polls, cancels, listings) in flight, counted apart from `max_concurrent_requests` so long calls cannot starve them; at most half of them wait in early polls held until due.
+        #[key(SERVER_RESERVED_CONTROL_REQUESTS, "reserved_control_requests", count(16, 1..=1024))]
+        pub reserved_control_requests: usize,
+        /// Largest request body on `/mcp` (and longest line on stdio); a larger one gets `413` with `TG_REQUEST_TOO_LARGE` (on stdio, the error alone). Bodies are read whole before a request slot is taken, so up to `max_connections` of them may be held at once.
+        #[key(SERVER_MAX_REQUEST_BYTES, "max_request_bytes", bytes(MIB, 4 * KIB..=16 * MIB))]
+        pub max_request_bytes: usize,
+        /// Time a connection gets to send a whole request head, counted from when it opens or its previous response ended; past it the connection is closed, so idle keep-alive and slow connections free their slot.
+        #[key(SERVER_HEADER_READ_TIMEOUT_MS, "header_read_timeout_ms", millis(10_000, 100..=600_000))]
+        pub header_read_timeout: Duration,
+        /// Time a request gets to send its whole body once its head has arrived; past it the request gets `408` with `TG_REQUEST_TIMEOUT` and the connection is closed. No request slot is taken until the body is in.
+        #[key(SERVER_BODY_READ_TIMEOUT_MS, "body_read_timeout_ms", millis(10_000, 100..=600_000))]
+        pub body_read_timeout: Duration,
+        /// Open legacy (`initialize`) sessions; past it an `initialize` gets 503 with `TG_SESSIONS_FULL` at once.
+        #[key(SERVER_MAX_SESSIONS, "max_sessions", count(256, 1..=65_536))]
+        pub max_sessions: usize,
+        /// Seconds a legacy session may go without a request before it is closed and its slot freed.
+        #[key(SERVER_SESSION_IDLE_SECS, "session_idle_secs", secs(120, 1..=DAY))]
+        pub session_idle: Duration,
+        /// Web origins (`https://console.example:8443`) whose pages may call `/mcp` from a browser. A request whose `Origin` header is neither one of these nor the daemon's own origin gets `403` (DNS rebinding defence); a request without `Origin`, as non-browser clients send, is not affected.
+        #[key(SERVER_ALLOWED_ORIGINS, "allowed_origins", Kind::Origins)]
+        pub allowed_origins: Vec<String>,
+        /// `off`: plain HTTP, and `server.listen` must be a loopback address. `on`: TLS with `tls_cert_file` and `tls_key_file` (re-read on reload). `terminated-upstream`: plain HTTP that a TLS-terminating reverse proxy you run forwards. A non-loopback `server.listen` needs `on` or `terminated-upstream`, and credentials in `[auth]`.
+        #[key(SERVER_TLS, "tls", choice::<TlsMode>("off"))]
+        pub tls: TlsMode,
+        /// PEM certificate chain (leaf first) for `server.tls = "on"`; under systemd, pass it with `LoadCredential=` and name it under `$CREDENTIALS_DIRECTORY`. A reload reads it again (a renewed certificate needs no restart).
+        #[key(SERVER_TLS_CERT_FILE, "tls_cert_file", file("/run/credentials/taskgate.service/tls.crt"), applies: RELOAD)]
+        pub tls_cert_file: Option<PathBuf>,
+        /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching `tls_cert_file`; re-read on reload like it.
+        #[key(SERVER_TLS_KEY_FILE, "tls_key_file", file("/run/credentials/taskgate.service/tls.key"), applies: RELOAD)]
+        pub tls_key_file: Option<PathBuf>,
+        not_a_key
+        /// Every address given for `server.listen` with where it came from:
+        /// the layered one (file or environment), then the one in force
+        /// (the `--listen` flag's, the layered one or the default). The
+        /// exposure rule (off loopback only with credentials and TLS) holds
+        /// each of them to it.
+        pub listen_sources: Vec<(SocketAddr, String)>,
+    }
+
+    /// `[store]`: the task store.
+    pub struct StoreSettings in Store {
+        /// Private state directory: an absolute path, mode 0700, owned by the service user. `--state-dir` and systemd's `$STATE_DIRECTORY` take precedence; without any, `$XDG_STATE_HOME/taskgate`, created on first start.
+        #[key(STORE_DIRECTORY, "directory", Kind::Path, flag: Some("--state-dir"))]
+        by_rules,
+        /// Commands waiting for the store thread; more are refused as busy at once.
+        #[key(STORE_QUEUE_DEPTH, "queue_depth", count(128, 1..=4096))]
+        pub queue_depth: usize,
+        /// Unexpired tasks retained at most; creation beyond it is refused (capacity). Lowering it keeps existing tasks readable.
+        #[key(STORE_MAX_LIVE_TASKS, "max_live_tasks", count(100_000, 1..=1_000_000))]
+        pub max_live_tasks: u64,
+        /// Unexpired tasks one owner (one issuer, tenant and subject) may hold; never more than `store.max_live_tasks`, which the default leaves as the only bound. Past it that owner's new tasks are refused with `TG_OWNER_LIMIT` until some expire; other owners go on.
+        #[key(STORE_MAX_LIVE_TASKS_PER_OWNER, "max_live_tasks_per_owner", count(1_000_000, 1..=1_000_000))]
+        pub max_live_tasks_per_owner: u64,
+        /// Seconds between `wal_checkpoint(TRUNCATE)` runs (one also runs at a clean stop).
+        #[key(STORE_CHECKPOINT_INTERVAL_SECS, "checkpoint_interval_secs", secs(60, 1..=DAY))]
+        pub checkpoint_interval: Duration,
+        // 1,048,576 pages of 4 KiB: a 4 GiB ceiling, room for 100,000 full
+        // 16 KiB results plus rows and indexes.
+        /// SQLite page cap in 4 KiB pages (the default is 4 GiB); at the cap new tasks are refused (capacity).
+        #[key(STORE_MAX_DB_PAGES, "max_db_pages", pages(1_048_576, 64..=1_048_576))]
+        pub max_db_pages: u64,
+    }
+
+    /// `[tasks]`: how tasks live and run.
+    pub struct TaskSettings in Tasks {
+        /// How long a task stays readable after creation (`ttlMs`); a finished task stays at least one hour after it finished.
+        #[key(TASKS_DEFAULT_TTL_SECS, "default_ttl_secs", secs(DAY, 60..=30 * DAY))]
+        pub default_ttl: Duration,
+        /// Advertised `pollIntervalMs`. A task is read from the store at most once per interval for each client: an earlier poll is never refused, it is held until its read is due (or, when half of `server.reserved_control_requests` already wait, answered with what that client was last told). A reload applies it to tasks created afterwards and to the pacing of later polls.
+        #[key(TASKS_POLL_INTERVAL_MS, "poll_interval_ms", millis(1000, 50..=60_000), applies: RELOAD)]
+        pub poll_interval: Duration,
+        /// Tool runs at once, background or synchronous; when all are busy a call is refused at once (`TG_TASK_SLOTS_BUSY` or `TG_RUN_SLOTS_BUSY`).
+        #[key(TASKS_MAX_RUNNING, "max_running", count(8, 1..=1024))]
+        pub max_running: usize,
+        /// Background tasks one owner (one issuer, tenant and subject) may have running at once; never more than `tasks.max_running`, which the default leaves as the only bound. Past it that owner's calls are refused with `TG_OWNER_LIMIT`; other owners' go on.
+        #[key(TASKS_MAX_RUNNING_PER_OWNER, "max_running_per_owner", count(1024, 1..=1024))]
+        pub max_running_per_owner: usize,
+        /// Time between SIGTERM and SIGKILL when a task is cancelled or the daemon stops.
+        #[key(TASKS_CANCEL_GRACE_MS, "cancel_grace_ms", millis(5000, 0..=60_000))]
+        pub cancel_grace: Duration,
+        /// Disk space for results over 16 KiB, kept in `artifacts/`; when full, a task whose result would not fit fails.
+        #[key(TASKS_ARTIFACTS_MAX_TOTAL_BYTES, "artifacts_max_total_bytes", bytes(GIB, MIB..=64 * GIB))]
+        pub artifacts_max_total_bytes: u64,
+        /// Largest single result kept in `artifacts/`.
+        #[key(TASKS_ARTIFACT_MAX_BYTES, "artifact_max_bytes", bytes(16 * MIB, 16 * KIB..=GIB).at_most(&TASKS_ARTIFACTS_MAX_TOTAL_BYTES))]
+        pub artifact_max_bytes: u64,
+    }
+
+    // A tool's confinement limits, per process of the tool (`setrlimit(2)`),
+    // except `max_processes`, which counts all of its processes. Each is set
+    // once in `[tools]` and may be overridden by a `[[tool]]` table, whose
+    // key has the same range (see `ToolLimits`).
+
+    /// `[tools]`: what every command tool gets unless its own table says
+    /// otherwise.
+    pub struct ToolsSettings in Tools {
+        /// Absolute paths every confined tool may read and execute beside the built-in set (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and a few devices) and its working directory; a tool's own `read_paths` replaces this list. A path that overlaps the state directory or the configuration file refuses the start.
+        #[key(TOOLS_READ_PATHS, "read_paths", Kind::Paths, applies: RELOAD)]
+        pub read_paths: Vec<PathBuf>,
+        /// Virtual memory of each of a tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).
+        #[key(TOOLS_MAX_ADDRESS_SPACE_BYTES, "max_address_space_bytes", bytes(4 * GIB, 16 * MIB..=1024 * GIB), applies: RELOAD)]
+        pub max_address_space_bytes: u64,
+        /// Open file descriptors of each of a tool's processes (RLIMIT_NOFILE).
+        #[key(TOOLS_MAX_OPEN_FILES, "max_open_files", count(1024, 16..=1_048_576), applies: RELOAD)]
+        pub max_open_files: u64,
+        /// Processes a tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).
+        #[key(TOOLS_MAX_PROCESSES, "max_processes", count(128, 1..=65_536), applies: RELOAD)]
+        pub max_processes: u64,
+        /// Largest file a tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.
+        #[key(TOOLS_MAX_FILE_BYTES, "max_file_bytes", bytes(GIB, KIB..=1024 * GIB), applies: RELOAD)]
+        pub max_file_bytes: u64,
+        /// CPU seconds of each of a tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.
+        #[key(TOOLS_MAX_CPU_SECS, "max_cpu_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
+        pub max_cpu_secs: u64,
+    }
+
+    // The log filter: taskgate's own events at info; the protocol libraries
+    // only when something is wrong (rmcp reports every finished stateless
+    // request at info, which would flood the journal). Its environment
+    // variable is `TASKGATE_LOG`, the name it had before it was a key; like
+    // every key's variable it overrides the file.
+
+    /// `[log]`.
+    pub struct LogSettings in Log {
+        /// Which events are logged, as a tracing filter: a default level, then `target=level` pairs, e.g. `info,taskgate::tasks=debug`. The protocol libraries stay at warn or above whatever it says (their debug events carry request bodies). `TASKGATE_LOG` in the environment overrides it (the variable takes precedence, as for every key); a reload applies a changed file only when the variable is not set. An invalid filter is refused (78); a reload that meets one keeps the filter in force.
+        #[key(LOG_FILTER, "filter", Kind::Filter { default: "info,rmcp=warn,hyper=warn,axum=warn,tower=warn" }, applies: RELOAD, env: Some("TASKGATE_LOG"))]
+        pub filter: String,
+    }
+
+    /// `[auth]`, when credentials are configured (see `Config::auth`).
+    pub struct AuthSettings in Auth {
+        /// Who may call without a credential once credentials are configured: `loopback` lets HTTP requests from a loopback address that carry no `Authorization` header at all act as the one local owner with every scope, as before authentication was configured (a present header that is not a bearer credential is refused, never taken as none); `never` makes loopback requests present a credential too.
+        #[key(AUTH_LOCAL_OWNER, "local_owner", choice::<LocalOwner>("loopback"), applies: RELOAD)]
+        pub local_owner: LocalOwner,
+        /// Canonical URI of this server's MCP endpoint (RFC 8707): the audience a JWT must name unless its issuer lists `audiences`, and the `resource` of the protected resource metadata. Required when a `[[auth.jwt]]` issuer is configured.
+        #[key(AUTH_RESOURCE, "resource", Kind::Text { default: None, example: "https://tasks.example.internal/mcp", rule: TextRule::Uri }, applies: RELOAD)]
+        pub resource: Option<String>,
+        /// The `realm` of the `WWW-Authenticate: Bearer` challenge.
+        #[key(AUTH_REALM, "realm", Kind::Text { default: Some("taskgate"), example: "taskgate", rule: TextRule::Realm }, applies: RELOAD)]
+        pub realm: String,
+        /// Static API tokens, as `[[token]]` tables holding only the `sha256:` hash of each secret (`taskgate token new` prints one). Must not be readable by other users (0640 root:taskgate). Setting it, or declaring an `[[auth.jwt]]` issuer, turns authentication on; turning it on or off takes a restart, while a reload re-reads the file.
+        #[key(AUTH_TOKENS_FILE, "tokens_file", file("/etc/taskgate/tokens.toml"), applies: RELOAD)]
+        pub tokens_file: Option<PathBuf>,
+        /// Revoked credentials, as `[[revoke]]` tables: a static token by `token` id, a JWT by `issuer` and `jti`, or everything an `issuer` gave a `subject` before `issued_before`. Re-read on reload, so a revocation needs no restart.
+        #[key(AUTH_REVOCATIONS_FILE, "revocations_file", file("/etc/taskgate/revocations.toml"), applies: RELOAD)]
+        pub revocations_file: Option<PathBuf>,
+        not_a_key
+        /// The trusted JWT issuers, each read from its `[[auth.jwt]]` table.
+        pub jwt: Vec<JwtIssuer>,
+    }
+}
+
+settings! {
+    /// The bounded keys of each `[[tool]]` table (the others are described in
+    /// the man page's prose: they have no default to speak of).
+    pub static TOOL_KEYS;
+
+    /// A command tool's bounds, from its `[[tool]]` table; a confinement
+    /// limit it leaves out is the `[tools]` one.
+    pub struct ToolLimits in Tool {
+        /// Seconds a call may run; then the tool's process group is killed and the call fails.
+        #[key(TOOL_TIMEOUT_SECS, "timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
+        pub timeout: Duration,
+        /// Largest output the tool may write; more is an error, never a truncated result.
+        #[key(TOOL_MAX_STDOUT_BYTES, "max_stdout_bytes", bytes(MIB, 1..=GIB), applies: RELOAD)]
+        pub max_stdout_bytes: u64,
+        /// Largest error output the tool may write; more is an error.
+        #[key(TOOL_MAX_STDERR_BYTES, "max_stderr_bytes", bytes(64 * KIB, 0..=64 * MIB), applies: RELOAD)]
+        pub max_stderr_bytes: u64,
+        /// Overrides `tools.max_address_space_bytes` for this tool.
+        #[key(TOOL_MAX_ADDRESS_SPACE_BYTES, "max_address_space_bytes", TOOLS_MAX_ADDRESS_SPACE_BYTES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_ADDRESS_SPACE_BYTES))]
+        pub max_address_space_bytes: u64,
+        /// Overrides `tools.max_open_files` for this tool.
+        #[key(TOOL_MAX_OPEN_FILES, "max_open_files", TOOLS_MAX_OPEN_FILES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_OPEN_FILES))]
+        pub max_open_files: u64,
+        /// Overrides `tools.max_processes` for this tool.
+        #[key(TOOL_MAX_PROCESSES, "max_processes", TOOLS_MAX_PROCESSES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_PROCESSES))]
+        pub max_processes: u64,
+        /// Overrides `tools.max_file_bytes` for this tool.
+        #[key(TOOL_MAX_FILE_BYTES, "max_file_bytes", TOOLS_MAX_FILE_BYTES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_FILE_BYTES))]
+        pub max_file_bytes: u64,
+        /// Overrides `tools.max_cpu_secs` for this tool.
+        #[key(TOOL_MAX_CPU_SECS, "max_cpu_secs", TOOLS_MAX_CPU_SECS.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_CPU_SECS))]
+        pub max_cpu_secs: u64,
+    }
+}
+
+settings! {
+    /// The bounded keys of each `[[auth.jwt]]` table (the others are described
+    /// in the man page's prose).
+    pub static JWT_KEYS;
+
+    /// A JWT issuer's bounds, from its `[[auth.jwt]]` table.
+    pub struct JwtLimits in AuthJwt {
+        /// Longest lifetime a token of this issuer may have, `exp` minus `iat` (or minus now, without `iat`); a longer-lived token is refused.
+        #[key(JWT_MAX_TOKEN_LIFETIME_SECS, "max_token_lifetime_secs", secs(3600, 60..=7 * DAY), applies: RELOAD)]
+        pub max_token_lifetime_secs: u64,
+        /// Clock skew allowed when checking `exp`, `nbf` and `iat`.
+        #[key(JWT_LEEWAY_SECS, "leeway_secs", secs(30, 0..=300), applies: RELOAD)]
+        pub leeway_secs: u64,
+    }
+}
 
 /// The setting `section.name`, if there is one.
 pub fn find(section: &str, name: &str) -> Option<&'static KeySpec> {
@@ -863,457 +606,6 @@ pub fn find(section: &str, name: &str) -> Option<&'static KeySpec> {
 /// The setting an environment variable names, if any.
 pub fn by_env_var(var: &str) -> Option<&'static KeySpec> {
     KEYS.iter().find(|k| k.env_var().as_deref() == Some(var))
-}
-
-// ---- rendering -------------------------------------------------------
-
-/// How a medium writes the parts of a line.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Medium {
-    /// Comments of the starter TOML file: plain ASCII.
-    Toml,
-    Markdown,
-    Roff,
-}
-
-fn human_bytes(v: u64) -> String {
-    for (unit, size) in [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)] {
-        if v >= size && v.is_multiple_of(size) {
-            return format!("{} {unit}", v / size);
-        }
-    }
-    v.to_string()
-}
-
-fn value_text(spec: &IntSpec, v: u64) -> String {
-    match spec.unit {
-        Unit::Bytes => human_bytes(v),
-        _ => v.to_string(),
-    }
-}
-
-/// The default as a medium shows it (roff escaped).
-fn default_text(key: &KeySpec, medium: Medium) -> String {
-    if let Some(from) = key.default_from {
-        return match medium {
-            Medium::Markdown => format!("`{from}`"),
-            Medium::Roff => format!("\\fB{}\\fR", roff_escape(from)),
-            Medium::Toml => from.to_string(),
-        };
-    }
-    let text = match key.kind {
-        Kind::Address { default } | Kind::Filter { default } => default.to_string(),
-        Kind::Path | Kind::Paths | Kind::Origins | Kind::File { .. } => "none".to_string(),
-        Kind::Int(spec) => value_text(&spec, spec.default),
-        Kind::Choice { default, .. } => default.to_string(),
-        Kind::Text { default, .. } => default.unwrap_or("none").to_string(),
-    };
-    match medium {
-        Medium::Roff => roff_escape(&text),
-        _ => text,
-    }
-}
-
-fn range_text(key: &KeySpec, medium: Medium) -> String {
-    let dash = if medium == Medium::Toml { "-" } else { "–" };
-    match key.kind {
-        Kind::Address { .. } => "IP:port (loopback unless [auth] and server.tls)".to_string(),
-        Kind::Path | Kind::File { .. } => "absolute path".to_string(),
-        Kind::Filter { .. } => "tracing filter".to_string(),
-        Kind::Choice { choices, .. } => choices.join(", "),
-        Kind::Text { rule, .. } => rule.label().replace('–', dash),
-        Kind::Paths => "absolute paths".to_string(),
-        Kind::Origins => "origins (http[s]://host[:port])".to_string(),
-        Kind::Int(spec) => {
-            let mut s = format!(
-                "{}{dash}{}",
-                value_text(&spec, spec.min),
-                value_text(&spec, spec.max)
-            );
-            if let Some(other) = spec.at_most {
-                let _ = write!(s, ", at most {other}");
-            }
-            s
-        }
-    }
-}
-
-/// The doc line for a medium: backquoted spans become code, bold or plain.
-fn doc_text(text: &str, medium: Medium) -> String {
-    let mut out = String::new();
-    for (i, part) in text.split('`').enumerate() {
-        let code = i % 2 == 1;
-        match medium {
-            Medium::Markdown if code => {
-                let _ = write!(out, "`{part}`");
-            }
-            Medium::Roff if code => {
-                let _ = write!(out, "\\fB{}\\fR", roff_escape(part));
-            }
-            Medium::Roff => out.push_str(&roff_escape(part)),
-            _ => out.push_str(part),
-        }
-    }
-    out
-}
-
-/// Escapes text for the body of a roff line.
-fn roff_escape(text: &str) -> String {
-    text.replace('\\', "\\e")
-        .replace('-', "\\-")
-        .replace('–', "\\(en")
-}
-
-/// A roff text line, guarded against a leading control character.
-fn roff_line(text: &str) -> String {
-    if text.starts_with('.') || text.starts_with('\'') {
-        format!("\\&{text}\n")
-    } else {
-        format!("{text}\n")
-    }
-}
-
-fn wrap_comment(text: &str, out: &mut String) {
-    let mut line = String::from("#");
-    for word in text.split_whitespace() {
-        if line.len() + 1 + word.len() > 78 && line.len() > 1 {
-            out.push_str(&line);
-            out.push('\n');
-            line = String::from("#");
-        }
-        line.push(' ');
-        line.push_str(word);
-    }
-    out.push_str(&line);
-    out.push('\n');
-}
-
-/// The state directory of the packaged service (systemd's StateDirectory=).
-pub const PACKAGE_STATE_DIR: &str = "/var/lib/taskgate";
-
-/// The commented starter configuration written by `taskgate init` (and
-/// shipped as the package's conffile); with a directory, `[store]
-/// directory` is set to it, so that `taskgate check --config` run by an
-/// operator looks where the service keeps its state.
-pub fn starter_config(directory: Option<&str>) -> String {
-    let mut s = String::from(
-        "# taskgate configuration. Every key is optional; the values shown are the
-# defaults. Settings are read at startup; `systemctl reload taskgate` (SIGHUP)
-# re-reads this file and applies the tools and the keys marked \"Applied on
-# reload\" to new calls, and refuses, naming it in the log, a change to any
-# other key until a restart. Test the file with `taskgate check --config-only`.
-# Any key can also be set in the environment as TASKGATE_<SECTION>_<KEY>, e.g.
-# TASKGATE_STORE_QUEUE_DEPTH=256 (log.filter is TASKGATE_LOG); the environment
-# overrides this file and command-line flags override both. See
-# taskgate.toml(5).
-",
-    );
-    for section in Section::SETTINGS {
-        let _ = write!(s, "\n[{}]\n", section.name());
-        for (i, key) in KEYS.iter().filter(|k| k.section == section).enumerate() {
-            if i > 0 {
-                s.push('\n');
-            }
-            let mut doc = doc_text(key.doc, Medium::Toml);
-            if let Kind::Int(_) = key.kind {
-                let _ = write!(doc, " Range {}.", range_text(key, Medium::Toml));
-            }
-            let _ = write!(doc, " {}", key.applies_text());
-            wrap_comment(&doc, &mut s);
-            let _ = match key.kind {
-                Kind::Address { default } | Kind::Filter { default } => {
-                    writeln!(s, "{} = {default:?}", key.name)
-                }
-                Kind::Path => match directory {
-                    Some(d) => writeln!(s, "{} = {d:?}", key.name),
-                    None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),
-                },
-                Kind::Paths | Kind::Origins => writeln!(s, "{} = []", key.name),
-                Kind::Int(spec) => writeln!(s, "{} = {}", key.name, spec.default),
-                Kind::Choice { default, .. }
-                | Kind::Text {
-                    default: Some(default),
-                    ..
-                } => writeln!(s, "{} = {default:?}", key.name),
-                Kind::Text {
-                    default: None,
-                    example,
-                    ..
-                }
-                | Kind::File { example } => writeln!(s, "# {} = {example:?}", key.name),
-            };
-        }
-    }
-    s.push_str(
-        r#"
-# A trusted issuer of JWT access tokens (RFC 9068), checked offline against
-# its keys in a local JWKS file; see taskgate.toml(5) for every key.
-#
-# [[auth.jwt]]
-# issuer = "https://idp.example.com/realms/acme"   # the exact `iss`
-# jwks_file = "/etc/taskgate/jwks/acme.json"
-# algorithms = ["EdDSA", "ES256", "RS256"]
-# tenant_claim = "tid"          # or a fixed tenant = "acme"
-# scope_claim = "scope"         # scope (space-separated) | scp (array)
-"#,
-    );
-    s.push_str(
-        r#"
-# Tools are commands. This one would run `/usr/bin/date -u +FORMAT` as a
-# background task for clients that negotiate Tasks; see taskgate.toml(5).
-# Tools are applied on reload: new calls get the new definitions, running
-# calls keep the one they started with.
-#
-# [[tool]]
-# name = "utc_date"
-# description = "Prints the current UTC date in the given strftime format."
-# argv = ["/usr/bin/date", "-u", "+{format}"]
-# effect = "read_only"          # read_only | idempotent_write | non_idempotent_write
-# task = "optional"             # never | optional | required
-# timeout_secs = 10
-# [tool.input_schema]
-# type = "object"
-# required = ["format"]
-# [tool.input_schema.properties.format]
-# type = "string"
-# maxLength = 64
-"#,
-    );
-    s
-}
-
-/// The first and last lines around the generated table in
-/// docs/operations.md.
-pub const REFERENCE_BEGIN: &str =
-    "<!-- configuration keys: generated by `taskgate man --reference`; edit src/config/keys.rs -->";
-pub const REFERENCE_END: &str = "<!-- end of configuration keys -->";
-
-fn markdown_rows(keys: &[KeySpec], out: &mut String) {
-    // Keys of repeated tables are named without their section.
-    let _ = writeln!(out, "| key | default | range | applied | meaning |");
-    let _ = writeln!(out, "|---|---|---|---|---|");
-    for key in keys {
-        let mut meaning = doc_text(key.doc, Medium::Markdown);
-        if let Some(flag) = key.flag {
-            let _ = write!(meaning, " Flag: `{flag}`.");
-        }
-        let name = if key.section.repeated() {
-            key.name.to_string()
-        } else {
-            key.dotted()
-        };
-        let _ = writeln!(
-            out,
-            "| `{name}` | {} | {} | {} | {meaning} |",
-            default_text(key, Medium::Markdown),
-            range_text(key, Medium::Markdown),
-            key.applies.label(),
-        );
-    }
-}
-
-/// The reference tables of docs/operations.md (settings, then the bounded
-/// keys of a `[[tool]]`), markers included.
-pub fn reference_markdown() -> String {
-    let mut s = format!("{REFERENCE_BEGIN}\n");
-    markdown_rows(KEYS, &mut s);
-    s.push_str("\nBounded keys of each `[[tool]]` table (see *Tools* below):\n\n");
-    markdown_rows(TOOL_KEYS, &mut s);
-    s.push_str("\nBounded keys of each `[[auth.jwt]]` table (see *Credentials* below):\n\n");
-    markdown_rows(JWT_KEYS, &mut s);
-    s.push_str(REFERENCE_END);
-    s.push('\n');
-    s
-}
-
-fn roff_key(key: &KeySpec, out: &mut String) {
-    out.push_str(".TP\n");
-    let _ = writeln!(out, ".B {}", key.name);
-    let mut text = doc_text(key.doc, Medium::Roff);
-    let _ = write!(text, " Default {}", default_text(key, Medium::Roff));
-    match key.kind {
-        Kind::Int(_) => {
-            let _ = write!(
-                text,
-                "; range {}",
-                roff_escape(&range_text(key, Medium::Roff))
-            );
-        }
-        Kind::Choice { .. } => {
-            let _ = write!(
-                text,
-                "; one of {}",
-                roff_escape(&range_text(key, Medium::Roff))
-            );
-        }
-        _ => {}
-    }
-    text.push('.');
-    let _ = write!(text, " {}", key.applies_text());
-    if let Some(flag) = key.flag {
-        let _ = write!(text, " Overridden by \\fB{}\\fR.", roff_escape(flag));
-    }
-    if let Some(var) = key.env_var() {
-        let _ = write!(text, " Environment: {}.", roff_escape(&var));
-    }
-    out.push_str(&roff_line(&text));
-}
-
-/// The taskgate.toml(5) man page.
-pub fn man_page() -> String {
-    let mut s = format!(
-        ".TH TASKGATE.TOML 5 \"\" \"taskgate {}\" \"File Formats\"\n",
-        env!("CARGO_PKG_VERSION")
-    );
-    s.push_str(
-        r#".SH NAME
-taskgate.toml \- configuration of the taskgate MCP Tasks daemon
-.SH SYNOPSIS
-.B /etc/taskgate/taskgate.toml
-.SH DESCRIPTION
-A TOML file read by
-.BR taskgate (1)
-at startup. Every key is optional; the embedded defaults apply to keys left out.
-On
-.B systemctl reload taskgate
-(which runs
-.BR "taskgate reload" ,
-waiting for the outcome) or SIGHUP the daemon reads the file again: it applies the tools and the keys marked
-\(lqApplied on reload\(rq to new calls (a running call keeps the tool it started with),
-refuses a change to any other key with one log line naming it (that key keeps its
-old value until a restart), and keeps every old setting when the new file is invalid.
-.B taskgate check \-\-config\-only
-tests a file without touching the state directory, also while the daemon serves.
-Any key can also be given in the environment (see ENVIRONMENT), which overrides
-the file; command\-line flags override both. Unknown keys, relative paths and values out of
-range refuse the start with exit status 78, naming the key.
-.B taskgate init
-prints a commented file with every key and its default.
-"#,
-    );
-    for section in Section::SETTINGS {
-        let _ = writeln!(s, ".SH \"[{}]\"", section.name());
-        for key in KEYS.iter().filter(|k| k.section == section) {
-            roff_key(key, &mut s);
-        }
-    }
-    s.push_str(
-        r#".SH "[[tool]]"
-Each table declares a command tool:
-.BR name ,
-.BR description ,
-.B argv
-(absolute program path, then arguments with
-.BI { name }
-placeholders filled from the call's arguments; never a shell),
-.B input_schema
-(JSON Schema of the arguments),
-.B working_dir
-(absolute),
-.B env
-(variable names passed through),
-.B effect
-(read_only, idempotent_write or non_idempotent_write, the default) and
-.B task
-(never, the default, optional or required). A non_idempotent_write tool cannot run as a task.
-Its confinement:
-.B read_paths
-(absolute paths it may read and execute beside the built\-in set; replaces
-.BR tools.read_paths ),
-.B write_paths
-(absolute paths it may also write, beside its working directory) and
-.B sandbox
-(landlock, the default, or unconfined: written for each tool that is to run without
-filesystem confinement, never a default). The bounded keys; a limit left out is the
-.B [tools]
-one:
-"#,
-    );
-    for key in TOOL_KEYS {
-        roff_key(key, &mut s);
-    }
-    s.push_str(
-        r#".SH "[[auth.jwt]]"
-Each table trusts one issuer of JWT access tokens, checked offline:
-.B issuer
-(the exact
-.B iss
-claim; required),
-.B jwks_file
-(absolute path of the issuer's public keys as a JWKS document),
-.B hmac_secret_file
-(absolute path of a shared secret; the only way to allow HS256, HS384 or HS512),
-.B audiences
-(accepted
-.B aud
-values; default the
-.B resource
-of [auth]),
-.B algorithms
-(allow\-list among EdDSA, ES256, ES384, RS256, RS384, RS512, PS256, PS384, PS512 and, with a secret, HS256, HS384, HS512; default EdDSA, ES256, RS256;
-.B none
-is never accepted),
-.B require_typ
-(the header's
-.BR typ ,
-default at+jwt as RFC 9068 asks; an empty string accepts any),
-.B tenant_claim
-or
-.B tenant
-(the claim naming the tenant, or one fixed tenant; exactly one is required),
-.B scope_claim
-(scope, a space\-separated string, the default; or scp, an array) and
-.B advertise
-(list the issuer as an authorization server in the protected resource metadata; default false).
-The bounded keys:
-"#,
-    );
-    for key in JWT_KEYS {
-        roff_key(key, &mut s);
-    }
-    s.push_str(
-        r#".SH ENVIRONMENT
-.TP
-.BI TASKGATE_ SECTION _ KEY
-Any key of [server], [store], [tasks] and [auth], for example
-.BR TASKGATE_STORE_QUEUE_DEPTH=256 .
-It overrides the file; a command\-line flag overrides it. A variable with this prefix
-that names no key refuses the start (78). [[tool]] and [[auth.jwt]] keys have no variables.
-.TP
-.B TASKGATE_LOG
-The log filter,
-.BR "[log] filter" .
-Set, it overrides the file, also on reload: a changed filter in the file is then
-not applied.
-.TP
-.B TASKGATE_CONFIG
-The configuration file, when
-.B \-\-config
-is not given.
-.TP
-.B STATE_DIRECTORY
-Set by systemd's StateDirectory=: the state directory, ahead of
-.BR "[store] directory" ,
-which must then name the same directory or be left out.
-.TP
-.B XDG_STATE_HOME
-Without any other choice the state directory is $XDG_STATE_HOME/taskgate
-(~/.local/state/taskgate), created 0700.
-.TP
-.B RUNTIME_DIRECTORY
-Set by systemd's RuntimeDirectory=: where the admin socket is made.
-.SH FILES
-.TP
-.I /var/lib/taskgate
-The state directory: tasks.db, its \-wal and \-shm files, tasks.lock and artifacts/.
-.SH "SEE ALSO"
-.BR taskgate (1),
-.BR taskgate\-backup (8),
-.BR taskgate\-restore (8),
-/usr/share/doc/taskgate/operations.md
-"#,
-    );
-    s
 }
 
 #[cfg(test)]
@@ -1330,9 +622,16 @@ mod tests {
             if let Kind::Int(spec) = a.kind {
                 assert!(spec.range().contains(&spec.default), "{}", a.dotted());
                 if let Some(other) = spec.at_most {
-                    let (s, n) = other.split_once('.').unwrap_or(("", other));
-                    assert!(find(s, n).is_some(), "{} names {other}", a.dotted());
+                    assert!(
+                        find(other.section.name(), other.name).is_some(),
+                        "{} names {}",
+                        a.dotted(),
+                        other.dotted()
+                    );
                 }
+            }
+            if let Kind::Choice { default, choices } = a.kind {
+                assert!(choices.contains(&default), "{}", a.dotted());
             }
             assert!(
                 !a.doc.contains('\n') && a.doc.ends_with('.'),

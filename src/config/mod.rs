@@ -1,36 +1,46 @@
 //! One configuration, layered: embedded defaults → TOML file → `TASKGATE_*`
 //! environment → command-line flags.
 //!
-//! Every key is defined once, in [`keys`]: the loader validates against
-//! that table, and the starter file, the docs' reference table and the man
-//! page are rendered from it. A reload loads the whole configuration again
-//! the same way; [`Config::changes`] says which keys differ, and the table
-//! says which of them may apply without a restart. Unknown keys, relative
-//! paths and out-of-range bounds refuse the start (exit 78) naming the key
-//! and where it came from. The
-//! state directory has its own precedence (flag, then systemd's
-//! `$STATE_DIRECTORY`, then the layered `[store] directory`, then the XDG
-//! default) because systemd owns the directory when it runs the unit.
+//! Every key is defined once, in [`keys`], as a field of the struct its
+//! section fills ([`settings`] says how): [`Config::load_from`] reads every
+//! section from the layers, then holds the keys to the rules between them
+//! (a flag over the layers, the state directory's precedence, TLS and its
+//! files, one bound under another), and the starter file, the docs'
+//! reference table and the man page are rendered from the same
+//! definitions. A reload loads the whole configuration again the same way;
+//! [`Config::changes`] says which keys differ, and their definitions say
+//! which of them may apply without a restart. Unknown keys, relative paths
+//! and out-of-range bounds refuse the start (exit 78) naming the key and
+//! where it came from. The state directory has its own precedence (flag,
+//! then systemd's `$STATE_DIRECTORY`, then the layered `[store] directory`,
+//! then the XDG default) because systemd owns the directory when it runs
+//! the unit.
+//!
+//! What a value is for is not decided here: which tools may run in the
+//! background and which names are the daemon's own are `tools`' rules, and
+//! whether a listener may leave loopback is `http`'s.
 
+mod auth;
 pub mod keys;
+mod render;
+mod settings;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 use thiserror::Error;
 
 use crate::exit::{Classify, ExitClass};
 use keys::{KeySpec, Kind, Section};
+use settings::{Layers, Read};
 
-mod auth;
-pub use auth::{
-    AuthSettings, JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource,
+pub use auth::{JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource};
+pub use keys::{
+    AuthSettings, JwtLimits, LogSettings, PACKAGE_STATE_DIR, ServerSettings, StoreSettings,
+    TaskSettings, ToolLimits, ToolsSettings, starter_config,
 };
-
-pub use keys::{PACKAGE_STATE_DIR, starter_config};
 
 /// Environment variables with the `TASKGATE_` prefix that are not settings.
 pub const ENV_CONFIG_PATH: &str = "TASKGATE_CONFIG";
@@ -56,52 +66,11 @@ pub const DEFAULT_LISTEN: &str = match keys::SERVER_LISTEN.kind {
     _ => panic!("server.listen is an address"),
 };
 
-/// The bounds an operator may set, with their defaults and ranges, as named
-/// constants for code that needs them without a configuration (the store's
-/// defaults, tests). They are read from [`keys`], never written here.
-pub mod bounds {
-    use super::keys::*;
-    use std::ops::RangeInclusive;
+/// Most tools a configuration may declare.
+const MAX_TOOLS: usize = 1024;
 
-    pub const QUEUE_DEPTH_DEFAULT: u64 = STORE_QUEUE_DEPTH.int().default;
-    pub const QUEUE_DEPTH: RangeInclusive<u64> = STORE_QUEUE_DEPTH.int().range();
-    pub const MAX_LIVE_TASKS_DEFAULT: u64 = STORE_MAX_LIVE_TASKS.int().default;
-    pub const MAX_LIVE_TASKS: RangeInclusive<u64> = STORE_MAX_LIVE_TASKS.int().range();
-    pub const CHECKPOINT_INTERVAL_SECS_DEFAULT: u64 = STORE_CHECKPOINT_INTERVAL_SECS.int().default;
-    pub const CHECKPOINT_INTERVAL_SECS: RangeInclusive<u64> =
-        STORE_CHECKPOINT_INTERVAL_SECS.int().range();
-    pub const MAX_DB_PAGES_DEFAULT: u64 = STORE_MAX_DB_PAGES.int().default;
-    pub const MAX_DB_PAGES: RangeInclusive<u64> = STORE_MAX_DB_PAGES.int().range();
-
-    pub const MAX_CONNECTIONS_DEFAULT: u64 = SERVER_MAX_CONNECTIONS.int().default;
-    pub const MAX_CONNECTIONS: RangeInclusive<u64> = SERVER_MAX_CONNECTIONS.int().range();
-    pub const MAX_CONCURRENT_REQUESTS_DEFAULT: u64 = SERVER_MAX_CONCURRENT_REQUESTS.int().default;
-    pub const MAX_CONCURRENT_REQUESTS: RangeInclusive<u64> =
-        SERVER_MAX_CONCURRENT_REQUESTS.int().range();
-    pub const MAX_REQUEST_BYTES_DEFAULT: u64 = SERVER_MAX_REQUEST_BYTES.int().default;
-    pub const MAX_REQUEST_BYTES: RangeInclusive<u64> = SERVER_MAX_REQUEST_BYTES.int().range();
-
-    pub const DEFAULT_TTL_SECS_DEFAULT: u64 = TASKS_DEFAULT_TTL_SECS.int().default;
-    pub const DEFAULT_TTL_SECS: RangeInclusive<u64> = TASKS_DEFAULT_TTL_SECS.int().range();
-    pub const POLL_INTERVAL_MS_DEFAULT: u64 = TASKS_POLL_INTERVAL_MS.int().default;
-    pub const POLL_INTERVAL_MS: RangeInclusive<u64> = TASKS_POLL_INTERVAL_MS.int().range();
-    pub const MAX_RUNNING_DEFAULT: u64 = TASKS_MAX_RUNNING.int().default;
-    pub const MAX_RUNNING: RangeInclusive<u64> = TASKS_MAX_RUNNING.int().range();
-    pub const CANCEL_GRACE_MS_DEFAULT: u64 = TASKS_CANCEL_GRACE_MS.int().default;
-    pub const CANCEL_GRACE_MS: RangeInclusive<u64> = TASKS_CANCEL_GRACE_MS.int().range();
-    pub const ARTIFACTS_MAX_TOTAL_BYTES_DEFAULT: u64 =
-        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().default;
-    pub const ARTIFACTS_MAX_TOTAL_BYTES: RangeInclusive<u64> =
-        TASKS_ARTIFACTS_MAX_TOTAL_BYTES.int().range();
-    pub const ARTIFACT_MAX_BYTES_DEFAULT: u64 = TASKS_ARTIFACT_MAX_BYTES.int().default;
-    pub const ARTIFACT_MAX_BYTES: RangeInclusive<u64> = TASKS_ARTIFACT_MAX_BYTES.int().range();
-
-    pub const TOOL_TIMEOUT_SECS_DEFAULT: u64 = TOOL_TIMEOUT_SECS.int().default;
-    pub const TOOL_MAX_STDOUT_BYTES_DEFAULT: u64 = TOOL_MAX_STDOUT_BYTES.int().default;
-    pub const TOOL_MAX_STDERR_BYTES_DEFAULT: u64 = TOOL_MAX_STDERR_BYTES.int().default;
-    /// Most tools a configuration may declare.
-    pub const MAX_TOOLS: usize = 1024;
-}
+/// Where a value no layer set comes from.
+const EMBEDDED: &str = "the embedded default";
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -134,15 +103,6 @@ pub enum ConfigError {
     BadAddress {
         key: String,
         value: String,
-        origin: String,
-    },
-    /// Authentication arrives later; until then only loopback is served.
-    #[error(
-        "{key} = {value} (from {origin}) is not a loopback address, which needs credentials in [auth] and server.tls = \"on\" (or \"terminated-upstream\" behind a TLS proxy you run); otherwise listen on 127.0.0.1 or ::1"
-    )]
-    NotLoopback {
-        key: String,
-        value: SocketAddr,
         origin: String,
     },
     #[error(
@@ -200,54 +160,6 @@ impl std::fmt::Display for StateDirSource {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct StoreSettings {
-    pub queue_depth: usize,
-    pub max_live_tasks: u64,
-    /// Unexpired tasks one owner may hold.
-    pub max_live_tasks_per_owner: u64,
-    pub checkpoint_interval: Duration,
-    pub max_db_pages: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct ServerSettings {
-    pub listen: SocketAddr,
-    pub tls: TlsMode,
-    /// The PEM certificate chain and key, when `tls` is `On`.
-    pub tls_files: Option<(PathBuf, PathBuf)>,
-    pub max_connections: usize,
-    pub max_concurrent_requests: usize,
-    /// `/mcp` requests that are not `tools/call`, bounded apart.
-    pub reserved_control_requests: usize,
-    pub max_request_bytes: usize,
-    pub header_read_timeout: Duration,
-    /// Time a request body may take to arrive once its head is in.
-    pub body_read_timeout: Duration,
-    pub max_sessions: usize,
-    pub session_idle: Duration,
-    /// `server.allowed_origins`, each in the form [`normalize_origin`] gives.
-    pub allowed_origins: Vec<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct LogSettings {
-    /// A tracing filter, already known to parse.
-    pub filter: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct TaskSettings {
-    pub default_ttl: Duration,
-    pub poll_interval: Duration,
-    pub max_running: usize,
-    /// Background tasks one owner may run at once (at most `max_running`).
-    pub max_running_per_owner: usize,
-    pub cancel_grace: Duration,
-    pub artifacts_max_total_bytes: u64,
-    pub artifact_max_bytes: u64,
-}
-
 /// What a tool does to the world, declared by the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -266,18 +178,31 @@ pub enum TaskMode {
     Required,
 }
 
-/// How the HTTP listener is protected in transit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsMode {
-    /// Plain HTTP: loopback only.
-    Off,
-    /// TLS terminated by taskgate.
-    On,
-    /// Plain HTTP forwarded by the operator's TLS-terminating proxy.
-    TerminatedUpstream,
+settings::choice! {
+    /// How the HTTP listener is protected in transit (`server.tls`).
+    pub enum TlsMode {
+        /// Plain HTTP: loopback only.
+        Off = "off",
+        /// TLS terminated by taskgate.
+        On = "on",
+        /// Plain HTTP forwarded by the operator's TLS-terminating proxy.
+        TerminatedUpstream = "terminated-upstream",
+    }
 }
 
-/// A command tool, validated.
+impl ServerSettings {
+    /// The PEM certificate chain and key, when `tls` is `on` (the rules
+    /// between keys refuse `on` without both).
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        match (self.tls, &self.tls_cert_file, &self.tls_key_file) {
+            (TlsMode::On, Some(cert), Some(key)) => Some((cert, key)),
+            _ => None,
+        }
+    }
+}
+
+/// A command tool, validated as a table; what may run how is `tools`'
+/// to decide when it compiles the tool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolConfig {
     pub name: String,
@@ -286,12 +211,14 @@ pub struct ToolConfig {
     pub input_schema: serde_json::Value,
     pub working_dir: Option<PathBuf>,
     pub env: Vec<String>,
-    pub timeout: Duration,
-    pub max_stdout_bytes: u64,
-    pub max_stderr_bytes: u64,
     pub effect: Effect,
     pub task: TaskMode,
+    /// Its bounded keys; a confinement limit it leaves out is `[tools]`'.
+    pub limits: ToolLimits,
     pub confinement: ToolConfinement,
+    /// Where it was declared (the configuration file), as a refusal of
+    /// the tool names it.
+    pub origin: String,
 }
 
 /// Whether a tool's filesystem is confined (Landlock).
@@ -304,34 +231,15 @@ pub enum Sandbox {
     Unconfined,
 }
 
-/// A command tool's confinement: its paths and resource limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A command tool's filesystem confinement (its resource limits are in
+/// [`ToolLimits`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ToolConfinement {
     pub sandbox: Sandbox,
     /// Read and execute, beside the default set.
     pub read_paths: Vec<PathBuf>,
     /// Read and write, beside its working directory.
     pub write_paths: Vec<PathBuf>,
-    pub max_address_space_bytes: u64,
-    pub max_open_files: u64,
-    pub max_processes: u64,
-    pub max_file_bytes: u64,
-    pub max_cpu_secs: u64,
-}
-
-impl Default for ToolConfinement {
-    fn default() -> Self {
-        ToolConfinement {
-            sandbox: Sandbox::default(),
-            read_paths: Vec::new(),
-            write_paths: Vec::new(),
-            max_address_space_bytes: keys::TOOL_MAX_ADDRESS_SPACE_BYTES.int().default,
-            max_open_files: keys::TOOL_MAX_OPEN_FILES.int().default,
-            max_processes: keys::TOOL_MAX_PROCESSES.int().default,
-            max_file_bytes: keys::TOOL_MAX_FILE_BYTES.int().default,
-            max_cpu_secs: keys::TOOL_MAX_CPU_SECS.int().default,
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -348,14 +256,19 @@ pub struct Config {
     /// `[auth]`, present only when credentials are configured (a tokens
     /// file or a JWT issuer): see [`Config::auth_enabled`].
     pub auth: Option<AuthSettings>,
-    /// The `[tools]` defaults each tool started from (sandbox aside: it is
-    /// never a default).
-    pub tool_defaults: ToolConfinement,
+    /// `[tools]`: what each tool started from.
+    pub tool_defaults: ToolsSettings,
     /// Every setting's effective value as text, by dotted key: what a
     /// reload compares to find the keys that changed.
     values: BTreeMap<String, String>,
 }
 
+/// The shape of a `[[tool]]` table, deserialised from the file's text so
+/// that an unknown key or a value of the wrong type is named with its
+/// line. Its bounded keys ([`keys::TOOL_KEYS`]) are read from the table
+/// through their definitions ([`ToolLimits`]); they are listed here only
+/// so that the shape accepts them, checks their type and names them among
+/// the table's keys.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTool {
@@ -365,18 +278,26 @@ struct RawTool {
     input_schema: Option<toml::Table>,
     working_dir: Option<PathBuf>,
     env: Option<Vec<String>>,
+    #[allow(dead_code, reason = "read through TOOL_TIMEOUT_SECS")]
     timeout_secs: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_STDOUT_BYTES")]
     max_stdout_bytes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_STDERR_BYTES")]
     max_stderr_bytes: Option<u64>,
     effect: Option<Effect>,
     task: Option<TaskMode>,
     sandbox: Option<Sandbox>,
     read_paths: Option<Vec<PathBuf>>,
     write_paths: Option<Vec<PathBuf>>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_ADDRESS_SPACE_BYTES")]
     max_address_space_bytes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_OPEN_FILES")]
     max_open_files: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_PROCESSES")]
     max_processes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_FILE_BYTES")]
     max_file_bytes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_CPU_SECS")]
     max_cpu_secs: Option<u64>,
 }
 
@@ -388,235 +309,6 @@ struct RawTools {
     tool: Vec<RawTool>,
 }
 
-/// A value one layer set, and where it came from.
-struct Setting {
-    value: toml::Value,
-    origin: String,
-}
-
-/// The settings the file and the environment gave, by dotted key; a later
-/// layer replaces an earlier one's value.
-#[derive(Default)]
-struct Layers(BTreeMap<String, Setting>);
-
-const EMBEDDED: &str = "the embedded default";
-
-impl Layers {
-    fn set(&mut self, key: &KeySpec, value: toml::Value, origin: String) {
-        self.0.insert(key.dotted(), Setting { value, origin });
-    }
-
-    /// An integer key, checked against its range (and against the key that
-    /// bounds it from above, if any).
-    fn int(&self, key: &KeySpec) -> Result<u64, ConfigError> {
-        let spec = key.int();
-        let Some(set) = self.0.get(&key.dotted()) else {
-            return Ok(spec.default);
-        };
-        let value = match &set.value {
-            toml::Value::Integer(i) => u64::try_from(*i).ok(),
-            // The environment gives text.
-            toml::Value::String(s) => s.trim().parse::<u64>().ok(),
-            _ => None,
-        };
-        let Some(value) = value else {
-            return Err(ConfigError::Invalid {
-                origin: set.origin.clone(),
-                message: format!(
-                    "{} must be a whole number in {}..={}",
-                    key.dotted(),
-                    spec.min,
-                    spec.max
-                ),
-            });
-        };
-        let mut max = spec.max;
-        if let Some(other) = spec.at_most.and_then(|o| {
-            let (section, name) = o.split_once('.')?;
-            keys::find(section, name)
-        }) {
-            max = max.min(self.int(other)?);
-        }
-        if (spec.min..=max).contains(&value) {
-            Ok(value)
-        } else {
-            Err(ConfigError::OutOfRange {
-                key: key.dotted(),
-                value,
-                origin: set.origin.clone(),
-                min: spec.min,
-                max,
-            })
-        }
-    }
-
-    /// Where a key's value came from (the embedded default when no layer set it).
-    fn origin_of(&self, key: &KeySpec) -> String {
-        self.0
-            .get(&key.dotted())
-            .map(|s| s.origin.clone())
-            .unwrap_or_else(|| EMBEDDED.to_string())
-    }
-
-    fn text(&self, key: &KeySpec) -> Result<Option<(String, String)>, ConfigError> {
-        match self.0.get(&key.dotted()) {
-            None => Ok(None),
-            Some(Setting {
-                value: toml::Value::String(s),
-                origin,
-            }) => Ok(Some((s.clone(), origin.clone()))),
-            Some(set) => Err(ConfigError::Invalid {
-                origin: set.origin.clone(),
-                message: format!("{} must be a string", key.dotted()),
-            }),
-        }
-    }
-
-    /// A tracing filter key, parsed the way the logger parses it, so that
-    /// a filter the logger would refuse (or half ignore) refuses the start
-    /// or the reload instead.
-    fn filter(&self, key: &KeySpec) -> Result<String, ConfigError> {
-        let Kind::Filter { default } = key.kind else {
-            return Err(ConfigError::Invalid {
-                origin: EMBEDDED.into(),
-                message: format!("{} is not a filter key", key.dotted()),
-            });
-        };
-        let Some((text, origin)) = self.text(key)? else {
-            return Ok(default.to_string());
-        };
-        match tracing_subscriber::EnvFilter::builder().parse(&text) {
-            Ok(_) => Ok(text),
-            Err(e) => Err(ConfigError::Invalid {
-                origin,
-                message: format!(
-                    "{} = {text:?} is not a log filter ({e}); write a level, then target=level pairs, e.g. \"info,taskgate::tasks=debug\"",
-                    key.dotted()
-                ),
-            }),
-        }
-    }
-
-    /// A `Choice` key: its value, or the default.
-    fn choice(&self, key: &KeySpec) -> Result<&'static str, ConfigError> {
-        let Kind::Choice { default, choices } = key.kind else {
-            return Ok("");
-        };
-        match self.text(key)? {
-            None => Ok(default),
-            Some((value, origin)) => {
-                choices
-                    .iter()
-                    .find(|c| **c == value)
-                    .copied()
-                    .ok_or_else(|| ConfigError::Invalid {
-                        origin,
-                        message: format!(
-                            "{} = {value:?} is not one of {}",
-                            key.dotted(),
-                            choices.join(", ")
-                        ),
-                    })
-            }
-        }
-    }
-
-    /// A `Text` key, checked by its rule: its value, or the default.
-    fn checked_text(&self, key: &KeySpec) -> Result<Option<String>, ConfigError> {
-        let Kind::Text { default, rule, .. } = key.kind else {
-            return Ok(None);
-        };
-        match self.text(key)? {
-            None => Ok(default.map(str::to_string)),
-            Some((value, origin)) => match rule.check(&value) {
-                Ok(()) => Ok(Some(value)),
-                Err(why) => Err(ConfigError::Invalid {
-                    origin,
-                    message: format!("{} = {value:?} {why}", key.dotted()),
-                }),
-            },
-        }
-    }
-
-    /// A `File` key: an absolute path, if set.
-    fn file(&self, key: &KeySpec) -> Result<Option<PathBuf>, ConfigError> {
-        match self.text(key)? {
-            None => Ok(None),
-            Some((value, origin)) => {
-                let path = PathBuf::from(value);
-                require_absolute(key.dotted(), &path, origin)?;
-                Ok(Some(path))
-            }
-        }
-    }
-
-    /// A list of absolute paths (an array of strings); every entry must be
-    /// absolute.
-    fn paths(&self, key: &KeySpec) -> Result<Vec<PathBuf>, ConfigError> {
-        let Some(set) = self.0.get(&key.dotted()) else {
-            return Ok(Vec::new());
-        };
-        // The environment's list arrives split already (see `env_layer`).
-        let texts: Option<Vec<String>> = match &set.value {
-            toml::Value::Array(items) => items
-                .iter()
-                .map(|v| v.as_str().map(str::to_string))
-                .collect(),
-            _ => None,
-        };
-        let Some(texts) = texts else {
-            return Err(ConfigError::Invalid {
-                origin: set.origin.clone(),
-                message: format!("{} must be a list of absolute paths", key.dotted()),
-            });
-        };
-        let paths: Vec<PathBuf> = texts.into_iter().map(PathBuf::from).collect();
-        for p in &paths {
-            require_absolute(key.dotted(), p, set.origin.clone())?;
-        }
-        Ok(paths)
-    }
-
-    fn origins(&self, key: &KeySpec) -> Result<Vec<String>, ConfigError> {
-        let Some(set) = self.0.get(&key.dotted()) else {
-            return Ok(Vec::new());
-        };
-        let invalid = |what: String| ConfigError::Invalid {
-            origin: set.origin.clone(),
-            message: format!(
-                "{} must be a list of web origins such as \"https://console.example:8443\" (scheme, host and optional port; no path): {what}",
-                key.dotted()
-            ),
-        };
-        let toml::Value::Array(items) = &set.value else {
-            return Err(invalid("not a list".into()));
-        };
-        items
-            .iter()
-            .map(|v| {
-                let text = v
-                    .as_str()
-                    .ok_or_else(|| invalid(format!("{v} is not text")))?;
-                normalize_origin(text).ok_or_else(|| invalid(format!("{text:?} is not one")))
-            })
-            .collect()
-    }
-
-    fn duration_secs(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
-        self.int(key).map(Duration::from_secs)
-    }
-
-    fn duration_ms(&self, key: &KeySpec) -> Result<Duration, ConfigError> {
-        self.int(key).map(Duration::from_millis)
-    }
-
-    fn size(&self, key: &KeySpec) -> Result<usize, ConfigError> {
-        // Every range fits a usize on the 64-bit targets taskgate ships for.
-        self.int(key)
-            .map(|v| usize::try_from(v).unwrap_or(usize::MAX))
-    }
-}
-
 impl Config {
     /// Loads the configuration from the real process environment.
     pub fn load(overrides: &Overrides) -> Result<Config, ConfigError> {
@@ -624,137 +316,73 @@ impl Config {
         Config::load_from(overrides, &env)
     }
 
-    /// Loads the configuration from the given environment snapshot.
+    /// Loads the configuration from the given environment snapshot: every
+    /// section read from the layers, then the rules between keys.
     pub fn load_from(
         overrides: &Overrides,
         env: &HashMap<String, String>,
     ) -> Result<Config, ConfigError> {
         let Layered {
             layers,
-            file: config_file,
-            raw_tools,
-            tools_origin,
-            raw_jwt,
+            file,
+            tables,
         } = Layered::read(overrides, env)?;
-        let (listen, off_loopback) = layers.listen(overrides)?;
-        let tls = match layers.choice(&keys::SERVER_TLS)? {
-            "on" => TlsMode::On,
-            "terminated-upstream" => TlsMode::TerminatedUpstream,
-            _ => TlsMode::Off,
-        };
-        let tls_files = match (
-            tls,
-            layers.file(&keys::SERVER_TLS_CERT_FILE)?,
-            layers.file(&keys::SERVER_TLS_KEY_FILE)?,
-        ) {
-            (TlsMode::On, Some(cert), Some(key)) => Some((cert, key)),
-            (TlsMode::On, _, _) => {
-                return Err(ConfigError::Invalid {
-                    origin: layers.origin_of(&keys::SERVER_TLS),
-                    message: format!(
-                        "{} = \"on\" needs both {} and {}",
-                        keys::SERVER_TLS.dotted(),
-                        keys::SERVER_TLS_CERT_FILE.dotted(),
-                        keys::SERVER_TLS_KEY_FILE.dotted()
-                    ),
-                });
-            }
-            _ => None,
-        };
+        let mut server = ServerSettings::load(&layers)?;
+        let store = StoreSettings::load(&layers)?;
+        let mut tasks = TaskSettings::load(&layers)?;
+        let log = LogSettings::load(&layers)?;
+        let tool_defaults = ToolsSettings::load(&layers)?;
+        let auth = AuthSettings::load(&layers)?;
 
-        let store = StoreSettings {
-            queue_depth: layers.size(&keys::STORE_QUEUE_DEPTH)?,
-            max_live_tasks: layers.int(&keys::STORE_MAX_LIVE_TASKS)?,
-            max_live_tasks_per_owner: layers.int(&keys::STORE_MAX_LIVE_TASKS_PER_OWNER)?,
-            checkpoint_interval: layers.duration_secs(&keys::STORE_CHECKPOINT_INTERVAL_SECS)?,
-            max_db_pages: layers.int(&keys::STORE_MAX_DB_PAGES)?,
-        };
-        let configured_dir = match layers.text(&keys::STORE_DIRECTORY)? {
-            Some((dir, origin)) => {
-                let dir = PathBuf::from(dir);
-                require_absolute(keys::STORE_DIRECTORY.dotted(), &dir, origin.clone())?;
-                Some((dir, origin))
-            }
-            None => None,
-        };
-        let (state_dir, state_dir_source) = resolve_state_dir(overrides, env, configured_dir)?;
+        // ---- rules between keys ----
 
-        let server = ServerSettings {
-            listen,
-            tls,
-            tls_files,
-            max_connections: layers.size(&keys::SERVER_MAX_CONNECTIONS)?,
-            max_concurrent_requests: layers.size(&keys::SERVER_MAX_CONCURRENT_REQUESTS)?,
-            reserved_control_requests: layers.size(&keys::SERVER_RESERVED_CONTROL_REQUESTS)?,
-            max_request_bytes: layers.size(&keys::SERVER_MAX_REQUEST_BYTES)?,
-            header_read_timeout: layers.duration_ms(&keys::SERVER_HEADER_READ_TIMEOUT_MS)?,
-            body_read_timeout: layers.duration_ms(&keys::SERVER_BODY_READ_TIMEOUT_MS)?,
-            max_sessions: layers.size(&keys::SERVER_MAX_SESSIONS)?,
-            session_idle: layers.duration_secs(&keys::SERVER_SESSION_IDLE_SECS)?,
-            allowed_origins: layers.origins(&keys::SERVER_ALLOWED_ORIGINS)?,
-        };
-        let tasks = TaskSettings {
-            default_ttl: layers.duration_secs(&keys::TASKS_DEFAULT_TTL_SECS)?,
-            poll_interval: layers.duration_ms(&keys::TASKS_POLL_INTERVAL_MS)?,
-            max_running: layers.size(&keys::TASKS_MAX_RUNNING)?,
-            max_running_per_owner: layers
-                .size(&keys::TASKS_MAX_RUNNING_PER_OWNER)?
-                .min(layers.size(&keys::TASKS_MAX_RUNNING)?),
-            cancel_grace: layers.duration_ms(&keys::TASKS_CANCEL_GRACE_MS)?,
-            artifacts_max_total_bytes: layers.int(&keys::TASKS_ARTIFACTS_MAX_TOTAL_BYTES)?,
-            artifact_max_bytes: layers.int(&keys::TASKS_ARTIFACT_MAX_BYTES)?,
-        };
-        let log = LogSettings {
-            filter: layers.filter(&keys::LOG_FILTER)?,
-        };
-        let tool_defaults = ToolConfinement {
-            sandbox: Sandbox::default(),
-            read_paths: layers.paths(&keys::TOOLS_READ_PATHS)?,
-            write_paths: Vec::new(),
-            max_address_space_bytes: layers.int(&keys::TOOLS_MAX_ADDRESS_SPACE_BYTES)?,
-            max_open_files: layers.int(&keys::TOOLS_MAX_OPEN_FILES)?,
-            max_processes: layers.int(&keys::TOOLS_MAX_PROCESSES)?,
-            max_file_bytes: layers.int(&keys::TOOLS_MAX_FILE_BYTES)?,
-            max_cpu_secs: layers.int(&keys::TOOLS_MAX_CPU_SECS)?,
-        };
-        let tools = tool_settings(raw_tools, tools_origin.clone(), &tool_defaults)?;
-        let auth = auth::settings(&layers, raw_jwt, &tools_origin)?;
-        // Off loopback, every caller must prove who it is, over TLS (here or
-        // in a proxy the operator runs).
-        if let Some((value, origin)) = off_loopback
-            && (auth.is_none() || tls == TlsMode::Off)
-        {
-            return Err(ConfigError::NotLoopback {
-                key: keys::SERVER_LISTEN.dotted(),
-                value,
-                origin,
+        // `--listen` overrides every layer, whose value was still checked.
+        (server.listen, server.listen_sources) = listen(&layers, overrides)?;
+        if server.tls == TlsMode::On && server.tls_files().is_none() {
+            return Err(ConfigError::Invalid {
+                origin: layers.origin_of(&keys::SERVER_TLS),
+                message: format!(
+                    "{} = \"on\" needs both {} and {}",
+                    keys::SERVER_TLS.dotted(),
+                    keys::SERVER_TLS_CERT_FILE.dotted(),
+                    keys::SERVER_TLS_KEY_FILE.dotted()
+                ),
             });
         }
+        // `store.directory` has no field: the state directory in force
+        // comes from its precedence.
+        let configured_dir = <Option<PathBuf>>::read(&layers, &keys::STORE_DIRECTORY)?
+            .map(|dir| (dir, layers.origin_of(&keys::STORE_DIRECTORY)));
+        let (state_dir, state_dir_source) = resolve_state_dir(overrides, env, configured_dir)?;
 
-        let mut values = BTreeMap::new();
-        for key in keys::KEYS {
-            let value = match key.kind {
-                Kind::Int(_) => layers.int(key)?.to_string(),
-                // Debug form: exact for any path, `:` included.
-                Kind::Paths => format!("{:?}", layers.paths(key)?),
-                Kind::Origins => layers.origins(key)?.join(" "),
-                // One key of each of these kinds; their effective values
-                // are the ones resolved above (flags and precedence included).
-                Kind::Address { .. } => listen.to_string(),
-                Kind::Path => state_dir.display().to_string(),
-                Kind::Filter { .. } => log.filter.clone(),
-                Kind::Choice { .. } => layers.choice(key)?.to_string(),
-                Kind::Text { .. } => layers.checked_text(key)?.unwrap_or_default(),
-                Kind::File { .. } => layers
-                    .file(key)?
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default(),
-            };
-            values.insert(key.dotted(), value);
-        }
+        // What a reload compares: each key as the operator set it, or, for
+        // a key a flag or a precedence decides, the value in force.
+        let mut values: BTreeMap<String, String> = [
+            server.shown(),
+            store.shown(),
+            tasks.shown(),
+            tool_defaults.shown(),
+            log.shown(),
+            auth.shown(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|(key, value)| (key.dotted(), value))
+        .collect();
+        values.insert(
+            keys::STORE_DIRECTORY.dotted(),
+            state_dir.display().to_string(),
+        );
+
+        // An owner never runs more than everyone together may.
+        tasks.max_running_per_owner = tasks.max_running_per_owner.min(tasks.max_running);
+
+        let tools = tool_settings(tables.tools, &tables.origin, &layers, &tool_defaults)?;
+        // `[auth]` counts only with credentials, its issuers from their tables.
+        let auth = auth::settings(auth, tables.jwt, &tables.origin)?;
 
         Ok(Config {
-            file: config_file,
+            file,
             values,
             state_dir,
             state_dir_source,
@@ -776,13 +404,19 @@ impl Config {
     }
 }
 
+/// The repeated tables of a file, each as its shape and its raw values
+/// (the same table parsed twice), and where they came from.
+struct Tables {
+    tools: Vec<(RawTool, toml::Table)>,
+    jwt: Vec<(auth::RawJwt, toml::Table)>,
+    origin: String,
+}
+
 /// The file and environment layers of a load, before any value is used.
 struct Layered {
     layers: Layers,
     file: Option<PathBuf>,
-    raw_tools: Vec<RawTool>,
-    tools_origin: String,
-    raw_jwt: Vec<auth::RawJwt>,
+    tables: Tables,
 }
 
 impl Layered {
@@ -792,78 +426,52 @@ impl Layered {
             .config_path
             .clone()
             .or_else(|| env.get(ENV_CONFIG_PATH).map(PathBuf::from));
-        let mut raw_tools = Vec::new();
-        let mut tools_origin = EMBEDDED.to_string();
-        let mut raw_jwt = Vec::new();
+        let mut tables = Tables {
+            tools: Vec::new(),
+            jwt: Vec::new(),
+            origin: EMBEDDED.to_string(),
+        };
         if let Some(path) = &file {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.clone(),
                 source,
             })?;
             let origin = path.display().to_string();
-            raw_tools = file_layer(&mut layers, &origin, &text)?;
-            raw_jwt = auth::raw_issuers(&origin, &text)?;
-            tools_origin = origin;
+            tables = file_layer(&mut layers, &origin, &text)?;
         }
         env_layer(&mut layers, env)?;
         Ok(Layered {
             layers,
             file,
-            raw_tools,
-            tools_origin,
-            raw_jwt,
+            tables,
         })
     }
 }
 
-impl Layers {
-    /// `server.listen`, the flag first. The layered value is checked even
-    /// when the flag overrides it: a wrong file is wrong, whatever this one
-    /// process was started with.
-    /// The listen address, and the first non-loopback address any layer
-    /// gave (with its origin), even one a later layer overrides: whether
-    /// that may be is decided once `[auth]` and `server.tls` are known, and
-    /// every layer is held to it.
-    fn listen(
-        &self,
-        overrides: &Overrides,
-    ) -> Result<(SocketAddr, Option<(SocketAddr, String)>), ConfigError> {
-        let (effective, origin) = self.listen_layers(overrides)?;
-        let file = match self.text(&keys::SERVER_LISTEN)? {
-            Some((text, origin)) => text.parse::<SocketAddr>().ok().map(|a| (a, origin)),
-            None => None,
-        };
-        let off_loopback = [file, Some((effective, origin))]
-            .into_iter()
-            .flatten()
-            .find(|(a, _)| !a.ip().is_loopback());
-        Ok((effective, off_loopback))
+/// `server.listen` in force (the `--listen` flag's, else the layered one,
+/// else the default), and every address given for it with its origin: the
+/// layered value is checked even when the flag overrides it (a wrong file
+/// is wrong, whatever this one process was started with), and whether any
+/// of them may leave loopback is the exposure rule's to decide.
+fn listen(
+    layers: &Layers,
+    overrides: &Overrides,
+) -> Result<(SocketAddr, Vec<(SocketAddr, String)>), ConfigError> {
+    let key = &keys::SERVER_LISTEN;
+    let layered = SocketAddr::read(layers, key)?;
+    let mut sources = Vec::new();
+    if layers.get(key).is_some() {
+        sources.push((layered, layers.origin_of(key)));
     }
-
-    fn listen_layers(&self, overrides: &Overrides) -> Result<(SocketAddr, String), ConfigError> {
-        let address = |text: &str, origin: String| {
-            let key = keys::SERVER_LISTEN.dotted();
-            match text.parse::<SocketAddr>() {
-                Err(_) => Err(ConfigError::BadAddress {
-                    key,
-                    value: text.to_string(),
-                    origin,
-                }),
-                Ok(addr) => Ok((addr, origin)),
-            }
-        };
-        let layered = match self.text(&keys::SERVER_LISTEN)? {
-            Some((text, origin)) => Some(address(&text, origin)?),
-            None => None,
-        };
-        match &overrides.listen {
-            Some(flag) => address(flag, "flag --listen".to_string()),
-            None => match layered {
-                Some(addr) => Ok(addr),
-                None => address(DEFAULT_LISTEN, EMBEDDED.to_string()),
-            },
-        }
-    }
+    let effective = match &overrides.listen {
+        Some(flag) => (
+            settings::address(key, flag, "flag --listen".to_string())?,
+            "flag --listen".to_string(),
+        ),
+        None => (layered, layers.origin_of(key)),
+    };
+    sources.push(effective.clone());
+    Ok((effective.0, sources))
 }
 
 /// The address a daemon started with this configuration listens on: for
@@ -871,10 +479,8 @@ impl Layers {
 /// environment are checked key by key as for `serve`.
 pub fn configured_listen(overrides: &Overrides) -> Result<SocketAddr, ConfigError> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    Layered::read(overrides, &env)?
-        .layers
-        .listen(overrides)
-        .map(|(addr, _)| addr)
+    let layered = Layered::read(overrides, &env)?;
+    listen(&layered.layers, overrides).map(|(addr, _)| addr)
 }
 
 /// The `[auth]` settings of a configuration, for the operator's `taskgate
@@ -882,10 +488,9 @@ pub fn configured_listen(overrides: &Overrides) -> Result<SocketAddr, ConfigErro
 /// environment are checked key by key as for `serve`.
 pub fn configured_auth(overrides: &Overrides) -> Result<Option<AuthSettings>, ConfigError> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    let layered = Layered::read(overrides, &env)?;
-    auth::settings(&layered.layers, layered.raw_jwt, &layered.tools_origin)
+    let Layered { layers, tables, .. } = Layered::read(overrides, &env)?;
+    auth::settings(AuthSettings::load(&layers)?, tables.jwt, &tables.origin)
 }
-
 /// One setting that differs between two configurations.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
@@ -912,9 +517,10 @@ impl Config {
     }
 }
 
-/// Records the file's settings in `layers` and returns its tools. Every
-/// key is checked against the table, and an error names its line.
-fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTool>, ConfigError> {
+/// Records the file's settings in `layers` and returns its repeated
+/// tables. Every key is checked against its definition, and an error names
+/// its line.
+fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Tables, ConfigError> {
     let table: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| invalid_toml(origin, text, &e))?;
@@ -925,10 +531,11 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTo
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let mut has_tools = false;
+    let mut tool_tables = None;
+    let mut jwt_tables = Vec::new();
     for (top, value) in table {
         if top == "tool" {
-            has_tools = true;
+            tool_tables = Some(tables_of(&value));
             continue;
         }
         let at = line_origin(origin, text, &[&top]);
@@ -950,6 +557,7 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTo
         for (name, value) in inner {
             // `[[auth.jwt]]` tables are read apart, like `[[tool]]`.
             if *section == Section::Auth && name == "jwt" {
+                jwt_tables = tables_of(&value);
                 continue;
             }
             let at = line_origin(origin, text, &[&top, &name]);
@@ -970,12 +578,32 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Vec<RawTo
             layers.set(key, value, at);
         }
     }
-    if !has_tools {
-        return Ok(Vec::new());
+    // Their shapes, from the text so that an error names its line; each
+    // is zipped with its own table (one entry per table of the array).
+    let (tools, tool_tables) = match tool_tables {
+        None => (Vec::new(), Vec::new()),
+        Some(tables) => (
+            toml::from_str::<RawTools>(text)
+                .map_err(|e| invalid_toml(origin, text, &e))?
+                .tool,
+            tables,
+        ),
+    };
+    let jwt = auth::raw_issuers(origin, text)?;
+    Ok(Tables {
+        tools: tools.into_iter().zip(tool_tables).collect(),
+        jwt: jwt.into_iter().zip(jwt_tables).collect(),
+        origin: origin.to_string(),
+    })
+}
+
+/// The tables of an array of tables (anything else has none: the shape's
+/// deserialisation refuses it, naming its line).
+fn tables_of(value: &toml::Value) -> Vec<toml::Table> {
+    match value {
+        toml::Value::Array(items) => items.iter().filter_map(|v| v.as_table().cloned()).collect(),
+        _ => Vec::new(),
     }
-    toml::from_str::<RawTools>(text)
-        .map(|t| t.tool)
-        .map_err(|e| invalid_toml(origin, text, &e))
 }
 
 /// Records `TASKGATE_<SECTION>_<KEY>` settings in `layers`.
@@ -1106,9 +734,6 @@ fn same_directory(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Tool names the daemon itself serves.
-pub const RESERVED_TOOL_NAMES: &[&str] = &["artifact_read"];
-
 fn valid_tool_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
@@ -1123,26 +748,27 @@ fn valid_env_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// The `[[tool]]` tables validated; a key a table leaves out takes its
-/// value from `defaults` (the `[tools]` section).
+/// The `[[tool]]` tables, each well-formed; its bounded keys are read
+/// through their definitions, a confinement limit it leaves out taking
+/// the `[tools]` value (`defaults`, read from `layers`).
 fn tool_settings(
-    raw: Vec<RawTool>,
-    origin: String,
-    defaults: &ToolConfinement,
+    raw: Vec<(RawTool, toml::Table)>,
+    origin: &str,
+    layers: &Layers,
+    defaults: &ToolsSettings,
 ) -> Result<Vec<ToolConfig>, ConfigError> {
-    if raw.len() > bounds::MAX_TOOLS {
+    if raw.len() > MAX_TOOLS {
         return Err(ConfigError::Invalid {
-            origin,
+            origin: origin.to_string(),
             message: format!(
-                "{} tools declared; at most {} are allowed",
-                raw.len(),
-                bounds::MAX_TOOLS
+                "{} tools declared; at most {MAX_TOOLS} are allowed",
+                raw.len()
             ),
         });
     }
     let mut seen = std::collections::HashSet::new();
     let mut tools = Vec::with_capacity(raw.len());
-    for t in raw {
+    for (t, table) in raw {
         let bad = |message: String| ConfigError::Invalid {
             origin: format!("{origin}: [[tool]] {:?}", t.name),
             message,
@@ -1151,9 +777,6 @@ fn tool_settings(
             return Err(bad(
                 "name must be 1-64 characters of A-Z a-z 0-9 _ - .".into()
             ));
-        }
-        if RESERVED_TOOL_NAMES.contains(&t.name.as_str()) {
-            return Err(bad("this name is reserved for a built-in tool".into()));
         }
         if !seen.insert(t.name.clone()) {
             return Err(bad("declared twice; tool names must be unique".into()));
@@ -1179,13 +802,6 @@ fn tool_settings(
         if let Some(name) = env.iter().find(|n| !valid_env_name(n)) {
             return Err(bad(format!("env entry {name:?} is not a variable name")));
         }
-        let effect = t.effect.unwrap_or(Effect::NonIdempotentWrite);
-        let task = t.task.unwrap_or(TaskMode::Never);
-        if task != TaskMode::Never && effect == Effect::NonIdempotentWrite {
-            return Err(bad(
-                "a non-idempotent write cannot run as a background task (a restart would leave its effect unknown); declare effect = \"read_only\" or \"idempotent_write\" if that is true, or set task = \"never\"".into(),
-            ));
-        }
         let input_schema = match t.input_schema.clone() {
             Some(table) => {
                 serde_json::to_value(table).map_err(|e| bad(format!("input_schema: {e}")))?
@@ -1197,78 +813,36 @@ fn tool_settings(
                 "input_schema must describe an object (type = \"object\")".into(),
             ));
         }
-        // A tool's bounds are per tool, so they are checked here rather
-        // than through the settings' layers.
-        // A value left out is the `[tools]` one (checked there already) or
-        // the key's own default.
-        let range = |key: &KeySpec, v: Option<u64>, default: u64| {
-            let spec = key.int();
-            let value = v.unwrap_or(default);
-            if spec.range().contains(&value) {
-                Ok(value)
-            } else {
-                Err(ConfigError::Invalid {
-                    origin: origin.clone(),
-                    message: format!(
-                        "tool.{}.{} = {value} is out of range {}..={}",
-                        t.name, key.name, spec.min, spec.max
-                    ),
-                })
-            }
-        };
         let mut declared = t.read_paths.iter().chain(&t.write_paths).flatten();
         if let Some(p) = declared.find(|p| !p.is_absolute()) {
             return Err(bad(format!(
                 "read_paths/write_paths entry {p:?} is a relative path; give an absolute path"
             )));
         }
+        let limits = ToolLimits::load(&Layers::table(
+            keys::TOOL_KEYS,
+            &table,
+            layers,
+            origin,
+            format!("tool.{}.", t.name),
+        ))?;
         let confinement = ToolConfinement {
             sandbox: t.sandbox.unwrap_or_default(),
-            read_paths: t
-                .read_paths
-                .clone()
-                .unwrap_or_else(|| defaults.read_paths.clone()),
-            write_paths: t.write_paths.clone().unwrap_or_default(),
-            max_address_space_bytes: range(
-                &keys::TOOL_MAX_ADDRESS_SPACE_BYTES,
-                t.max_address_space_bytes,
-                defaults.max_address_space_bytes,
-            )?,
-            max_open_files: range(
-                &keys::TOOL_MAX_OPEN_FILES,
-                t.max_open_files,
-                defaults.max_open_files,
-            )?,
-            max_processes: range(
-                &keys::TOOL_MAX_PROCESSES,
-                t.max_processes,
-                defaults.max_processes,
-            )?,
-            max_file_bytes: range(
-                &keys::TOOL_MAX_FILE_BYTES,
-                t.max_file_bytes,
-                defaults.max_file_bytes,
-            )?,
-            max_cpu_secs: range(
-                &keys::TOOL_MAX_CPU_SECS,
-                t.max_cpu_secs,
-                defaults.max_cpu_secs,
-            )?,
+            read_paths: t.read_paths.unwrap_or_else(|| defaults.read_paths.clone()),
+            write_paths: t.write_paths.unwrap_or_default(),
         };
-        let own = |key: &KeySpec, v: Option<u64>| range(key, v, key.int().default);
         tools.push(ToolConfig {
-            confinement,
-            timeout: Duration::from_secs(own(&keys::TOOL_TIMEOUT_SECS, t.timeout_secs)?),
-            max_stdout_bytes: own(&keys::TOOL_MAX_STDOUT_BYTES, t.max_stdout_bytes)?,
-            max_stderr_bytes: own(&keys::TOOL_MAX_STDERR_BYTES, t.max_stderr_bytes)?,
-            description: t.description.clone().unwrap_or_default(),
+            description: t.description.unwrap_or_default(),
             name: t.name,
             argv: t.argv,
             input_schema,
             working_dir: t.working_dir,
             env,
-            effect,
-            task,
+            effect: t.effect.unwrap_or(Effect::NonIdempotentWrite),
+            task: t.task.unwrap_or(TaskMode::Never),
+            limits,
+            confinement,
+            origin: origin.to_string(),
         });
     }
     Ok(tools)
@@ -1648,13 +1222,13 @@ mod tests {
              [[tool]]\nname = \"b\"\nargv = [\"/bin/true\"]\nmax_processes = 4\nread_paths = [\"/opt/b\"]\n",
         )
         .unwrap();
-        let (a, b) = (&c.tools[0].confinement, &c.tools[1].confinement);
-        assert_eq!((a.max_processes, a.max_cpu_secs), (16, 9));
-        assert_eq!(a.read_paths, [PathBuf::from("/opt/shared")]);
-        assert_eq!((b.max_processes, b.max_cpu_secs), (4, 9));
-        assert_eq!(b.read_paths, [PathBuf::from("/opt/b")]);
+        let (a, b) = (&c.tools[0], &c.tools[1]);
+        assert_eq!((a.limits.max_processes, a.limits.max_cpu_secs), (16, 9));
+        assert_eq!(a.confinement.read_paths, [PathBuf::from("/opt/shared")]);
+        assert_eq!((b.limits.max_processes, b.limits.max_cpu_secs), (4, 9));
+        assert_eq!(b.confinement.read_paths, [PathBuf::from("/opt/b")]);
         assert_eq!(
-            a.max_open_files,
+            a.limits.max_open_files,
             keys::TOOLS_MAX_OPEN_FILES.int().default,
             "untouched keys keep the table's default"
         );
@@ -1686,6 +1260,77 @@ mod tests {
             c.tool_defaults.read_paths,
             [PathBuf::from("/opt/x"), PathBuf::from("/srv/y")]
         );
+    }
+
+    /// Each definition's kind fits its field's type: every struct reads
+    /// from empty layers, each field at its key's default.
+    #[test]
+    fn every_struct_reads_its_defaults() {
+        let none = Layers::default();
+        assert_eq!(
+            ServerSettings::load(&none).unwrap(),
+            ServerSettings::default()
+        );
+        assert_eq!(
+            StoreSettings::load(&none).unwrap(),
+            StoreSettings::default()
+        );
+        assert_eq!(TaskSettings::load(&none).unwrap(), TaskSettings::default());
+        assert_eq!(
+            ToolsSettings::load(&none).unwrap(),
+            ToolsSettings::default()
+        );
+        assert_eq!(LogSettings::load(&none).unwrap(), LogSettings::default());
+        assert_eq!(AuthSettings::load(&none).unwrap(), AuthSettings::default());
+        assert_eq!(ToolLimits::load(&none).unwrap(), ToolLimits::default());
+        assert_eq!(JwtLimits::load(&none).unwrap(), JwtLimits::default());
+        assert_eq!(ServerSettings::default().listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    /// Every word a `Choice` key documents is one its enum reads.
+    #[test]
+    fn every_choice_word_is_read() {
+        for key in keys::KEYS {
+            let Kind::Choice { choices, .. } = key.kind else {
+                continue;
+            };
+            for word in choices {
+                let mut layers = Layers::default();
+                layers.set(key, toml::Value::String(word.to_string()), "test".into());
+                let read = ServerSettings::load(&layers)
+                    .and(AuthSettings::load(&layers))
+                    .map(|_| ());
+                assert!(read.is_ok(), "{} = {word}: {read:?}", key.dotted());
+            }
+        }
+    }
+
+    /// The shape of each repeated table accepts every key its definitions
+    /// list (the shape's own list is where a new bounded key would be
+    /// forgotten).
+    #[test]
+    fn repeated_tables_accept_every_defined_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let mut text = String::from(
+            "[auth]\nresource = \"https://x.test/mcp\"\n[[auth.jwt]]\nissuer = \"i\"\njwks_file = \"/k.json\"\ntenant = \"t\"\n",
+        );
+        for key in keys::JWT_KEYS {
+            text.push_str(&format!("{} = {}\n", key.name, key.int().default));
+        }
+        text.push_str("[[tool]]\nname = \"a\"\nargv = [\"/bin/true\"]\n");
+        for key in keys::TOOL_KEYS {
+            text.push_str(&format!("{} = {}\n", key.name, key.int().default));
+        }
+        std::fs::write(&file, &text).unwrap();
+        let over = Overrides {
+            config_path: Some(file),
+            ..Default::default()
+        };
+        let c = Config::load_from(&over, &env(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.tools[0].limits, ToolLimits::default());
+        let jwt = &c.auth.as_ref().unwrap().jwt[0];
+        assert_eq!(jwt.limits, JwtLimits::default());
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! requests off with an empty 500.
 
 pub mod auth;
+pub mod exposure;
 mod limits;
 mod listener;
 pub mod origin;

@@ -242,7 +242,7 @@ pub(super) fn run(
         conn: Some(Rc::new(prepared.conn)),
         kinds,
         next_sweep: now + SWEEP_INTERVAL,
-        next_checkpoint: now + options.checkpoint_interval,
+        next_checkpoint: now + options.settings.checkpoint_interval,
         options,
         shared,
     };
@@ -558,7 +558,7 @@ impl Engine {
             .query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0))
             .unwrap_or(0)
             .max(0) as u64;
-        let near_cap = pages + PAGE_CAP_MARGIN >= self.options.max_db_pages;
+        let near_cap = pages + PAGE_CAP_MARGIN >= self.options.settings.max_db_pages;
         let room = self
             .options
             .db_path
@@ -568,7 +568,7 @@ impl Engine {
             .unwrap_or(0);
         if near_cap && room >= PAGE_CAP_MARGIN * open::PAGE_SIZE as u64 {
             CapacityKind::PageCap {
-                pages: self.options.max_db_pages,
+                pages: self.options.settings.max_db_pages,
             }
         } else {
             CapacityKind::DiskFull
@@ -834,7 +834,7 @@ impl Engine {
             }
         }
         if now >= self.next_checkpoint {
-            self.next_checkpoint = now + self.options.checkpoint_interval;
+            self.next_checkpoint = now + self.options.settings.checkpoint_interval;
             if self.disabled().is_none()
                 && let Err(e) = self.checkpoint()
             {

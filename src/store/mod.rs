@@ -296,12 +296,9 @@ pub struct SnapshotReport {
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub db_path: PathBuf,
-    pub queue_depth: usize,
-    pub max_live_tasks: u64,
-    /// Unexpired tasks one owner may hold.
-    pub max_live_tasks_per_owner: u64,
-    pub checkpoint_interval: Duration,
-    pub max_db_pages: u64,
+    /// `[store]`: its queue, its live-task bounds, its checkpoints and its
+    /// page cap.
+    pub settings: StoreSettings,
     /// Where every "now" of the store comes from.
     pub clock: Clock,
     /// The identity the state directory recorded for its store, if any: a
@@ -320,15 +317,11 @@ pub struct StoreOptions {
 }
 
 impl StoreOptions {
+    /// A store at `db_path` with every `[store]` key at its default.
     pub fn new(db_path: impl Into<PathBuf>) -> StoreOptions {
-        use crate::config::bounds;
         StoreOptions {
             db_path: db_path.into(),
-            queue_depth: bounds::QUEUE_DEPTH_DEFAULT as usize,
-            max_live_tasks: bounds::MAX_LIVE_TASKS_DEFAULT,
-            max_live_tasks_per_owner: bounds::MAX_LIVE_TASKS_DEFAULT,
-            checkpoint_interval: Duration::from_secs(bounds::CHECKPOINT_INTERVAL_SECS_DEFAULT),
-            max_db_pages: bounds::MAX_DB_PAGES_DEFAULT,
+            settings: StoreSettings::default(),
             clock: Clock::system(),
             expected_identity: None,
             stall_file: None,
@@ -340,11 +333,7 @@ impl StoreOptions {
     pub fn from_settings(db_path: &Path, s: &StoreSettings) -> StoreOptions {
         StoreOptions {
             db_path: db_path.to_path_buf(),
-            queue_depth: s.queue_depth,
-            max_live_tasks: s.max_live_tasks,
-            max_live_tasks_per_owner: s.max_live_tasks_per_owner,
-            checkpoint_interval: s.checkpoint_interval,
-            max_db_pages: s.max_db_pages,
+            settings: s.clone(),
             clock: Clock::system(),
             expected_identity: None,
             stall_file: crate::testhooks::stall_file(),
@@ -417,10 +406,10 @@ impl Store {
     /// the tasks recovery is about to end known, so that what was derived
     /// from them can go first (see [`Opening::unfinished`]).
     pub fn begin_open(options: StoreOptions) -> Result<Opening, OpenError> {
-        let (tx, rx) = mpsc::sync_channel(options.queue_depth);
+        let (tx, rx) = mpsc::sync_channel(options.settings.queue_depth);
         let clock = options.clock.clone();
         let shared = Arc::new(Shared {
-            depth: options.queue_depth,
+            depth: options.settings.queue_depth,
             busy_file: options.busy_file.clone(),
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),

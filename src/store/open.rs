@@ -280,7 +280,7 @@ pub(crate) fn apply_production_pragmas(conn: &Connection, path: &Path) -> Result
         conn,
         path,
         true,
-        crate::config::bounds::MAX_DB_PAGES_DEFAULT,
+        crate::config::keys::STORE_MAX_DB_PAGES.int().default,
         false,
     )
 }
@@ -554,7 +554,7 @@ pub(super) struct Prepared {
 pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared, OpenError> {
     let path = options.db_path.as_path();
     let len = file_len(path);
-    let (report, found) = check_read_only_at(path, options.max_db_pages, &options.clock)?;
+    let (report, found) = check_read_only_at(path, options.settings.max_db_pages, &options.clock)?;
     verify_identity(
         path,
         &report,
@@ -567,7 +567,13 @@ pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared,
     }
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
-    apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
+    apply_pragmas(
+        &conn,
+        path,
+        empty_file,
+        options.settings.max_db_pages,
+        false,
+    )?;
     let (version, objects) = classify(&conn, path)?;
     check_version(path, version, objects)?;
 

@@ -235,8 +235,8 @@ pub(super) struct Tasks {
 impl Tasks {
     pub(super) fn new(options: &StoreOptions) -> Tasks {
         Tasks {
-            max_live: options.max_live_tasks,
-            max_live_per_owner: options.max_live_tasks_per_owner,
+            max_live: options.settings.max_live_tasks,
+            max_live_per_owner: options.settings.max_live_tasks_per_owner,
             rows: 0,
             pending: 0,
         }

@@ -11,7 +11,7 @@ use crate::store::{Digest, Store, TaskId};
 use crate::tools::{ToolSpec, result_json};
 
 /// The built-in tool that returns a spilled result to its owner.
-pub const ARTIFACT_READ_TOOL: &str = "artifact_read";
+pub const ARTIFACT_READ_TOOL: &str = crate::tools::ARTIFACT_READ;
 
 pub fn spec() -> ToolSpec {
     ToolSpec {

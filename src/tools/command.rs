@@ -13,7 +13,7 @@ use super::confine;
 use super::process::{self, Invocation};
 use super::shim::{Limits, Paths};
 use super::{ArgumentError, RegistryError, RunError, RunFuture, Runner, ToolSpec, result_json};
-use crate::config::ToolConfig;
+use crate::config::{Effect, TaskMode, ToolConfig};
 
 /// One piece of an argv element.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +84,27 @@ fn is_shell_script(argv: &[String]) -> bool {
         && argv.get(1).is_some_and(|a| a == "-c")
 }
 
+/// What a configured tool must keep to to be served, however well-formed
+/// its table: a name the daemon's own tools do not take, and no background
+/// task for a non-idempotent write, whose effect a restart during the run
+/// would leave unknown (a task is never run twice, so nobody could tell
+/// whether it happened).
+fn check_rules(config: &ToolConfig) -> Result<(), RegistryError> {
+    if super::RESERVED_TOOL_NAMES.contains(&config.name.as_str()) {
+        return Err(RegistryError::Reserved {
+            tool: config.name.clone(),
+            origin: config.origin.clone(),
+        });
+    }
+    if config.task != TaskMode::Never && config.effect == Effect::NonIdempotentWrite {
+        return Err(RegistryError::BackgroundWrite {
+            tool: config.name.clone(),
+            origin: config.origin.clone(),
+        });
+    }
+    Ok(())
+}
+
 /// How an argument value appears in argv.
 fn render(value: &Value) -> String {
     match value {
@@ -105,6 +126,7 @@ impl CommandTool {
         config: ToolConfig,
         protected: &[std::path::PathBuf],
     ) -> Result<CommandTool, RegistryError> {
+        check_rules(&config)?;
         if let Some((path, protected)) = confine::refused_path(&config, protected) {
             return Err(RegistryError::Protected {
                 tool: config.name.clone(),
@@ -258,9 +280,9 @@ impl CommandTool {
             env,
             working_dir: self.config.working_dir.clone(),
             stdin: serde_json::to_vec(args).unwrap_or_default(),
-            timeout: self.config.timeout,
-            max_stdout: self.config.max_stdout_bytes,
-            max_stderr: self.config.max_stderr_bytes,
+            timeout: self.config.limits.timeout,
+            max_stdout: self.config.limits.max_stdout_bytes,
+            max_stderr: self.config.limits.max_stderr_bytes,
             grace,
             limits: Some(self.limits),
             paths: self.paths.clone(),
@@ -331,24 +353,72 @@ impl Runner for CommandTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Effect, TaskMode};
+    use crate::config::ToolLimits;
     use serde_json::json;
 
-    fn tool(argv: &[&str], schema: Value) -> Result<CommandTool, RegistryError> {
-        CommandTool::build(ToolConfig {
+    fn config(argv: &[&str], schema: Value) -> ToolConfig {
+        ToolConfig {
             name: "t".into(),
             description: String::new(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
             input_schema: schema,
             working_dir: None,
             env: vec![],
-            timeout: Duration::from_secs(1),
-            max_stdout_bytes: 10,
-            max_stderr_bytes: 10,
             effect: Effect::ReadOnly,
             task: TaskMode::Never,
+            limits: ToolLimits {
+                timeout: Duration::from_secs(1),
+                max_stdout_bytes: 10,
+                max_stderr_bytes: 10,
+                ..ToolLimits::default()
+            },
             confinement: Default::default(),
-        })
+            origin: "c.toml".into(),
+        }
+    }
+
+    fn tool(argv: &[&str], schema: Value) -> Result<CommandTool, RegistryError> {
+        CommandTool::build(config(argv, schema))
+    }
+
+    /// The daemon's own names and a non-idempotent background task are
+    /// refused, as the operator wrote them (78).
+    #[test]
+    fn reserved_names_and_background_writes_are_refused() {
+        let reserved = CommandTool::build(ToolConfig {
+            name: crate::tools::ARTIFACT_READ.into(),
+            ..config(&["/bin/x"], json!({"type": "object"}))
+        });
+        let e = reserved.unwrap_err();
+        assert!(matches!(e, RegistryError::Reserved { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "c.toml: [[tool]] \"artifact_read\": this name is reserved for a built-in tool; fix or remove that key (see `taskgate init` for every key)"
+        );
+        assert_eq!(
+            crate::exit::Classify::exit_class(&e),
+            crate::exit::ExitClass::Config
+        );
+        for task in [TaskMode::Optional, TaskMode::Required] {
+            let write = CommandTool::build(ToolConfig {
+                effect: Effect::NonIdempotentWrite,
+                task,
+                ..config(&["/bin/x"], json!({"type": "object"}))
+            });
+            let e = write.unwrap_err();
+            assert!(
+                e.to_string().starts_with("c.toml: [[tool]] \"t\": a non-idempotent write cannot run as a background task (a restart would leave its effect unknown);"),
+                "{e}"
+            );
+        }
+        assert!(
+            CommandTool::build(ToolConfig {
+                effect: Effect::NonIdempotentWrite,
+                task: TaskMode::Never,
+                ..config(&["/bin/x"], json!({"type": "object"}))
+            })
+            .is_ok()
+        );
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub fn paths(tool: &ToolConfig, protected: &[PathBuf]) -> Option<Paths> {
 
 /// The resource limits of a tool.
 pub fn limits(tool: &ToolConfig) -> Limits {
-    let c = &tool.confinement;
+    let c = &tool.limits;
     Limits {
         address_space: c.max_address_space_bytes,
         open_files: c.max_open_files,
@@ -153,10 +153,10 @@ pub struct ToolState {
 
 impl ToolState {
     pub fn of(tool: &ToolConfig) -> ToolState {
-        let c = &tool.confinement;
+        let c = &tool.limits;
         ToolState {
             name: tool.name.clone(),
-            sandbox: match c.sandbox {
+            sandbox: match tool.confinement.sandbox {
                 Sandbox::Landlock => "confined",
                 Sandbox::Unconfined => "unconfined",
             }

@@ -31,6 +31,13 @@ use crate::wire::{self, WireCode};
 
 pub use command::CommandTool;
 
+/// `artifact_read`: the built-in that reads a result too large for its
+/// task record (served by `tasks`, which knows artifacts and owners).
+pub const ARTIFACT_READ: &str = "artifact_read";
+
+/// The names the daemon's own tools take, which no `[[tool]]` may declare.
+pub const RESERVED_TOOL_NAMES: &[&str] = &[ARTIFACT_READ];
+
 /// What `tools/list` shows of a tool, and how the task layer treats it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
@@ -99,6 +106,14 @@ pub enum RegistryError {
     BadTemplate { tool: String, element: String },
     #[error("tool {tool:?} is declared twice; tool names must be unique")]
     Duplicate { tool: String },
+    #[error(
+        "{origin}: [[tool]] {tool:?}: this name is reserved for a built-in tool; fix or remove that key (see `taskgate init` for every key)"
+    )]
+    Reserved { tool: String, origin: String },
+    #[error(
+        "{origin}: [[tool]] {tool:?}: a non-idempotent write cannot run as a background task (a restart would leave its effect unknown); declare effect = \"read_only\" or \"idempotent_write\" if that is true, or set task = \"never\"; fix or remove that key (see `taskgate init` for every key)"
+    )]
+    BackgroundWrite { tool: String, origin: String },
     #[error(
         "tool {tool:?}: {path:?} overlaps {protected:?}, which no tool may reach (the state directory or the configuration); declare another path"
     )]

@@ -46,6 +46,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use crate::config::keys;
+
 /// The signal the kernel sends the shim when the daemon dies.
 const PARENT_DEATH: Signal = Signal::SIGUSR1;
 /// The signal the daemon sends the shim to end the tool at once (timeout,
@@ -111,10 +113,10 @@ pub fn limit_of_report(report: &str) -> Option<&'static str> {
 
 /// The keys a report may name.
 pub const LIMIT_KEYS: [&str; 4] = [
-    "max_processes",
-    "max_address_space_bytes",
-    "max_file_bytes",
-    "max_cpu_secs",
+    keys::TOOL_MAX_PROCESSES.name,
+    keys::TOOL_MAX_ADDRESS_SPACE_BYTES.name,
+    keys::TOOL_MAX_FILE_BYTES.name,
+    keys::TOOL_MAX_CPU_SECS.name,
 ];
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
@@ -514,7 +516,7 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
             if let Some(l) = &limits
                 && mine.len() as u64 > l.processes
             {
-                watch.exceeded = Some("max_processes");
+                watch.exceeded = Some(keys::TOOL_MAX_PROCESSES.name);
                 break;
             }
         }
@@ -528,7 +530,7 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
     {
         // A tool that ended leaving more processes than it may have (a
         // fork bomb whose first shell returned) failed all the same.
-        watch.exceeded = Some("max_processes");
+        watch.exceeded = Some(keys::TOOL_MAX_PROCESSES.name);
     }
     let status = match (watch.tool, watch.exceeded) {
         // A limit ended the run, whatever the tool's own status said.
@@ -573,21 +575,21 @@ fn limit_hit(limits: &Limits, status: Option<WaitStatus>, peak_vsize: u64) -> Op
         _ => return None,
     };
     if code == 128 + libc::SIGXFSZ {
-        return Some("max_file_bytes");
+        return Some(keys::TOOL_MAX_FILE_BYTES.name);
     }
     if code == 128 + libc::SIGXCPU {
-        return Some("max_cpu_secs");
+        return Some(keys::TOOL_MAX_CPU_SECS.name);
     }
     // SAFETY: getrusage(2) fills the struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let _ = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     let cpu = usage.ru_utime.tv_sec as u64 + usage.ru_stime.tv_sec as u64;
     if code == 128 + libc::SIGKILL && cpu >= limits.cpu_secs {
-        return Some("max_cpu_secs");
+        return Some(keys::TOOL_MAX_CPU_SECS.name);
     }
     let peak = peak_vsize.max(usage.ru_maxrss.max(0) as u64 * 1024);
     if peak >= limits.address_space / 2 {
-        return Some("max_address_space_bytes");
+        return Some(keys::TOOL_MAX_ADDRESS_SPACE_BYTES.name);
     }
     None
 }
