@@ -16,24 +16,16 @@ use common::*;
 use serde_json::{Value, json};
 
 fn config(dir: &Path) -> PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        r#"
-[[tool]]
-name = "nap"
-argv = ["/bin/sh", "-c", "sleep $0; printf rested", "{seconds}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 120
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.seconds]
-type = "number"
-"#,
+    write_config(
+        dir,
+        "",
+        &[Tool::new("nap")
+            .script("sleep $0; printf rested")
+            .args(&["{seconds}"])
+            .task("optional")
+            .timeout_secs(120)
+            .param("seconds", "number")],
     )
-    .unwrap();
-    p
 }
 
 fn start(root: &Path, state: &Path) -> Daemon {
@@ -141,7 +133,10 @@ fn status_shows_one_screen_and_json_for_scripts() {
         .map(|m| m.len())
         .sum();
     assert!(parts[0]["bytes"].as_u64().unwrap() >= 4096, "{parts:?}");
-    assert!(parts[0]["bytes"].as_u64().unwrap() <= on_disk, "{parts:?} of {on_disk}");
+    assert!(
+        parts[0]["bytes"].as_u64().unwrap() <= on_disk,
+        "{parts:?} of {on_disk}"
+    );
     assert!(
         text.contains("durable part     task-store: "),
         "no durable part line in:\n{text}"

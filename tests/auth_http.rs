@@ -173,47 +173,32 @@ fn start_with(auth: &str, tasks: &str, extra_tokens: &str, log_level: Option<&st
     let tokens = root.path().join("tokens.toml");
     tokens_file_with(&tokens, &[], extra_tokens);
     let release = root.path().join("release");
-    let cfg = root.path().join("taskgate.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[auth]
-tokens_file = "{tokens}"
-{auth}
-[tasks]
-poll_interval_ms = 50
-{tasks}
-
-[[tool]]
-name = "nap"
-argv = ["/bin/sh", "-c", "printf rested"]
-effect = "read_only"
-task = "optional"
-[tool.input_schema]
-type = "object"
-
-[[tool]]
-name = "wait"
-argv = ["/bin/sh", "-c", "while [ ! -e {release} ]; do sleep 0.05; done; printf released"]
-sandbox = "unconfined" # it waits for a file beside the state directory
-effect = "read_only"
-task = "required"
-[tool.input_schema]
-type = "object"
-
-[[tool]]
-name = "put"
-argv = ["/bin/sh", "-c", "printf stored"]
-effect = "idempotent_write"
-task = "optional"
-[tool.input_schema]
-type = "object"
-"#,
-            tokens = tokens.display(),
-            release = release.display(),
+    let cfg = write_config(
+        root.path(),
+        &format!(
+            "[auth]\ntokens_file = \"{}\"\n{auth}\n[tasks]\npoll_interval_ms = 50\n{tasks}\n",
+            tokens.display()
         ),
-    )
-    .unwrap();
+        &[
+            Tool::new("nap")
+                .script("printf rested")
+                .task("optional")
+                .input(),
+            Tool::new("wait")
+                .script(&format!(
+                    "while [ ! -e {} ]; do sleep 0.05; done; printf released",
+                    release.display()
+                ))
+                .unconfined("it waits for a file beside the state directory")
+                .task("required")
+                .input(),
+            Tool::new("put")
+                .script("printf stored")
+                .effect("idempotent_write")
+                .task("optional")
+                .input(),
+        ],
+    );
     let mut builder = Daemon::builder()
         .config(&cfg)
         .state_dir(&state)
@@ -1659,22 +1644,18 @@ fn serve_refuses_a_non_loopback_listener_without_auth_or_tls_and_changes_nothing
 
 /// A tool for legacy sessions (it runs synchronously there): says it has
 /// started on the FIFO `started`, then holds its call until `release`
-/// exists. Given to [`start`] in place of extra `[tasks]` lines.
+/// exists. Given to [`start`] in place of extra `[tasks]` lines, as TOML.
 fn holding_tool(started: &Path, release: &Path) -> String {
-    format!(
-        r#"
-[[tool]]
-name = "hold"
-argv = ["/bin/sh", "-c", "echo started > {started}; while [ ! -e {release} ]; do sleep 0.05; done; printf held"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-[tool.input_schema]
-type = "object"
-"#,
-        started = started.display(),
-        release = release.display(),
-    )
+    Tool::new("hold")
+        .script(&format!(
+            "echo started > {}; while [ ! -e {} ]; do sleep 0.05; done; printf held",
+            started.display(),
+            release.display()
+        ))
+        .unconfined("its files sit beside the state directory")
+        .task("optional")
+        .input()
+        .to_string()
 }
 
 /// One raw `/mcp` request of a legacy session (protocol 2025-11-25 unless

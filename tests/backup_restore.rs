@@ -12,24 +12,14 @@ use common::*;
 use serde_json::json;
 
 fn demo_config(dir: &Path) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        r#"[tasks]
-poll_interval_ms = 50
-[[tool]]
-name = "note"
-argv = ["/usr/bin/printf", "%s", "{text}"]
-effect = "read_only"
-task = "optional"
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.text]
-type = "string"
-"#,
+    write_config(
+        dir,
+        "[tasks]\npoll_interval_ms = 50\n",
+        &[Tool::new("note")
+            .argv(&["/usr/bin/printf", "%s", "{text}"])
+            .task("optional")
+            .param("text", "string")],
     )
-    .unwrap();
-    p
 }
 
 async fn create(d: &Daemon, text: &str) -> String {

@@ -338,16 +338,15 @@ fn the_artifact_space_is_filled_to_the_byte_and_no_further() {
     assert_eq!(again.used_bytes(), 2 * size);
 }
 
-fn write_config(root: &Path, body: &str) -> std::path::PathBuf {
-    let p = root.join("taskgate.toml");
-    std::fs::write(&p, format!("[tasks]\npoll_interval_ms = 50\n{body}")).unwrap();
-    p
-}
+/// The `[tasks]` section every daemon here runs with.
+const TASKS: &str = "[tasks]\npoll_interval_ms = 50\n";
 
-fn tool(name: &str, script: &str, extra: &str) -> String {
-    format!(
-        "\n[[tool]]\nname = \"{name}\"\nargv = [\"/bin/sh\", \"-c\", {script:?}]\neffect = \"read_only\"\ntask = \"optional\"\n{extra}\n"
-    )
+/// A shell tool that may run as a task, with `limits` (TOML lines).
+fn tool(name: &str, script: &str, limits: &str) -> Tool {
+    Tool::new(name)
+        .script(script)
+        .task("optional")
+        .extra(limits)
 }
 
 /// Calls `name` as a task and returns its terminal state.
@@ -369,6 +368,7 @@ fn output_at_its_bound_is_kept_and_one_byte_more_fails_the_call() {
     let limits = "max_stdout_bytes = 4096\nmax_stderr_bytes = 4096\ntimeout_secs = 1";
     let cfg = write_config(
         root.path(),
+        TASKS,
         &[
             tool("out-at", "head -c 4096 /dev/zero | tr '\\0' a", limits),
             tool("out-past", "head -c 4097 /dev/zero | tr '\\0' a", limits),
@@ -380,8 +380,7 @@ fn output_at_its_bound_is_kept_and_one_byte_more_fails_the_call() {
             ),
             tool("in-time", "printf done", limits),
             tool("too-slow", "sleep 30", limits),
-        ]
-        .concat(),
+        ],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let rt = runtime();
@@ -418,19 +417,19 @@ fn a_task_whose_result_does_not_fit_the_artifact_space_fails_naming_it() {
     // result of 1.1 MiB is past the single-artifact bound.
     let cfg = write_config(
         root.path(),
-        &format!(
-            "artifacts_max_total_bytes = 1048576\nartifact_max_bytes = 1048576\n{}{}",
+        &format!("{TASKS}artifacts_max_total_bytes = 1048576\nartifact_max_bytes = 1048576\n"),
+        &[
             tool(
                 "big",
                 "head -c 614400 /dev/zero | tr '\\0' a",
-                "max_stdout_bytes = 2097152"
+                "max_stdout_bytes = 2097152",
             ),
             tool(
                 "huge",
                 "head -c 1153434 /dev/zero | tr '\\0' a",
-                "max_stdout_bytes = 2097152"
+                "max_stdout_bytes = 2097152",
             ),
-        ),
+        ],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let rt = runtime();
@@ -461,10 +460,8 @@ fn a_client_past_its_live_task_bound_is_told_which_bound() {
     let state = state_dir(root.path());
     let cfg = write_config(
         root.path(),
-        &format!(
-            "[store]\nmax_live_tasks_per_owner = 2\n{}",
-            tool("quick", "printf done", "")
-        ),
+        &format!("{TASKS}[store]\nmax_live_tasks_per_owner = 2\n"),
+        &[tool("quick", "printf done", "")],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
     let rt = runtime();

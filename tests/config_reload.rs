@@ -21,37 +21,27 @@ const STEP: Duration = Duration::from_secs(15);
 /// `hold` writes to the `started` FIFO once it runs, then waits until the
 /// test writes a line into the `release` FIFO, and prints it: a task that
 /// runs exactly as long as the test wants, with no sleep anywhere.
-const HOLD_TOOL: &str = r#"
-[[tool]]
-name = "hold"
-description = "Runs until released."
-argv = ["/bin/sh", "-c", 'echo started > "$0"; read line < "$1"; printf "released %s" "$line"', "{started}", "{release}"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 120
-[tool.input_schema]
-type = "object"
-required = ["started", "release"]
-[tool.input_schema.properties.started]
-type = "string"
-[tool.input_schema.properties.release]
-type = "string"
-"#;
+fn hold_tool() -> Tool {
+    Tool::new("hold")
+        .description("Runs until released.")
+        .script(HOLD_SCRIPT)
+        .args(&["{started}", "{release}"])
+        .unconfined("its files sit beside the state directory")
+        .task("optional")
+        .timeout_secs(120)
+        .required("started", "string")
+        .required("release", "string")
+}
 
-const ECHO_TOOL: &str = r#"
-[[tool]]
-name = "echo"
-description = "Prints its text."
-argv = ["/bin/echo", "{text}"]
-effect = "read_only"
-task = "optional"
-[tool.input_schema]
-type = "object"
-required = ["text"]
-[tool.input_schema.properties.text]
-type = "string"
-"#;
+const HOLD_SCRIPT: &str = r#"echo started > "$0"; read line < "$1"; printf "released %s" "$line""#;
+
+fn echo_tool() -> Tool {
+    Tool::new("echo")
+        .description("Prints its text.")
+        .argv(&["/bin/echo", "{text}"])
+        .task("optional")
+        .required("text", "string")
+}
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -132,7 +122,10 @@ fn status(task: &Value) -> &str {
 /// with (its tool is gone from the new file) and then completes.
 #[test]
 fn a_reload_changes_the_tools_while_a_running_task_goes_on_and_completes() {
-    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{HOLD_TOOL}"));
+    let f = Fixture::new(&config_text(
+        "[tasks]\npoll_interval_ms = 200\n",
+        &[hold_tool()],
+    ));
     let mut d = f.start();
     let rt = runtime();
     let client = d.client(true);
@@ -153,7 +146,10 @@ fn a_reload_changes_the_tools_while_a_running_task_goes_on_and_completes() {
     assert_eq!(started.read(STEP).trim(), "started");
 
     // New file: `hold` gone, `echo` added, a slower poll interval.
-    f.rewrite(&format!("[tasks]\npoll_interval_ms = 300\n{ECHO_TOOL}"));
+    f.rewrite(&config_text(
+        "[tasks]\npoll_interval_ms = 300\n",
+        &[echo_tool()],
+    ));
     let line = reload(&mut d);
     assert!(line.contains("; reload 1 applied"), "{line}");
     assert!(!line.contains("startup-only"), "{line}");
@@ -196,11 +192,14 @@ fn a_reload_changes_the_tools_while_a_running_task_goes_on_and_completes() {
 /// nothing: the old tools are served, the error is logged with its reason.
 #[test]
 fn an_invalid_file_on_reload_keeps_the_old_configuration() {
-    let f = Fixture::new(ECHO_TOOL);
+    let f = Fixture::new(&echo_tool().to_string());
     let mut d = f.start();
     let rt = runtime();
 
-    f.rewrite(&format!("[tasks]\npoll_interval_ms = 7\n{ECHO_TOOL}"));
+    f.rewrite(&config_text(
+        "[tasks]\npoll_interval_ms = 7\n",
+        &[echo_tool()],
+    ));
     let line = reload(&mut d);
     assert!(
         line.contains("; reload 1 refused (invalid configuration"),
@@ -220,9 +219,14 @@ fn an_invalid_file_on_reload_keeps_the_old_configuration() {
 
     // A tool whose template names no property, with another tool added:
     // nothing of it is applied.
-    f.rewrite(&format!(
-        "{ECHO_TOOL}{}",
-        HOLD_TOOL.replace("{release}\"]", "{nosuch}\"]")
+    f.rewrite(&config_text(
+        "",
+        &[
+            echo_tool(),
+            hold_tool()
+                .script(HOLD_SCRIPT)
+                .args(&["{started}", "{nosuch}"]),
+        ],
     ));
     reload(&mut d);
     assert_eq!(tool_names(&rt, &d), ["artifact_read", "echo"]);
@@ -246,7 +250,10 @@ fn a_changed_startup_only_key_is_refused_by_name_and_the_rest_applied() {
     let mut d = f.start();
     let rt = runtime();
 
-    f.rewrite(&format!("[server]\nmax_connections = 100\n{ECHO_TOOL}"));
+    f.rewrite(&config_text(
+        "[server]\nmax_connections = 100\n",
+        &[echo_tool()],
+    ));
     let line = reload(&mut d);
     assert!(
         line.contains(
@@ -308,19 +315,19 @@ fn echo(rt: &tokio::runtime::Runtime, d: &Daemon, text: &str) -> (String, Value)
 /// through the same protocol as SIGHUP (RELOADING=1 … READY=1, numbered).
 #[test]
 fn taskgate_reload_applies_a_changed_tool_and_says_what_changed() {
-    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{ECHO_TOOL}"));
+    let f = Fixture::new(&config_text(
+        "[tasks]\npoll_interval_ms = 200\n",
+        &[echo_tool()],
+    ));
     let mut d = f.start();
     let rt = runtime();
     let (before, interval) = echo(&rt, &d, "one");
     assert!(before.contains("one") && !before.contains("v2"), "{before}");
     assert_eq!(interval, 200);
 
-    f.rewrite(&format!(
-        "[tasks]\npoll_interval_ms = 300\n{}",
-        ECHO_TOOL.replace(
-            r#"argv = ["/bin/echo", "{text}"]"#,
-            r#"argv = ["/bin/echo", "v2", "{text}"]"#
-        )
+    f.rewrite(&config_text(
+        "[tasks]\npoll_interval_ms = 300\n",
+        &[echo_tool().argv(&["/bin/echo", "v2", "{text}"])],
     ));
     let out = reload_command(&f);
     let printed = stdout(&out);
@@ -363,11 +370,17 @@ fn taskgate_reload_applies_a_changed_tool_and_says_what_changed() {
 /// which it does: the old tool and the old poll interval are served.
 #[test]
 fn taskgate_reload_of_an_invalid_file_exits_78_and_the_daemon_keeps_its_settings() {
-    let f = Fixture::new(&format!("[tasks]\npoll_interval_ms = 200\n{ECHO_TOOL}"));
+    let f = Fixture::new(&config_text(
+        "[tasks]\npoll_interval_ms = 200\n",
+        &[echo_tool()],
+    ));
     let d = f.start();
     let rt = runtime();
 
-    f.rewrite(&format!("[tasks]\npoll_interval_ms = 7\n{HOLD_TOOL}"));
+    f.rewrite(&config_text(
+        "[tasks]\npoll_interval_ms = 7\n",
+        &[hold_tool()],
+    ));
     let out = reload_command(&f);
     assert_eq!(out.status.code(), Some(78), "{out:?}");
     let line = one_line_stderr(&out);
@@ -405,7 +418,10 @@ fn taskgate_reload_names_a_kept_startup_only_key_and_applies_the_rest() {
     let d = f.start();
     let rt = runtime();
 
-    f.rewrite(&format!("[server]\nmax_connections = 100\n{ECHO_TOOL}"));
+    f.rewrite(&config_text(
+        "[server]\nmax_connections = 100\n",
+        &[echo_tool()],
+    ));
     let out = reload_command(&f);
     assert!(out.status.success(), "{out:?}");
     let printed = stdout(&out);
@@ -429,7 +445,7 @@ fn taskgate_reload_names_a_kept_startup_only_key_and_applies_the_rest() {
 /// No daemon: 69, and one line saying so.
 #[test]
 fn taskgate_reload_without_a_daemon_exits_69() {
-    let f = Fixture::new(ECHO_TOOL);
+    let f = Fixture::new(&echo_tool().to_string());
     let out = reload_command(&f);
     assert_eq!(out.status.code(), Some(69), "{out:?}");
     assert!(
@@ -451,14 +467,15 @@ fn debug_events(d: &Daemon) -> usize {
 /// key) by the reload, which keeps the filter in force, and by `check`.
 #[test]
 fn a_reload_applies_a_more_verbose_log_filter_and_refuses_an_invalid_one() {
-    let f = Fixture::new(&format!("[log]\nfilter = \"info\"\n{ECHO_TOOL}"));
+    let f = Fixture::new(&config_text("[log]\nfilter = \"info\"\n", &[echo_tool()]));
     let d = f.start();
     let rt = runtime();
     echo(&rt, &d, "quiet");
     assert_eq!(debug_events(&d), 0, "{}", d.log_text());
 
-    f.rewrite(&format!(
-        "[log]\nfilter = \"info,taskgate=debug\"\n{ECHO_TOOL}"
+    f.rewrite(&config_text(
+        "[log]\nfilter = \"info,taskgate=debug\"\n",
+        &[echo_tool()],
     ));
     let out = reload_command(&f);
     assert!(out.status.success(), "{out:?}");
@@ -470,8 +487,9 @@ fn a_reload_applies_a_more_verbose_log_filter_and_refuses_an_invalid_one() {
     assert_eq!(debug_events(&d), 1, "{}", d.log_text());
 
     // An invalid filter: refused by name, and the verbose one stays.
-    f.rewrite(&format!(
-        "[log]\nfilter = \"info,taskgate=loud\"\n{ECHO_TOOL}"
+    f.rewrite(&config_text(
+        "[log]\nfilter = \"info,taskgate=loud\"\n",
+        &[echo_tool()],
     ));
     let out = reload_command(&f);
     assert_eq!(out.status.code(), Some(78), "{out:?}");
@@ -503,14 +521,14 @@ fn a_reload_applies_a_more_verbose_log_filter_and_refuses_an_invalid_one() {
 /// appears; an invalid `TASKGATE_LOG` refuses the start with 78.
 #[test]
 fn taskgate_log_in_the_environment_overrides_the_file_filter() {
-    let f = Fixture::new(&format!("[log]\nfilter = \"info\"\n{ECHO_TOOL}"));
+    let f = Fixture::new(&config_text("[log]\nfilter = \"info\"\n", &[echo_tool()]));
     let d = Daemon::builder()
         .config(&f.config)
         .state_dir(&f.state)
         .env("TASKGATE_LOG", "info")
         .start();
     let rt = runtime();
-    f.rewrite(&format!("[log]\nfilter = \"debug\"\n{ECHO_TOOL}"));
+    f.rewrite(&config_text("[log]\nfilter = \"debug\"\n", &[echo_tool()]));
     let out = reload_command(&f);
     assert!(out.status.success(), "{out:?}");
     assert!(

@@ -18,24 +18,15 @@ use taskgate::testhooks;
 
 /// A tool whose result (100 KiB) is larger than a record holds.
 fn big_tool_config(dir: &Path) -> PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        r#"[tasks]
-poll_interval_ms = 50
-
-[[tool]]
-name = "big"
-argv = ["/bin/sh", "-c", "head -c 102400 /dev/zero | tr '\\0' 'a'"]
-effect = "read_only"
-task = "optional"
-max_stdout_bytes = 1048576
-[tool.input_schema]
-type = "object"
-"#,
+    write_config(
+        dir,
+        "[tasks]\npoll_interval_ms = 50\n",
+        &[Tool::new("big")
+            .script("head -c 102400 /dev/zero | tr '\\0' 'a'")
+            .task("optional")
+            .extra("max_stdout_bytes = 1048576")
+            .input()],
     )
-    .unwrap();
-    p
 }
 
 /// Starts a daemon that aborts at `point` while spilling the result of the

@@ -51,35 +51,25 @@ fn fsync_eio_on_a_creates_commit_disables_the_task_service_and_a_restart_recover
     let state = state_dir(root.path());
     let marker = root.path().join("ran");
     let kept = root.path().join("kept-ran");
-    let cfg = root.path().join("taskgate.toml");
     // No checkpoint timer fires during the test, and nothing expires: the
     // only write the store makes once the first task has ended is the
     // creation of the next one.
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[store]
-checkpoint_interval_secs = 86400
-[tasks]
-poll_interval_ms = 50
-[[tool]]
-name = "mark"
-argv = ["/bin/sh", "-c", "echo ran >> {}; printf marked"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "idempotent_write"
-task = "optional"
-[[tool]]
-name = "kept"
-argv = ["/bin/sh", "-c", "echo ran >> {}; printf kept"]
-sandbox = "unconfined"
-effect = "idempotent_write"
-task = "required"
-"#,
-            marker.display(),
-            kept.display()
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        root.path(),
+        "[store]\ncheckpoint_interval_secs = 86400\n[tasks]\npoll_interval_ms = 50\n",
+        &[
+            Tool::new("mark")
+                .script(&format!("echo ran >> {}; printf marked", marker.display()))
+                .unconfined("its files sit beside the state directory")
+                .effect("idempotent_write")
+                .task("optional"),
+            Tool::new("kept")
+                .script(&format!("echo ran >> {}; printf kept", kept.display()))
+                .unconfined("its files sit beside the state directory")
+                .effect("idempotent_write")
+                .task("required"),
+        ],
+    );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log1"));
     let rt = runtime();
     let before = rt.block_on(async {

@@ -92,46 +92,26 @@ const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
 /// `must` only ever runs as a task. Both end at once. Short header and
 /// body timeouts end the requests the fuzzer leaves unfinished on purpose.
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"[server]
-max_request_bytes = {MAX_REQUEST_BYTES}
-header_read_timeout_ms = 1000
-body_read_timeout_ms = 1000
-max_sessions = {MAX_SESSIONS}
-session_idle_secs = 3600
-
-[tasks]
-poll_interval_ms = 50
-cancel_grace_ms = 200
-
-[[tool]]
-name = "echo"
-argv = ["/bin/echo", "{{text}}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 10
-[tool.input_schema]
-type = "object"
-required = ["text"]
-[tool.input_schema.properties.text]
-type = "string"
-
-[[tool]]
-name = "must"
-argv = ["/bin/echo", "done"]
-effect = "read_only"
-task = "required"
-timeout_secs = 10
-[tool.input_schema]
-type = "object"
-"#
+    write_config(
+        dir,
+        &format!(
+            "[server]\nmax_request_bytes = {MAX_REQUEST_BYTES}\nheader_read_timeout_ms = 1000\n\
+             body_read_timeout_ms = 1000\nmax_sessions = {MAX_SESSIONS}\nsession_idle_secs = 3600\n\n\
+             [tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n"
         ),
+        &[
+            Tool::new("echo")
+                .argv(&["/bin/echo", "{text}"])
+                .task("optional")
+                .timeout_secs(10)
+                .required("text", "string"),
+            Tool::new("must")
+                .argv(&["/bin/echo", "done"])
+                .task("required")
+                .timeout_secs(10)
+                .input(),
+        ],
     )
-    .unwrap();
-    p
 }
 
 // ---------------------------------------------------------------------------

@@ -20,30 +20,17 @@ use serde_json::Value;
 const INTERVAL_MS: u64 = 250;
 
 fn config(dir: &Path) -> PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"[tasks]
-poll_interval_ms = {INTERVAL_MS}
-
-[[tool]]
-name = "nap"
-description = "Sleeps, then says so."
-argv = ["/bin/sh", "-c", "sleep $0; printf rested", "{{seconds}}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 60
-[tool.input_schema]
-type = "object"
-required = ["seconds"]
-[tool.input_schema.properties.seconds]
-type = "number"
-"#
-        ),
+    write_config(
+        dir,
+        &format!("[tasks]\npoll_interval_ms = {INTERVAL_MS}\n"),
+        &[Tool::new("nap")
+            .description("Sleeps, then says so.")
+            .script("sleep $0; printf rested")
+            .args(&["{seconds}"])
+            .task("optional")
+            .timeout_secs(60)
+            .required("seconds", "number")],
     )
-    .unwrap();
-    p
 }
 
 /// Runs the client; its one JSON line.

@@ -12,33 +12,20 @@ use serde_json::{Value, json};
 use taskgate::client::{Client, ClientError};
 use taskgate::wire;
 
-fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 500\n\n{body}"),
-    )
-    .unwrap();
-    p
-}
+/// The `[tasks]` section every test here runs with.
+const TASKS: &str = "[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 500\n";
 
-fn tool(name: &str, script: &str, task: &str) -> String {
-    format!(
-        r#"
-[[tool]]
-name = "{name}"
-argv = ["/bin/sh", "-c", {script:?}, "{{arg}}"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "{task}"
-timeout_secs = 120
-max_stdout_bytes = 1048576
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.arg]
-type = "string"
-"#
-    )
+/// A shell tool of the task mode `task`, given one string argument as `$0`,
+/// with room for large results.
+fn tool(name: &str, script: &str, task: &str) -> Tool {
+    Tool::new(name)
+        .script(script)
+        .args(&["{arg}"])
+        .unconfined("its files sit beside the state directory")
+        .task(task)
+        .timeout_secs(120)
+        .extra("max_stdout_bytes = 1048576")
+        .param("arg", "string")
 }
 
 async fn poll_until_terminal(client: &Client, id: &str, limit: Duration) -> Value {
@@ -91,8 +78,8 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
     let grandchild = root.path().join("grandchild.pid");
     let config = write_config(
         root.path(),
-        &format!(
-            "{}{}",
+        TASKS,
+        &[
             tool("quick", "printf 'quick result'", "optional"),
             tool(
                 "slow",
@@ -102,9 +89,9 @@ fn a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns() {
                     marker.display(),
                     running.path.display()
                 ),
-                "optional"
-            )
-        ),
+                "optional",
+            ),
+        ],
     );
     let rt = runtime();
     let daemon = Daemon::start(&config, &state, &root.path().join("log1"));
@@ -168,7 +155,12 @@ fn a_large_result_is_spilled_and_read_back_after_a_restart() {
     let state = state_dir(root.path());
     let config = write_config(
         root.path(),
-        &tool("big", "head -c 102400 /dev/zero | tr '\\0' 'a'", "optional"),
+        TASKS,
+        &[tool(
+            "big",
+            "head -c 102400 /dev/zero | tr '\\0' 'a'",
+            "optional",
+        )],
     );
     let rt = runtime();
     let daemon = Daemon::start(&config, &state, &root.path().join("log1"));
@@ -234,11 +226,12 @@ fn a_repeated_creation_returns_the_same_task_and_runs_once() {
     let marker = root.path().join("runs");
     let config = write_config(
         root.path(),
-        &tool(
+        TASKS,
+        &[tool(
             "once",
             &format!("echo ran >> {}; sleep 1; printf 'did $0'", marker.display()),
             "optional",
-        ),
+        )],
     );
     let rt = runtime();
     let daemon = Daemon::start(&config, &state, &root.path().join("log"));
@@ -400,18 +393,12 @@ fn marker_scan(level: Option<&str>) {
     let state = state_dir(root.path());
     let config = write_config(
         root.path(),
-        &format!(
-            "{}{}",
+        &format!("[server]\nmax_request_bytes = {MAX_REQUEST}\n{TASKS}"),
+        &[
             tool("quiet", "printf 'no echo'", "optional"),
-            tool("failing", "exit 3", "optional")
-        ),
+            tool("failing", "exit 3", "optional"),
+        ],
     );
-    let config_text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        format!("[server]\nmax_request_bytes = {MAX_REQUEST}\n{config_text}"),
-    )
-    .unwrap();
     let arg_marker = "RAW-ARGUMENT-MARKER-7f3a";
     let op_marker = "RAW-OPERATION-MARKER-9c1e";
     let rt = runtime();
@@ -496,10 +483,8 @@ fn every_handle_a_client_received_names_a_committed_row_across_a_sigkill() {
     let state = state_dir(root.path());
     let cfg = write_config(
         root.path(),
-        &format!(
-            "\n[store]\nmax_live_tasks = 100000\n{}",
-            tool("quick", "printf done", "required")
-        ),
+        &format!("{TASKS}\n[store]\nmax_live_tasks = 100000\n"),
+        &[tool("quick", "printf done", "required")],
     );
     prereq::require_tool("strace");
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));

@@ -13,38 +13,29 @@ use taskgate::client::ClientError;
 use taskgate::wire;
 
 fn config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"{extra}
-[[tool]]
-name = "nap"
-argv = ["/bin/sh", "-c", "sleep $0; printf rested", "{{seconds}}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 60
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.seconds]
-type = "number"
-
-[[tool]]
-name = "hold"
-argv = ["/bin/sh", "-c", "echo started > {started}; cat {release} > /dev/null; printf rested"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 600
-[tool.input_schema]
-type = "object"
-"#,
-            started = started_fifo(dir).display(),
-            release = release_fifo(dir).display()
-        ),
+    let hold = format!(
+        "echo started > {}; cat {} > /dev/null; printf rested",
+        started_fifo(dir).display(),
+        release_fifo(dir).display()
+    );
+    write_config(
+        dir,
+        extra,
+        &[
+            Tool::new("nap")
+                .script("sleep $0; printf rested")
+                .args(&["{seconds}"])
+                .task("optional")
+                .timeout_secs(60)
+                .param("seconds", "number"),
+            Tool::new("hold")
+                .script(&hold)
+                .unconfined("its files sit beside the state directory")
+                .task("optional")
+                .timeout_secs(600)
+                .input(),
+        ],
     )
-    .unwrap();
-    p
 }
 
 /// A daemon serving [`config`] with `extra` from a fresh private directory
@@ -425,34 +416,24 @@ fn spilled_results_go_when_their_task_expires() {
 /// A quick tool, `required` or `optional`, plus one that holds its running
 /// slot until cancelled: it waits on [`release_fifo`], which no test writes.
 fn task_mode_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
     let tool = |name: &str, script: &str, task: &str| {
-        format!(
-            r#"
-[[tool]]
-name = "{name}"
-argv = ["/bin/sh", "-c", {script:?}]
-sandbox = "unconfined" # linger's pipe sits beside the state directory
-effect = "read_only"
-task = "{task}"
-timeout_secs = 600
-[tool.input_schema]
-type = "object"
-"#
-        )
+        Tool::new(name)
+            .script(script)
+            .unconfined("linger's pipe sits beside the state directory")
+            .task(task)
+            .timeout_secs(600)
+            .input()
     };
     let linger = format!("cat {}", release_fifo(dir).display());
-    std::fs::write(
-        &p,
-        format!(
-            "{extra}\n[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n{}{}{}",
+    write_config(
+        dir,
+        &format!("{extra}\n[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n"),
+        &[
             tool("must", "printf done", "required"),
             tool("may", "printf done", "optional"),
             tool("linger", &linger, "required"),
-        ),
+        ],
     )
-    .unwrap();
-    p
 }
 
 /// The JSON-RPC error a call got, which must be the registered `expected`.
@@ -571,27 +552,20 @@ fn an_output_cap_ends_the_call_at_once_while_stderr_stays_open() {
     let root = private_dir();
     let state = state_dir(root.path());
     let release = Fifo::new(&release_fifo(root.path()));
-    let p = root.path().join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"
-[[tool]]
-name = "spew"
-argv = ["/bin/sh", "-c", "head -c 200000 /dev/zero; exec cat {}"]
-sandbox = "unconfined" # its pipe sits beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = {}
-max_stdout_bytes = 1024
-[tool.input_schema]
-type = "object"
-"#,
-            release.path.display(),
-            10 * HANG.as_secs()
-        ),
-    )
-    .unwrap();
+    let p = write_config(
+        root.path(),
+        "",
+        &[Tool::new("spew")
+            .script(&format!(
+                "head -c 200000 /dev/zero; exec cat {}",
+                release.path.display()
+            ))
+            .unconfined("its pipe sits beside the state directory")
+            .task("optional")
+            .timeout_secs(10 * HANG.as_secs())
+            .extra("max_stdout_bytes = 1024")
+            .input()],
+    );
     let daemon = Daemon::start(&p, &state, &root.path().join("log"));
     let rt = runtime();
     rt.block_on(async {
@@ -1052,28 +1026,17 @@ fn blocking_daemon(
 }
 
 fn blocking_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"{extra}
-[[tool]]
-name = "block"
-argv = ["/bin/sh", "-c", "echo started > \"$1/started-$0\"; read x < \"$1/hold\"", "{{n}}", "{dir}"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 120
-[tool.input_schema]
-type = "object"
-required = ["n"]
-[tool.input_schema.properties.n]
-type = "string"
-"#,
-            dir = dir.display()
-        ),
-    )
-    .unwrap();
+    let p = write_config(
+        dir,
+        extra,
+        &[Tool::new("block")
+            .script("echo started > \"$1/started-$0\"; read x < \"$1/hold\"")
+            .args(&["{n}", &dir.display().to_string()])
+            .unconfined("its files sit beside the state directory")
+            .task("optional")
+            .timeout_secs(120)
+            .required("n", "string")],
+    );
     nix::unistd::mkfifo(
         &dir.join("hold"),
         nix::sys::stat::Mode::from_bits_truncate(0o600),
@@ -1229,38 +1192,24 @@ fn polls_listings_and_cancels_get_through_while_long_calls_hold_every_request_sl
 fn retry_daemon(extra: &str, env: &[(&str, &std::path::Path)]) -> (tempfile::TempDir, Daemon) {
     let root = private_dir();
     let state = state_dir(root.path());
-    let cfg = root.path().join("taskgate.toml");
     let runs = root.path().join("runs");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[tasks]
-poll_interval_ms = 50
-cancel_grace_ms = 200
-{extra}
-
-[[tool]]
-name = "linger"
-argv = ["/bin/sh", "-c", "sleep 60"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 90
-[tool.input_schema]
-type = "object"
-
-[[tool]]
-name = "once"
-argv = ["/bin/sh", "-c", "echo ran >> {runs}; printf done"]
-sandbox = "unconfined" # it counts its runs in a file beside the state directory
-effect = "idempotent_write"
-task = "optional"
-[tool.input_schema]
-type = "object"
-"#,
-            runs = runs.display()
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        root.path(),
+        &format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 200\n{extra}\n"),
+        &[
+            Tool::new("linger")
+                .script("sleep 60")
+                .task("optional")
+                .timeout_secs(90)
+                .input(),
+            Tool::new("once")
+                .script(&format!("echo ran >> {}; printf done", runs.display()))
+                .unconfined("it counts its runs in a file beside the state directory")
+                .effect("idempotent_write")
+                .task("optional")
+                .input(),
+        ],
+    );
     let mut builder = Daemon::builder()
         .config(&cfg)
         .state_dir(&state)

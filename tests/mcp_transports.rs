@@ -42,51 +42,32 @@ const POLL_MS: u64 = 200;
 /// `must_task` (required task) and `hang` (optional task: writes
 /// "<shell pid> <background sleep pid>" to the marker file, then waits
 /// on a 60 s background sleep).
-const CONFIG: &str = r#"
-[tasks]
-poll_interval_ms = 200
-cancel_grace_ms = 1000
-
-[[tool]]
-name = "slow_echo"
-description = "Prints its text after a moment."
-argv = ["/bin/sh", "-c", '/bin/sleep 0.4; printf "%s" "$0"', "{text}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 30
-[tool.input_schema]
-type = "object"
-required = ["text"]
-[tool.input_schema.properties.text]
-type = "string"
-
-[[tool]]
-name = "must_task"
-description = "Only runs as a task."
-argv = ["/bin/echo", "{text}"]
-effect = "read_only"
-task = "required"
-timeout_secs = 30
-[tool.input_schema]
-type = "object"
-required = ["text"]
-[tool.input_schema.properties.text]
-type = "string"
-
-[[tool]]
-name = "hang"
-description = "Records its pids and waits on a background sleep."
-argv = ["/bin/sh", "-c", '/bin/sleep 60 & echo "$$ $!" > "$0"; wait', "{marker}"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 120
-[tool.input_schema]
-type = "object"
-required = ["marker"]
-[tool.input_schema.properties.marker]
-type = "string"
-"#;
+fn tools() -> [common::Tool; 3] {
+    use common::Tool;
+    [
+        Tool::new("slow_echo")
+            .description("Prints its text after a moment.")
+            .script(r#"/bin/sleep 0.4; printf "%s" "$0""#)
+            .args(&["{text}"])
+            .task("optional")
+            .timeout_secs(30)
+            .required("text", "string"),
+        Tool::new("must_task")
+            .description("Only runs as a task.")
+            .argv(&["/bin/echo", "{text}"])
+            .task("required")
+            .timeout_secs(30)
+            .required("text", "string"),
+        Tool::new("hang")
+            .description("Records its pids and waits on a background sleep.")
+            .script(r#"/bin/sleep 60 & echo "$$ $!" > "$0"; wait"#)
+            .args(&["{marker}"])
+            .unconfined("its files sit beside the state directory")
+            .task("optional")
+            .timeout_secs(120)
+            .required("marker", "string"),
+    ]
+}
 
 // ---------------------------------------------------------------------------
 // Scaffolding: a private directory with a config and a state dir.
@@ -101,8 +82,11 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = common::private_dir();
         let state = common::state_dir(dir.path());
-        let config = dir.path().join("taskgate.toml");
-        std::fs::write(&config, CONFIG).unwrap();
+        let config = common::write_config(
+            dir.path(),
+            &format!("[tasks]\npoll_interval_ms = {POLL_MS}\ncancel_grace_ms = 1000\n"),
+            &tools(),
+        );
         Fixture { dir, config, state }
     }
 

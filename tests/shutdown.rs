@@ -111,36 +111,25 @@ fn sigterm_the_moment_ready_arrives_is_a_clean_stop() {
 /// A tool that ignores SIGTERM (so a stop waits out the cancel grace) and
 /// says when it runs, and a tool that leaves a mark when it runs.
 fn stopping_config(dir: &Path, started: &Path, mark: &Path) -> std::path::PathBuf {
-    let p = dir.join("taskgate.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"[tasks]
-poll_interval_ms = 50
-cancel_grace_ms = 3000
-
-[[tool]]
-name = "stubborn"
-argv = ["/bin/sh", "-c", "trap '' TERM; echo started > {started}; exec sleep 60"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 120
-
-[[tool]]
-name = "mark"
-argv = ["/bin/sh", "-c", "echo ran >> {mark}; printf marked"]
-sandbox = "unconfined" # its files sit beside the state directory
-effect = "read_only"
-task = "optional"
-timeout_secs = 60
-"#,
-            started = started.display(),
-            mark = mark.display()
-        ),
+    write_config(
+        dir,
+        "[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 3000\n",
+        &[
+            Tool::new("stubborn")
+                .script(&format!(
+                    "trap '' TERM; echo started > {}; exec sleep 60",
+                    started.display()
+                ))
+                .unconfined("its files sit beside the state directory")
+                .task("optional")
+                .timeout_secs(120),
+            Tool::new("mark")
+                .script(&format!("echo ran >> {}; printf marked", mark.display()))
+                .unconfined("its files sit beside the state directory")
+                .task("optional")
+                .timeout_secs(60),
+        ],
     )
-    .unwrap();
-    p
 }
 
 /// Defect 2: once stopping has begun (STOPPING=1), a call that arrives is
@@ -296,18 +285,14 @@ fn a_stop_under_load_answers_every_call_and_loses_no_handle() {
     for round in 1..=rounds {
         let root = private_dir();
         let state = state_dir(root.path());
-        let config = root.path().join("taskgate.toml");
-        std::fs::write(
-            &config,
-            r#"[[tool]]
-name = "quick"
-argv = ["/bin/sh", "-c", "printf ok"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 60
-"#,
-        )
-        .unwrap();
+        let config = write_config(
+            root.path(),
+            "",
+            &[Tool::new("quick")
+                .script("printf ok")
+                .task("optional")
+                .timeout_secs(60)],
+        );
         let mut daemon = Daemon::builder()
             .config(&config)
             .state_dir(&state)
@@ -409,23 +394,14 @@ fn response_body(raw: &[u8]) -> (String, Vec<u8>) {
 fn an_answer_still_being_sent_when_the_listener_closes_is_sent_whole() {
     let root = private_dir();
     let state = state_dir(root.path());
-    let config = root.path().join("taskgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[tasks]
-poll_interval_ms = 50
-
-[[tool]]
-name = "big"
-argv = ["/bin/sh", "-c", "head -c {BIG} /dev/zero | tr '\\0' 'a'"]
-effect = "read_only"
-task = "optional"
-max_stdout_bytes = {BIG}
-"#
-        ),
-    )
-    .unwrap();
+    let config = write_config(
+        root.path(),
+        "[tasks]\npoll_interval_ms = 50\n",
+        &[Tool::new("big")
+            .script(&format!("head -c {BIG} /dev/zero | tr '\\0' 'a'"))
+            .task("optional")
+            .extra(&format!("max_stdout_bytes = {BIG}"))],
+    );
     let mut daemon = Daemon::builder()
         .config(&config)
         .state_dir(&state)

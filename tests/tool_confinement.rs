@@ -36,18 +36,17 @@ impl Fixture {
         Fixture { root, state, io }
     }
 
-    fn config(&self, tools: &str) -> PathBuf {
-        let p = self.root.path().join("taskgate.toml");
-        std::fs::write(
-            &p,
-            format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 300\n{tools}"),
+    /// A configuration of `sections` (after this file's `[tasks]`) and `tools`.
+    fn config(&self, sections: &str, tools: &[Tool]) -> PathBuf {
+        write_config(
+            self.root.path(),
+            &format!("[tasks]\npoll_interval_ms = 50\ncancel_grace_ms = 300\n{sections}"),
+            tools,
         )
-        .unwrap();
-        p
     }
 
-    fn daemon(&self, tools: &str) -> Daemon {
-        let cfg = self.config(tools);
+    fn daemon(&self, sections: &str, tools: &[Tool]) -> Daemon {
+        let cfg = self.config(sections, tools);
         Daemon::start(&cfg, &self.state, &self.root.path().join("log"))
     }
 }
@@ -91,20 +90,15 @@ fn gone_within(argv: &[&str], limit: Duration) -> Result<(), Vec<i32>> {
 /// A tool whose shell starts a grandchild that leaves the process group
 /// and session with `setsid`, says so on a FIFO, and sleeps. The sleeps'
 /// lengths tell this test's processes from any other.
-fn spawner(fx: &Fixture, name: &str, grand: u32, child: u32) -> String {
-    format!(
-        r#"
-[[tool]]
-name = "{name}"
-argv = ["/bin/sh", "-c", "setsid sh -c 'exec sleep {grand}' & echo started > {fifo}; sleep {child}"]
-effect = "read_only"
-task = "optional"
-timeout_secs = 600
-write_paths = ["{io}"]
-"#,
-        fifo = fx.io.join(name).display(),
-        io = fx.io.display(),
-    )
+fn spawner(fx: &Fixture, name: &str, grand: u32, child: u32) -> Tool {
+    Tool::new(name)
+        .script(&format!(
+            "setsid sh -c 'exec sleep {grand}' & echo started > {}; sleep {child}",
+            fx.io.join(name).display()
+        ))
+        .task("optional")
+        .timeout_secs(600)
+        .extra(&format!("write_paths = [\"{}\"]", fx.io.display()))
 }
 
 /// Waits for the spawner's FIFO line, then for both sleeps to exist.
@@ -140,7 +134,7 @@ fn a_setsid_grandchild_dies_when_its_task_is_cancelled() {
     let fx = Fixture::new();
     let (grand, child) = (98_501, 98_401);
     let fifo = Fifo::new(&fx.io.join("spawn"));
-    let daemon = fx.daemon(&spawner(&fx, "spawn", grand, child));
+    let daemon = fx.daemon("", &[spawner(&fx, "spawn", grand, child)]);
     runtime().block_on(async {
         let c = daemon.client(true);
         let task = c.call_tool("spawn", json!({}), None).await.unwrap();
@@ -165,7 +159,7 @@ fn a_setsid_grandchild_dies_when_the_daemon_is_killed() {
     // sweep the killed run's directory before this test looks for it.
     let run = fx.root.path().join("run");
     std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
-    let cfg = fx.config(&spawner(&fx, "spawn", grand, child));
+    let cfg = fx.config("", &[spawner(&fx, "spawn", grand, child)]);
     let start = |log: &str| {
         Daemon::builder()
             .config(&cfg)
@@ -256,23 +250,14 @@ impl Health {
     }
 }
 
-fn limited_tool(name: &str, argv: &str, extra: &str) -> String {
-    format!(
-        r#"
-[[tool]]
-name = "{name}"
-argv = {argv}
-effect = "read_only"
-timeout_secs = 120
-{extra}
-"#
-    )
+fn limited_tool(name: &str, argv: &[&str], extra: &str) -> Tool {
+    Tool::new(name).argv(argv).timeout_secs(120).extra(extra)
 }
 
 /// Calls `tool` synchronously and expects it to fail with `TG_TOOL_LIMIT`
 /// naming `key`, while /healthz keeps answering.
-fn ends_with_limit(fx: &Fixture, tool: &str, argv: &str, extra: &str, key: &str) {
-    let daemon = fx.daemon(&limited_tool(tool, argv, extra));
+fn ends_with_limit(fx: &Fixture, tool: &str, argv: &[&str], extra: &str, key: &str) {
+    let daemon = fx.daemon("", &[limited_tool(tool, argv, extra)]);
     let health = Health::watch(daemon.port);
     let started = Instant::now();
     let got = runtime().block_on(daemon.client(false).call_tool(tool, json!({}), None));
@@ -303,7 +288,11 @@ fn a_fork_bomb_ends_with_the_process_limit_named() {
     ends_with_limit(
         &fx,
         "bomb",
-        r#"["/bin/sh", "-c", "f() {{ if [ $1 -lt 9 ]; then f $(($1+1)) & f $(($1+1)) & fi; exec sleep 30; }}; f 0"]"#,
+        &[
+            "/bin/sh",
+            "-c",
+            "f() {{ if [ $1 -lt 9 ]; then f $(($1+1)) & f $(($1+1)) & fi; exec sleep 30; }}; f 0",
+        ],
         "max_processes = 32",
         "max_processes",
     );
@@ -315,7 +304,7 @@ fn a_ten_gib_file_write_ends_with_the_file_size_limit_named() {
     ends_with_limit(
         &fx,
         "fill",
-        r#"["/bin/sh", "-c", "exec head -c 10737418240 /dev/zero > big"]"#,
+        &["/bin/sh", "-c", "exec head -c 10737418240 /dev/zero > big"],
         "max_file_bytes = 67108864",
         "max_file_bytes",
     );
@@ -327,7 +316,7 @@ fn a_memory_hog_ends_with_the_address_space_limit_named() {
     ends_with_limit(
         &fx,
         "hog",
-        r#"["/usr/bin/tail", "/dev/zero"]"#,
+        &["/usr/bin/tail", "/dev/zero"],
         "max_address_space_bytes = 268435456",
         "max_address_space_bytes",
     );
@@ -339,7 +328,7 @@ fn a_cpu_spinner_ends_with_the_cpu_limit_named() {
     ends_with_limit(
         &fx,
         "spin",
-        r#"["/bin/sh", "-c", "while :; do :; done"]"#,
+        &["/bin/sh", "-c", "while :; do :; done"],
         "max_cpu_secs = 1",
         "max_cpu_secs",
     );
@@ -359,31 +348,24 @@ r write_scratch touch ./scratch-file
 echo "scratch $(pwd) $(stat -c %a .)"
 echo "secret [${{SECRET-}}]""#;
 
-fn probe_tool(name: &str, fx: &Fixture, sandbox: &str) -> String {
-    format!(
-        r#"
-[[tool]]
-name = "{name}"
-argv = ["/bin/sh", "-c", {PROBES:?}, "probe", "{{state}}", "{{artifact}}", "{{pid}}", "{{io}}", "{{outside}}"]
-effect = "read_only"
-timeout_secs = 60
-write_paths = ["{io}"]
-{sandbox}
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.state]
-type = "string"
-[tool.input_schema.properties.artifact]
-type = "string"
-[tool.input_schema.properties.pid]
-type = "string"
-[tool.input_schema.properties.io]
-type = "string"
-[tool.input_schema.properties.outside]
-type = "string"
-"#,
-        io = fx.io.display()
-    )
+fn probe_tool(name: &str, fx: &Fixture) -> Tool {
+    Tool::new(name)
+        .script(PROBES)
+        .args(&[
+            "probe",
+            "{state}",
+            "{artifact}",
+            "{pid}",
+            "{io}",
+            "{outside}",
+        ])
+        .timeout_secs(60)
+        .extra(&format!("write_paths = [\"{}\"]", fx.io.display()))
+        .param("state", "string")
+        .param("artifact", "string")
+        .param("pid", "string")
+        .param("io", "string")
+        .param("outside", "string")
 }
 
 /// The probes' lines by name.
@@ -403,19 +385,17 @@ fn probe_results(text: &str) -> std::collections::BTreeMap<String, String> {
 #[test]
 fn a_confined_tool_reaches_only_its_scratch_and_declared_paths() {
     let fx = Fixture::new();
-    let tools = format!(
-        "{}{}{}",
-        probe_tool("probe", &fx, ""),
-        probe_tool("probe_unconfined", &fx, "sandbox = \"unconfined\""),
-        r#"
-[[tool]]
-name = "big"
-argv = ["/bin/sh", "-c", "head -c 102400 /dev/zero | tr '\\0' 'a'"]
-effect = "read_only"
-task = "optional"
-"#
+    let cfg = fx.config(
+        "",
+        &[
+            probe_tool("probe", &fx),
+            probe_tool("probe_unconfined", &fx)
+                .unconfined("the same probes, to show the denials are the sandbox's"),
+            Tool::new("big")
+                .script("head -c 102400 /dev/zero | tr '\\0' 'a'")
+                .task("optional"),
+        ],
     );
-    let cfg = fx.config(&tools);
     let daemon = Daemon::builder()
         .config(&cfg)
         .state_dir(&fx.state)
@@ -523,25 +503,15 @@ task = "optional"
 fn check_names_the_confinement_warns_of_option_injection_and_refuses_the_state_directory() {
     let fx = Fixture::new();
     let cfg = fx.config(
-        r#"
-[[tool]]
-name = "lister"
-argv = ["/bin/ls", "-l", "{path}"]
-effect = "read_only"
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.path]
-type = "string"
-
-[[tool]]
-name = "safe_lister"
-argv = ["/bin/ls", "-l", "--", "{path}"]
-effect = "read_only"
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.path]
-type = "string"
-"#,
+        "",
+        &[
+            Tool::new("lister")
+                .argv(&["/bin/ls", "-l", "{path}"])
+                .param("path", "string"),
+            Tool::new("safe_lister")
+                .argv(&["/bin/ls", "-l", "--", "{path}"])
+                .param("path", "string"),
+        ],
     );
     let (cfg_s, state_s) = (cfg.display().to_string(), fx.state.display().to_string());
     let out = taskgate(
@@ -578,10 +548,13 @@ type = "string"
     );
 
     // A declared path holding the state directory is refused, by check and serve.
-    let bad = fx.config(&format!(
-        "[[tool]]\nname = \"greedy\"\nargv = [\"/bin/true\"]\nwrite_paths = [\"{}\"]\n",
-        fx.root.path().display()
-    ));
+    let bad = fx.config(
+        &format!(
+            "[[tool]]\nname = \"greedy\"\nargv = [\"/bin/true\"]\nwrite_paths = [\"{}\"]\n",
+            fx.root.path().display()
+        ),
+        &[],
+    );
     for command in ["check", "serve"] {
         let out = taskgate(
             &[
@@ -609,12 +582,14 @@ type = "string"
 #[test]
 fn tools_section_limits_apply_unless_a_tool_overrides_them() {
     let fx = Fixture::new();
-    let write = r#"["/bin/sh", "-c", "exec head -c 2097152 /dev/zero > f"]"#;
-    let daemon = fx.daemon(&format!(
-        "[tools]\nmax_file_bytes = 1048576\n{}{}",
-        limited_tool("inherits", write, ""),
-        limited_tool("overrides", write, "max_file_bytes = 4194304"),
-    ));
+    let write = &["/bin/sh", "-c", "exec head -c 2097152 /dev/zero > f"];
+    let daemon = fx.daemon(
+        "[tools]\nmax_file_bytes = 1048576\n",
+        &[
+            limited_tool("inherits", write, ""),
+            limited_tool("overrides", write, "max_file_bytes = 4194304"),
+        ],
+    );
     let client = daemon.client(false);
     let got = runtime().block_on(client.call_tool("inherits", json!({}), None));
     let err = match got {
@@ -639,7 +614,7 @@ fn tools_section_limits_apply_unless_a_tool_overrides_them() {
 fn tools_section_values_out_of_range_are_refused_naming_the_key() {
     let fx = Fixture::new();
     let state_s = fx.state.display().to_string();
-    let tool = limited_tool("plain", r#"["/bin/true"]"#, "");
+    let tool = limited_tool("plain", &["/bin/true"], "");
     // (file text, environment, what the refusal names)
     type Case<'a> = (String, &'a [(&'a str, &'a str)], &'a str);
     let cases: [Case; 5] = [
@@ -654,7 +629,7 @@ fn tools_section_values_out_of_range_are_refused_naming_the_key() {
             "tools.max_address_space_bytes",
         ),
         (
-            tool.clone(),
+            tool.to_string(),
             &[("TASKGATE_TOOLS_MAX_CPU_SECS", "0")],
             "TASKGATE_TOOLS_MAX_CPU_SECS",
         ),
@@ -673,7 +648,7 @@ fn tools_section_values_out_of_range_are_refused_naming_the_key() {
         ),
     ];
     for (text, env, named) in cases {
-        let cfg = fx.config(&text);
+        let cfg = fx.config(&text, &[]);
         for command in ["check", "serve"] {
             let out = taskgate(
                 &[
@@ -691,7 +666,7 @@ fn tools_section_values_out_of_range_are_refused_naming_the_key() {
         }
     }
     // In range: accepted, and the tool that inherits it shows it.
-    let cfg = fx.config(&format!("[tools]\nmax_processes = 7\n{tool}"));
+    let cfg = fx.config("[tools]\nmax_processes = 7\n", &[tool]);
     let out = taskgate(
         &[
             "check",
@@ -719,29 +694,19 @@ fn tools_section_values_out_of_range_are_refused_naming_the_key() {
 #[test]
 fn check_status_and_the_log_say_which_confinement_is_in_force() {
     let fx = Fixture::new();
-    let tools = r#"
-[tools]
-max_processes = 7
-
-[[tool]]
-name = "boxed"
-argv = ["/bin/ls", "-l", "{path}"]
-effect = "read_only"
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.path]
-type = "string"
-
-[[tool]]
-name = "loose"
-argv = ["/bin/true"]
-effect = "read_only"
-sandbox = "unconfined"
-max_processes = 3
-"#;
+    let sections = "\n[tools]\nmax_processes = 7\n";
+    let tools = [
+        Tool::new("boxed")
+            .argv(&["/bin/ls", "-l", "{path}"])
+            .param("path", "string"),
+        Tool::new("loose")
+            .argv(&["/bin/true"])
+            .unconfined("for check and status to name")
+            .extra("max_processes = 3"),
+    ];
     let boxed = "tool \"boxed\": confined (Landlock); max_address_space_bytes 4294967296, max_open_files 1024, max_processes 7,";
     let loose = "tool \"loose\": unconfined (sandbox = \"unconfined\"";
-    let cfg = fx.config(tools);
+    let cfg = fx.config(sections, &tools);
     let out = taskgate(
         &[
             "check",
@@ -773,7 +738,7 @@ max_processes = 3
         "{text}"
     );
 
-    let daemon = fx.daemon(tools);
+    let daemon = fx.daemon(sections, &tools);
     let state = fx.state.display().to_string();
     let out = taskgate(&["status", "--json", "--state-dir", &state], &[]);
     assert!(out.status.success(), "{out:?}");
@@ -877,23 +842,21 @@ fn a_tool_cannot_use_the_admin_socket_at_its_real_path() {
         let fx = Fixture::new();
         let probe = fx.io.join("probe.pl");
         std::fs::write(&probe, ADMIN_PROBE).unwrap();
-        let tools = format!(
-            r#"
-[[tool]]
-name = "admin_probe"
-argv = ["/usr/bin/perl", "{probe}", "{io}", "../admin.sock", "{{socket}}"]
-effect = "read_only"
-timeout_secs = 60
-read_paths = ["{io}"]
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.socket]
-type = "string"
-"#,
-            probe = probe.display(),
-            io = fx.io.display(),
+        let io = fx.io.display().to_string();
+        let cfg = fx.config(
+            "",
+            &[Tool::new("admin_probe")
+                .argv(&[
+                    "/usr/bin/perl",
+                    &probe.display().to_string(),
+                    &io,
+                    "../admin.sock",
+                    "{socket}",
+                ])
+                .timeout_secs(60)
+                .extra(&format!("read_paths = [\"{io}\"]"))
+                .param("socket", "string")],
         );
-        let cfg = fx.config(&tools);
         let run = fx.root.path().join("run");
         std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
         let mut builder = Daemon::builder()
@@ -1003,33 +966,22 @@ fn a_tool_cannot_read_the_daemon_or_its_shim_through_proc() {
         .create(&state)
         .unwrap();
     nix::unistd::chown(&state, Some(user.uid), Some(user.gid)).unwrap();
-    let tool = |name: &str, sandbox: &str| {
-        format!(
-            r#"
-[[tool]]
-name = "{name}"
-argv = ["/bin/sh", "-c", {PROC_PROBES:?}, "probe", "{{pid}}"]
-effect = "read_only"
-timeout_secs = 60
-read_paths = ["/proc"]
-{sandbox}
-[tool.input_schema]
-type = "object"
-[tool.input_schema.properties.pid]
-type = "string"
-"#
-        )
+    let tool = |name: &str| {
+        Tool::new(name)
+            .script(PROC_PROBES)
+            .args(&["probe", "{pid}"])
+            .timeout_secs(60)
+            .extra("read_paths = [\"/proc\"]")
+            .param("pid", "string")
     };
-    let cfg = bin.dir().join("taskgate.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "{}{}",
-            tool("proc_probe", ""),
-            tool("proc_probe_unconfined", "sandbox = \"unconfined\"")
-        ),
-    )
-    .unwrap();
+    let cfg = write_config(
+        bin.dir(),
+        "",
+        &[
+            tool("proc_probe"),
+            tool("proc_probe_unconfined").unconfined("the same probes without the sandbox"),
+        ],
+    );
     std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let log = bin.dir().join("log");
     let daemon = Daemon::builder()

@@ -2,8 +2,13 @@
 //! binary, real SQLite files.
 #![allow(dead_code)]
 
+pub mod fixtures;
 pub mod prereq;
 pub mod strace;
+
+// Not every test binary uses every helper.
+#[allow(unused_imports)]
+pub use fixtures::{Tool, config_text, write_config};
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
