@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -237,51 +236,23 @@ fn exchange(port: u16, request: &str) -> Reply {
     exchange_on(TcpStream::connect(("127.0.0.1", port)).unwrap(), request)
 }
 
-/// Sends one request on the connection `s` and reads the whole answer.
-fn exchange_on(mut s: TcpStream, request: &str) -> Reply {
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let header = |name: &str| {
-        head.lines()
-            .find_map(|l| {
-                l.split_once(':')
-                    .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            })
-            .map(|(_, v)| v.trim().to_string())
-    };
-    let body = if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Reply {
-        status,
-        challenge: header("www-authenticate"),
-        body: serde_json::from_str(body.trim()).unwrap_or(Value::Null),
-        raw,
+/// Sends one request on the connection `s` and reads the whole answer; an
+/// answer that is not HTTP (or none) is status 0.
+fn exchange_on(s: TcpStream, request: &str) -> Reply {
+    match http::exchange_on(s, request.as_bytes(), Duration::from_secs(30)) {
+        http::Outcome::Answer(r) => Reply {
+            status: r.status,
+            challenge: r.header("www-authenticate").map(str::to_string),
+            body: serde_json::from_str(r.text().trim()).unwrap_or(Value::Null),
+            raw: r.to_string(),
+        },
+        http::Outcome::Closed(got) | http::Outcome::Hang(got) => Reply {
+            status: 0,
+            challenge: None,
+            body: Value::Null,
+            raw: String::from_utf8_lossy(&got).into_owned(),
+        },
     }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out += &rest[..n];
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// A 2026-07-28 request with the Tasks extension declared.

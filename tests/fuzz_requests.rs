@@ -30,6 +30,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::http::{Outcome, Response};
 use common::*;
 use serde_json::{Value, json};
 
@@ -79,7 +80,7 @@ const KNOWN_5XX: &[KnownDefect] = &[];
 const KNOWN_PLAIN_TEXT: &[KnownDefect] = &[];
 
 /// The entry of `list` this answer is, if any.
-fn known(list: &[KnownDefect], a: &Answer) -> Option<usize> {
+fn known(list: &[KnownDefect], a: &Response) -> Option<usize> {
     list.iter()
         .position(|k| k.status == a.status && a.body.starts_with(k.body_starts.as_bytes()))
 }
@@ -1218,210 +1219,15 @@ fn make_case(seed: u64, index: u64, learnt: &Learnt) -> Case {
 }
 
 // ---------------------------------------------------------------------------
-// Sending and reading on raw connections.
+// Reading on raw connections.
 
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    /// The server will not read another request on this connection.
-    closes: bool,
-}
-
-impl Answer {
-    fn header(&self, k: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(h, _)| h.eq_ignore_ascii_case(k))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The JSON-RPC messages in the body: one JSON document, or the
-    /// `data:` lines of an event stream.
-    fn messages(&self) -> Vec<Value> {
-        if let Ok(v) = serde_json::from_slice::<Value>(&self.body) {
-            return vec![v];
-        }
-        String::from_utf8_lossy(&self.body)
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str(d.trim()).ok())
-            .collect()
-    }
-}
-
-enum Outcome {
-    Answer(Answer),
-    /// The connection ended before a whole answer; what came of it.
-    Closed(Vec<u8>),
-    /// Nothing more within the timeout, connection still open.
-    Hang(Vec<u8>),
-}
-
-/// Reads one answer from `s` (skipping 1xx interim answers). An event
-/// stream is read only until it carries a JSON-RPC response (or, for a
-/// GET, only its head): it may stay open.
-fn read_answer(s: &mut TcpStream, head_only: bool, stream_get: bool) -> Outcome {
-    let deadline = Instant::now() + RESPONSE_TIMEOUT;
-    let mut buf: Vec<u8> = Vec::new();
-    let fill = |s: &mut TcpStream, buf: &mut Vec<u8>| -> Result<bool, ()> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(());
-        }
-        s.set_read_timeout(Some(left)).unwrap();
-        let mut chunk = [0u8; 16 * 1024];
-        match s.read(&mut chunk) {
-            Ok(0) => Ok(false),
-            Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
-                Ok(true)
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(())
-            }
-            // A reset is the end of the connection.
-            Err(_) => Ok(false),
-        }
-    };
-    loop {
-        // The head.
-        let end = loop {
-            if let Some(i) = find(&buf, b"\r\n\r\n") {
-                break i;
-            }
-            match fill(s, &mut buf) {
-                Ok(true) => {}
-                Ok(false) => return Outcome::Closed(buf),
-                Err(()) => return Outcome::Hang(buf),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
-        let mut lines = head.split("\r\n");
-        let status: u16 = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-            .collect();
-        if (100..200).contains(&status) {
-            continue;
-        }
-        let mut answer = Answer {
-            status,
-            headers,
-            body: Vec::new(),
-            closes: false,
-        };
-        answer.closes = answer
-            .header("connection")
-            .is_some_and(|c| c.eq_ignore_ascii_case("close"));
-        let sse = answer
-            .header("content-type")
-            .is_some_and(|c| c.starts_with("text/event-stream"));
-        if head_only || status == 204 || status == 304 {
-            return Outcome::Answer(answer);
-        }
-        if sse && stream_get {
-            // A stream that stays open: the head is the answer.
-            answer.closes = true;
-            return Outcome::Answer(answer);
-        }
-        let chunked = answer
-            .header("transfer-encoding")
-            .is_some_and(|t| t.eq_ignore_ascii_case("chunked"));
-        if chunked {
-            // Decoded chunk by chunk; `raw` holds what is not decoded yet.
-            let mut raw = std::mem::take(&mut buf);
-            loop {
-                while let Some(line_end) = find(&raw, b"\r\n") {
-                    let size_text = String::from_utf8_lossy(&raw[..line_end]).into_owned();
-                    let size =
-                        usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16);
-                    let Ok(size) = size else {
-                        return Outcome::Closed(raw);
-                    };
-                    if size == 0 {
-                        return Outcome::Answer(answer);
-                    }
-                    if raw.len() < line_end + 2 + size + 2 {
-                        break;
-                    }
-                    answer
-                        .body
-                        .extend_from_slice(&raw[line_end + 2..line_end + 2 + size]);
-                    raw.drain(..line_end + 2 + size + 2);
-                }
-                if sse && sse_has_response(&answer.body) {
-                    // The stream may stay open after its answer.
-                    answer.closes = true;
-                    return Outcome::Answer(answer);
-                }
-                match fill(s, &mut raw) {
-                    Ok(true) => {}
-                    Ok(false) => return Outcome::Closed(answer.body),
-                    Err(()) => return Outcome::Hang(answer.body),
-                }
-            }
-        }
-        match answer.header("content-length").map(str::parse::<usize>) {
-            Some(Ok(len)) => {
-                while buf.len() < len {
-                    match fill(s, &mut buf) {
-                        Ok(true) => {}
-                        Ok(false) => return Outcome::Closed(buf),
-                        Err(()) => return Outcome::Hang(buf),
-                    }
-                }
-                buf.truncate(len);
-                answer.body = buf;
-                return Outcome::Answer(answer);
-            }
-            _ => {
-                // No length: the body runs to the end of the connection.
-                loop {
-                    match fill(s, &mut buf) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(()) => return Outcome::Hang(buf),
-                    }
-                }
-                answer.body = buf;
-                answer.closes = true;
-                return Outcome::Answer(answer);
-            }
-        }
-    }
-}
-
-fn sse_has_response(body: &[u8]) -> bool {
-    let text = String::from_utf8_lossy(body);
-    let Some(complete) = text.rfind('\n').map(|i| &text[..i]) else {
-        return false;
-    };
-    complete.lines().any(|l| {
-        l.strip_prefix("data:")
-            .and_then(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .is_some_and(|v| v.get("result").is_some() || v.get("error").is_some())
-    })
-}
-
-fn connect(port: u16) -> TcpStream {
-    let s = TcpStream::connect(("127.0.0.1", port))
-        .unwrap_or_else(|e| panic!("connect to the daemon on port {port}: {e}"));
-    s.set_nodelay(true).unwrap();
-    s.set_write_timeout(Some(RESPONSE_TIMEOUT)).unwrap();
-    s
+/// How the answer to `case` is read: an event stream only until it carries
+/// its answer, a GET's stream only its head.
+fn reading(case: &Case) -> http::Reading {
+    http::Reading::within(RESPONSE_TIMEOUT)
+        .head_only(case.head_only)
+        .stream(case.stream)
+        .until_answer()
 }
 
 /// Bytes shown escaped, cut to `max`.
@@ -1567,14 +1373,14 @@ impl Run<'_> {
     /// one, as any HTTP client does.
     fn exchange(&mut self, case: &Case) -> Outcome {
         if case.raw {
-            let mut s = connect(self.port);
+            let mut s = http::connect(self.port, RESPONSE_TIMEOUT);
             self.tally.connections += 1;
             self.tally.raw += 1;
             let _ = s.write_all(&case.bytes);
             if !case.leave_open {
                 let _ = s.shutdown(Shutdown::Write);
             }
-            return read_answer(&mut s, case.head_only, case.stream);
+            return http::read_response(&mut s, &reading(case));
         }
         for attempt in 0..2 {
             let reused = self.conn.is_some();
@@ -1585,14 +1391,10 @@ impl Run<'_> {
                     if self.tally.sent > 0 {
                         self.tally.reopened += 1;
                     }
-                    connect(self.port)
+                    http::connect(self.port, RESPONSE_TIMEOUT)
                 }
             };
-            let wrote = s.write_all(&case.bytes);
-            let out = match wrote {
-                Ok(()) => read_answer(&mut s, case.head_only, case.stream),
-                Err(_) => Outcome::Closed(Vec::new()),
-            };
+            let out = http::send_on(&mut s, &case.bytes, &reading(case));
             match out {
                 Outcome::Closed(ref got) if got.is_empty() && reused && attempt == 0 => continue,
                 Outcome::Answer(ref a) if !a.closes && !case.last_on_connection => {
@@ -1605,7 +1407,7 @@ impl Run<'_> {
         unreachable!("the second attempt always returns")
     }
 
-    fn learn(&mut self, answer: &Answer, index: u64) {
+    fn learn(&mut self, answer: &Response, index: u64) {
         if let Some(id) = answer.header("mcp-session-id")
             && (200..300).contains(&answer.status)
         {

@@ -74,48 +74,10 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 /// A keep-alive GET whose whole response is read: the server has accepted
 /// the connection and keeps it (and its permit) open.
 fn held_connection(port: u16) -> TcpStream {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    loop {
-        let n = s.read(&mut buf).expect("read the healthz response");
-        assert!(
-            n > 0,
-            "connection closed: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&got);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let len: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse().ok())?
-                })
-                .expect("content-length");
-            if body.len() >= len {
-                assert!(head.starts_with("HTTP/1.1 200"), "{text:?}");
-                return s;
-            }
-        }
-    }
-}
-
-fn healthz(port: u16) -> String {
-    let mut d = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    d.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        d,
-        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    let _ = d.read_to_string(&mut reply);
-    reply
+    let mut c = http::Connection::open(port);
+    let r = c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    assert_eq!(r.status, 200, "{r}");
+    c.into_stream()
 }
 
 #[test]
@@ -123,18 +85,21 @@ fn connections_past_the_bound_get_a_clear_503() {
     let (_root, daemon) = limits_daemon("[server]\nmax_connections = 2\n");
     let a = held_connection(daemon.port);
     let b = held_connection(daemon.port);
+    // Refused before it sends anything.
     let mut c = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut reply = String::new();
-    let _ = c.read_to_string(&mut reply);
-    assert!(reply.starts_with("HTTP/1.1 503"), "{reply:?}");
-    assert!(reply.contains("server.max_connections = 2"), "{reply:?}");
+    let reply =
+        http::read_to_close(&mut c, &http::Reading::within(Duration::from_secs(5))).answer();
+    assert_eq!(reply.status, 503, "{reply}");
+    assert!(
+        reply.to_string().contains("server.max_connections = 2"),
+        "{reply}"
+    );
     drop((a, b));
     // Capacity is back once the server has seen the others go; until then
     // (a moment) it still answers 503.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let ok = healthz(daemon.port);
+        let ok = http_get(daemon.port, "/healthz");
         if ok.starts_with("HTTP/1.1 200") {
             break;
         }
@@ -627,7 +592,7 @@ fn silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout() {
     // Their slots are free again: a fresh client is answered.
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let ok = healthz(daemon.port);
+        let ok = http_get(daemon.port, "/healthz");
         if ok.starts_with("HTTP/1.1 200") {
             break;
         }
@@ -696,10 +661,10 @@ fn dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_time
     for (n, s) in dribblers.iter_mut().enumerate() {
         let reply = closed_within(s, Duration::from_secs(10))
             .unwrap_or_else(|| panic!("dribbler {n} is still open 10 s into a 1.5 s body timeout"));
-        assert!(reply.starts_with("HTTP/1.1 408"), "dribbler {n}: {reply:?}");
-        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        let error: serde_json::Value = serde_json::from_str(body)
-            .unwrap_or_else(|e| panic!("dribbler {n}: the 408 body is not JSON ({e}): {reply:?}"));
+        let reply = http::parse(reply.as_bytes()).answer();
+        assert_eq!(reply.status, 408, "dribbler {n}: {reply}");
+        let error: serde_json::Value = serde_json::from_slice(&reply.body)
+            .unwrap_or_else(|e| panic!("dribbler {n}: the 408 body is not JSON ({e}): {reply}"));
         assert_eq!(
             error["error"]["code"],
             wire::REQUEST_TIMEOUT.code,
@@ -732,7 +697,7 @@ fn a_newcomer_at_the_limit_displaces_the_oldest_connection_that_sent_nothing() {
         let mut half = silent(daemon.port);
         write!(half, "GET /healthz HTTP/1.1\r\nHost: 1").unwrap();
         attackers.push(half);
-        let probe = healthz(daemon.port);
+        let probe = http_get(daemon.port, "/healthz");
         assert!(
             probe.starts_with("HTTP/1.1 200"),
             "round {round}: a client that sent its request at once was refused while the slots held connections that sent nothing: {probe:?}"
@@ -747,15 +712,15 @@ fn a_newcomer_at_the_limit_displaces_the_oldest_connection_that_sent_nothing() {
     );
     // Slots held by connections that have sent requests are never taken.
     let held: Vec<TcpStream> = (0..4).map(|_| held_connection(daemon.port)).collect();
-    let full = healthz(daemon.port);
+    let full = http_get(daemon.port, "/healthz");
     assert!(full.starts_with("HTTP/1.1 503"), "{full:?}");
     drop(held);
     assert!(daemon.stop().success());
 }
 
 /// A legacy `initialize` as one raw HTTP/1.1 POST on a fresh connection:
-/// the status line, the `Mcp-Session-Id` if one was given, and the body.
-fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
+/// the status, the `Mcp-Session-Id` if one was given, and the body.
+fn legacy_initialize(port: u16, id: u64) -> (u16, Option<String>, String) {
     let body = json!({
         "jsonrpc": "2.0",
         "id": id,
@@ -767,24 +732,16 @@ fn legacy_initialize(port: u16, id: u64) -> (String, Option<String>, String) {
         },
     })
     .to_string();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let status = head.lines().next().unwrap_or_default().to_string();
-    let session = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("mcp-session-id")
-            .then(|| v.trim().to_string())
-    });
-    (status, session, body.to_string())
+    let r = http::exchange(
+        port,
+        format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let session = r.header("mcp-session-id").map(str::to_string);
+    (r.status, session, r.text())
 }
 
 /// The daemon's resident memory in KiB.
@@ -797,47 +754,14 @@ fn rss_kib(daemon: &Daemon) -> u64 {
         .unwrap_or_else(|| panic!("no VmRSS in {status}"))
 }
 
-/// One request on a keep-alive connection; the status line and body.
-fn keep_alive_post(s: &mut std::io::BufReader<TcpStream>, body: &str) -> (String, String) {
-    use std::io::BufRead;
+/// One request on a keep-alive connection; its answer.
+fn keep_alive_post(c: &mut http::Connection, body: &str) -> http::Response {
     // One write: several small ones would wait on delayed ACKs.
     let request = format!(
         "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    s.get_mut().write_all(request.as_bytes()).unwrap();
-    let mut status = String::new();
-    s.read_line(&mut status).unwrap();
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        s.read_line(&mut line).unwrap();
-        if line.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            length = v.trim().parse().unwrap();
-        }
-    }
-    let mut body = vec![0; length];
-    s.read_exact(&mut body).unwrap();
-    if length == 0 {
-        // A chunked body (an SSE stream that ends with the answer).
-        loop {
-            let mut size = String::new();
-            s.read_line(&mut size).unwrap();
-            let size = usize::from_str_radix(size.trim(), 16).unwrap();
-            let mut chunk = vec![0; size + 2];
-            s.read_exact(&mut chunk).unwrap();
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..size]);
-        }
-    }
-    (status, String::from_utf8_lossy(&body).into_owned())
+    c.send(request.as_bytes())
 }
 
 /// 2,000 legacy sessions opened at once (on one keep-alive connection)
@@ -850,10 +774,7 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
         "[server]\nmax_sessions = {SESSIONS}\nsession_idle_secs = 1\n"
     ));
     let before = rss_kib(&daemon);
-    let mut s = std::io::BufReader::new(TcpStream::connect(("127.0.0.1", daemon.port)).unwrap());
-    s.get_ref()
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let mut c = http::Connection::open(daemon.port);
     for id in 0..SESSIONS {
         let body = json!({
             "jsonrpc": "2.0",
@@ -866,13 +787,10 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
             },
         })
         .to_string();
-        let (status, reply) = keep_alive_post(&mut s, &body);
-        assert!(
-            status.starts_with("HTTP/1.1 200"),
-            "initialize {id}: {status} {reply}"
-        );
+        let reply = keep_alive_post(&mut c, &body);
+        assert_eq!(reply.status, 200, "initialize {id}: {reply}");
     }
-    drop(s);
+    drop(c);
     let peak = rss_kib(&daemon);
     let grown = peak.saturating_sub(before);
     assert!(
@@ -910,31 +828,24 @@ fn initializes_racing_for_the_last_session_slot_get_one_session_and_clean_refusa
         let answers: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
         let mut sessions = Vec::new();
         for (status, session, body) in &answers {
-            if status.starts_with("HTTP/1.1 200") {
+            if *status == 200 {
                 sessions.push(session.clone().expect("a 200 initialize opens a session"));
                 continue;
             }
-            assert!(
-                status.starts_with("HTTP/1.1 503"),
-                "round {round}: {status} {body}"
-            );
+            assert_eq!(*status, 503, "round {round}: {body}");
             let v: serde_json::Value = serde_json::from_str(body)
                 .unwrap_or_else(|e| panic!("round {round}: not JSON-RPC ({e}): {body}"));
             assert_eq!(v["error"]["code"], wire::SESSIONS_FULL.code, "{body}");
         }
         assert_eq!(sessions.len(), 1, "round {round}: {answers:?}");
         // Free the slot for the next round.
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let request = format!(
             "DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nMcp-Session-Id: {}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n",
             sessions[0]
         );
-        s.write_all(request.as_bytes()).unwrap();
-        let mut reply = String::new();
-        let _ = s.read_to_string(&mut reply);
+        let reply = http::exchange(port, request.as_bytes());
         assert!(
-            reply.starts_with("HTTP/1.1 2"),
+            (200..300).contains(&reply.status),
             "DELETE of the session: {reply}"
         );
     }
@@ -946,14 +857,14 @@ fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
     let (_root, daemon) = limits_daemon("[server]\nmax_sessions = 2\nsession_idle_secs = 1\n");
     for id in 1..=2 {
         let (status, session, body) = legacy_initialize(daemon.port, id);
-        assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+        assert_eq!(status, 200, "{body}");
         assert!(
             session.is_some(),
             "initialize {id} opened no session: {body}"
         );
     }
     let (status, session, body) = legacy_initialize(daemon.port, 3);
-    assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+    assert_eq!(status, 503, "{body}");
     assert_eq!(session, None);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["id"], 3, "{body}");
@@ -980,11 +891,11 @@ fn legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (status, session, body) = legacy_initialize(daemon.port, 4);
-        if status.starts_with("HTTP/1.1 200") {
+        if status == 200 {
             assert!(session.is_some(), "{body}");
             break;
         }
-        assert!(status.starts_with("HTTP/1.1 503"), "{status} {body}");
+        assert_eq!(status, 503, "{body}");
         assert!(
             Instant::now() < deadline,
             "no session slot freed 10 s after the sessions went idle (session_idle_secs = 1)"

@@ -356,36 +356,6 @@ fn a_stop_under_load_answers_every_call_and_loses_no_handle() {
 /// while the client has not read it.
 const BIG: usize = 8 << 20;
 
-/// The body of an HTTP/1.1 response read whole: chunked framing removed.
-fn response_body(raw: &[u8]) -> (String, Vec<u8>) {
-    let at = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no whole response head in {} bytes", raw.len()));
-    let head = String::from_utf8_lossy(&raw[..at]).to_string();
-    let mut body = &raw[at + 4..];
-    if !head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return (head, body.to_vec());
-    }
-    let mut out = Vec::new();
-    while let Some(end) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..end])
-            .ok()
-            .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
-            .unwrap_or(0);
-        let rest = &body[end + 2..];
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.extend_from_slice(&rest[..size]);
-        body = rest[size..].strip_prefix(b"\r\n").unwrap_or(&rest[size..]);
-    }
-    (head, out)
-}
-
 /// An answer the daemon is still sending when it stops taking connections
 /// (a large result to a client that reads slowly) is sent whole before the
 /// connection closes: the call was admitted before the stop, so it gets
@@ -477,21 +447,13 @@ fn an_answer_still_being_sent_when_the_listener_closes_is_sent_whole() {
     let mut raw = Vec::new();
     let read = std::io::Read::read_to_end(&mut stream, &mut raw);
     let status = daemon.wait_exit(STOP_LIMIT);
-    let (head, body) = response_body(&raw);
-    let text = if head.to_ascii_lowercase().contains("text/event-stream") {
-        String::from_utf8_lossy(&body)
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(str::trim)
-            .find(|d| d.starts_with('{'))
-            .map(str::to_string)
-            .unwrap_or_default()
-    } else {
-        String::from_utf8_lossy(&body).to_string()
+    let (head, answer) = match http::parse(&raw) {
+        http::Outcome::Answer(r) => (r.head.clone(), r.messages().into_iter().next()),
+        _ => ("no whole answer".to_string(), None),
     };
-    let answer: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+    let answer: Value = answer.unwrap_or_else(|| {
         panic!(
-            "the answer was cut off ({read:?}, {} bytes read): {e}; head: {head}",
+            "the answer was cut off ({read:?}, {} bytes read); head: {head}",
             raw.len()
         )
     });

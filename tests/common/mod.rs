@@ -3,12 +3,15 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod http;
 pub mod prereq;
 pub mod strace;
 
 // Not every test binary uses every helper.
 #[allow(unused_imports)]
 pub use fixtures::{Tool, config_text, write_config};
+#[allow(unused_imports)]
+pub use http::http_get;
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
@@ -656,22 +659,6 @@ pub fn wait_timeout(child: &mut Child, limit: Duration) -> ExitStatus {
         panic!("process {pid} did not exit within {limit:?}");
     }
     child.wait().expect("reap the child")
-}
-
-/// A plain HTTP GET on loopback; the whole response, status line first.
-pub fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text
 }
 
 /// A named pipe a tool writes a line into when it gets that far: reading
