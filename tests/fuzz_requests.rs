@@ -1312,23 +1312,6 @@ fn is_json_rpc_error(body: &[u8]) -> bool {
     })
 }
 
-fn vm_rss_kib(pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// The peak RSS of the process so far (VmHWM).
-fn peak_rss_kib(pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 /// Alive and not a zombie.
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
@@ -1626,7 +1609,7 @@ fn mutated_http_requests_never_crash_hang_or_bloat_the_daemon() {
     };
     for index in indexes {
         if index == WARM_UP.min(count / 2) {
-            rss_before = vm_rss_kib(pid);
+            rss_before = rss_kib(pid);
         }
         let case = make_case(seed, index, &run.learnt);
         let out = run.exchange(&case);
@@ -1645,7 +1628,7 @@ fn mutated_http_requests_never_crash_hang_or_bloat_the_daemon() {
     let elapsed = started.elapsed();
     // The server side of the last connection may still hold buffers.
     run.conn = None;
-    let rss_after = vm_rss_kib(pid);
+    let rss_after = rss_kib(pid);
     let peak = peak_rss_kib(pid);
 
     // The daemon still does its job.

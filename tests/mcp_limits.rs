@@ -744,16 +744,6 @@ fn legacy_initialize(port: u16, id: u64) -> (u16, Option<String>, String) {
     (r.status, session, r.text())
 }
 
-/// The daemon's resident memory in KiB.
-fn rss_kib(daemon: &Daemon) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in {status}"))
-}
-
 /// One request on a keep-alive connection; its answer.
 fn keep_alive_post(c: &mut http::Connection, body: &str) -> http::Response {
     // One write: several small ones would wait on delayed ACKs.
@@ -773,7 +763,7 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
     let (_root, daemon) = limits_daemon(&format!(
         "[server]\nmax_sessions = {SESSIONS}\nsession_idle_secs = 1\n"
     ));
-    let before = rss_kib(&daemon);
+    let before = rss_kib(daemon.pid().as_raw()).expect("the daemon's VmRSS");
     let mut c = http::Connection::open(daemon.port);
     for id in 0..SESSIONS {
         let body = json!({
@@ -791,7 +781,7 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
         assert_eq!(reply.status, 200, "initialize {id}: {reply}");
     }
     drop(c);
-    let peak = rss_kib(&daemon);
+    let peak = rss_kib(daemon.pid().as_raw()).expect("the daemon's VmRSS");
     let grown = peak.saturating_sub(before);
     assert!(
         grown > 16 * 1024,
@@ -806,7 +796,7 @@ fn memory_taken_by_legacy_sessions_is_returned_after_they_expire() {
             "20 s after {SESSIONS} sessions went idle the daemon still holds {now} KiB (before {before}, peak {peak})"
         );
         std::thread::sleep(Duration::from_millis(200));
-        now = rss_kib(&daemon);
+        now = rss_kib(daemon.pid().as_raw()).expect("the daemon's VmRSS");
     }
     eprintln!(
         "RSS before {before} KiB, with {SESSIONS} sessions {peak} KiB, after expiry {now} KiB"

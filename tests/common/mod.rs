@@ -5,6 +5,7 @@
 pub mod fixtures;
 pub mod http;
 pub mod prereq;
+pub mod rss;
 pub mod strace;
 
 // Not every test binary uses every helper.
@@ -12,6 +13,8 @@ pub mod strace;
 pub use fixtures::{Tool, config_text, write_config};
 #[allow(unused_imports)]
 pub use http::http_get;
+#[allow(unused_imports)]
+pub use rss::{peak_rss_kib, rss_kib};
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
