@@ -30,9 +30,7 @@ use serde_json::{Value, json};
 use taskgate::store::{Clock, Digest, NewTask, Store, StoreOptions};
 use taskgate::wire;
 
-const V2026: &str = "2026-07-28";
-const LEGACY: &str = "2025-11-25";
-const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
+use common::mcp::{LEGACY, V2026};
 /// Longest wait for any one response, startup or exit.
 const STEP: Duration = Duration::from_secs(15);
 /// The poll interval the test configuration advertises.
@@ -245,15 +243,7 @@ fn raw_member_returns_a_member_exactly_as_written() {
 
 /// `_meta` of a 2026-07-28 request, with or without the Tasks extension.
 fn meta(tasks: bool) -> Value {
-    let mut extensions = serde_json::Map::new();
-    if tasks {
-        extensions.insert(TASKS_EXT.into(), json!({}));
-    }
-    json!({
-        "io.modelcontextprotocol/protocolVersion": V2026,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
-        "io.modelcontextprotocol/clientInfo": {"name": "mcp-transports-test", "version": "1"},
-    })
+    common::mcp::meta("mcp-transports-test", tasks)
 }
 
 /// A way to talk to one daemon.

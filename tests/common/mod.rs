@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod fuzz;
 pub mod http;
+pub mod mcp;
 pub mod prereq;
 pub mod rss;
 pub mod strace;
