@@ -326,11 +326,9 @@ fn status_of(port: u16, token: &str, id: &str) -> String {
 const BARE: &str = r#"Bearer realm="taskgate""#;
 const INVALID: &str = r#"Bearer realm="taskgate", error="invalid_token", error_description="the bearer token is not valid here: unknown, malformed, expired or revoked""#;
 
-#[test]
-fn missing_and_invalid_credentials_get_the_exact_challenges() {
-    let f = start("local_owner = \"never\"", "");
-    let port = port(&f);
-    let r = rpc(port, None, "tools/list", json!({}));
+/// A request without any credential: 401 with the bare challenge and the
+/// unauthenticated code.
+fn assert_bare_challenge(r: &Reply) {
     assert_eq!(
         (r.status, r.challenge.as_deref()),
         (401, Some(BARE)),
@@ -338,6 +336,13 @@ fn missing_and_invalid_credentials_get_the_exact_challenges() {
         r.raw
     );
     assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{}", r.raw);
+}
+
+#[test]
+fn missing_and_invalid_credentials_get_the_exact_challenges() {
+    let f = start("local_owner = \"never\"", "");
+    let port = port(&f);
+    assert_bare_challenge(&rpc(port, None, "tools/list", json!({})));
 
     // Unknown, expired, revoked, malformed and not-our-shape tokens read
     // the same, byte for byte.
@@ -467,14 +472,7 @@ fn without_credentials_a_peer_that_is_not_loopback_is_refused() {
         let local = rpc(port, None, "tools/call", call.clone());
         assert_eq!(local.status, 200, "{}", local.raw);
         let request = rpc_request(port, None, "tools/call", call);
-        let r = exchange_on(connect_from(NOT_LOOPBACK, port), &request);
-        assert_eq!(
-            (r.status, r.challenge.as_deref()),
-            (401, Some(BARE)),
-            "{}",
-            r.raw
-        );
-        assert_eq!(r.code(), wire::UNAUTHENTICATED.code, "{}", r.raw);
+        assert_bare_challenge(&exchange_on(connect_from(NOT_LOOPBACK, port), &request));
         let request = rpc_request(port, Some(&secret('a')), "tools/list", json!({}));
         let ok = exchange_on(connect_from(NOT_LOOPBACK, port), &request);
         assert_eq!(ok.status, 200, "{}", ok.raw);

@@ -545,21 +545,27 @@ impl HttpWire {
     }
 }
 
+/// An HTTP/1.1 connection to the daemon, driven by hyper's client.
+async fn connect(port: u16) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to taskgate");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
 async fn post(
     port: u16,
     headers: Vec<(&'static str, String)>,
     body: String,
     id: Option<Value>,
 ) -> HttpReply {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to taskgate");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut sender = connect(port).await;
     let mut req = Request::post("/mcp").header("host", format!("127.0.0.1:{port}"));
     for (k, v) in headers {
         req = req.header(k, v);
@@ -1296,15 +1302,7 @@ fn malformed_messages_get_json_rpc_errors(w: &mut dyn Wire) {
 /// connection (the body was read whole, so nothing stands in the way of
 /// the next request), and the last is served.
 async fn one_connection_outlives_malformed_messages(port: u16) {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to taskgate");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut sender = connect(port).await;
     let mut good = json!({"jsonrpc": "2.0", "id": 40, "method": "tools/list", "params": {}});
     good["params"]["_meta"] = meta(false);
     let mut messages: Vec<(String, Option<&str>)> = malformed_cases()
