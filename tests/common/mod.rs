@@ -539,29 +539,6 @@ impl Daemon {
         (found, before)
     }
 
-    /// The notifications that arrive during the next `span`.
-    pub fn collect_for(&mut self, span: Duration) -> Vec<String> {
-        let until = Instant::now() + span;
-        let mut got = Vec::new();
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
-                Ok(Event::Notify(m)) => {
-                    self.notes.push(m.clone());
-                    got.push(m);
-                }
-                Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => {
-                    let status = self.reap();
-                    panic!(
-                        "taskgate ended ({status}) unexpectedly; log:\n{}",
-                        self.log_text()
-                    );
-                }
-                Err(RecvTimeoutError::Timeout) => return got,
-            }
-        }
-    }
-
     /// Every notification received so far (those already queued included).
     pub fn notifications(&mut self) -> &[String] {
         while let Ok(e) = self.events.try_recv() {
