@@ -249,6 +249,12 @@ pub(super) fn run(
     engine.serve(rx);
 }
 
+/// The engine's connection, borrowed apart from its other fields. Only
+/// `close` takes it, and that ends the loop: no command runs after.
+fn open_connection(conn: &Option<Rc<Connection>>) -> &Connection {
+    conn.as_deref().expect("connection used after close")
+}
+
 /// Every store handle is gone: the thread closes the database and ends.
 struct Disconnected;
 
@@ -344,8 +350,7 @@ impl Engine {
     }
 
     fn conn(&self) -> &Connection {
-        // Only `close` takes the connection, and it ends the loop.
-        self.conn.as_deref().expect("connection used after close")
+        open_connection(&self.conn)
     }
 
     fn serve(&mut self, rx: Receiver<Envelope>) {
@@ -750,7 +755,7 @@ impl Engine {
     ) -> rusqlite::Result<T> {
         let now = self.now_ms();
         let Engine { conn, kinds, .. } = self;
-        let conn: &Connection = conn.as_deref().expect("connection used after close");
+        let conn = open_connection(conn);
         Self::exec(conn, "SAVEPOINT w")?;
         let mut tx = Tx { conn, now, kinds };
         match body(&mut tx) {
@@ -787,7 +792,7 @@ impl Engine {
         }
         let now = self.now_ms();
         let Engine { conn, kinds, .. } = self;
-        let conn: &Connection = conn.as_deref().expect("connection used after close");
+        let conn = open_connection(conn);
         let swept = kinds.sweep(conn, now, SWEEP_BATCH);
         match swept {
             Ok(n) => {
