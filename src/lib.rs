@@ -23,4 +23,5 @@ pub mod store;
 pub mod tasks;
 pub mod testhooks;
 pub mod tools;
+pub mod upstream;
 pub mod wire;

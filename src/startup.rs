@@ -34,6 +34,10 @@ pub struct Effective {
     pub auth: Option<crate::auth::Authenticator>,
     /// The TLS certificate and key, read and validated, when `server.tls = "on"`.
     pub tls: Option<crate::http::tls::Tls>,
+    /// The reviewed digests of upstream tools (none without upstreams).
+    pub pins: crate::upstream::Pins,
+    /// The paths no tool or stdio upstream may reach.
+    pub protected: Vec<std::path::PathBuf>,
 }
 
 /// Step 1: the configuration layered and checked key by key, the rules
@@ -58,13 +62,38 @@ pub fn effective(
         Some((cert, key)) => Some(crate::http::tls::Tls::load(cert, key)?),
         None => None,
     };
-    let protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
+    let mut protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
+    // An upstream's credential is for taskgate to present, never for a
+    // tool to read.
+    for u in &config.upstreams {
+        if let crate::config::UpstreamTransport::Http {
+            bearer_token_file: Some(file),
+            ..
+        } = &u.transport
+        {
+            protected.push(file.clone());
+        }
+    }
     let tools = Registry::build(&config.tools, &protected, builtins)?;
+    for u in &config.upstreams {
+        if let crate::config::UpstreamTransport::Stdio(process) = &u.transport {
+            crate::tools::command::check_confinement(process, &protected)?;
+        }
+    }
+    // The pins go with the upstreams: without any, a pins file is not read.
+    let pins = match &config.file {
+        Some(file) if !config.upstreams.is_empty() => {
+            crate::upstream::Pins::load(&crate::config::pins_file(file))?
+        }
+        _ => crate::upstream::Pins::default(),
+    };
     Ok(Effective {
         config,
         tools,
         auth,
         tls,
+        pins,
+        protected,
     })
 }
 

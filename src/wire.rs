@@ -136,6 +136,29 @@ registry! {
     /// A browser request from a web origin that may not call (DNS rebinding defence).
     ORIGIN_NOT_ALLOWED = (-32064, "TG_ORIGIN_NOT_ALLOWED",
         "the request's Origin header names a web origin that may not call this server; the operator can list it in server.allowed_origins");
+    /// The upstream MCP server of an `alias.tool` is not connected now (not
+    /// yet, or since it was lost); nothing was sent.
+    UPSTREAM_UNAVAILABLE = (-32065, "TG_UPSTREAM_UNAVAILABLE",
+        "the upstream server of this tool is not connected now and nothing was sent to it; retry after a short delay (the operator sees why in taskgate status)");
+    /// An upstream tool whose live description differs from its pin.
+    UPSTREAM_TOOL_WITHHELD = (-32066, "TG_UPSTREAM_TOOL_WITHHELD",
+        "the upstream changed this tool's description since the operator pinned it, so it is withheld; the operator reviews it with taskgate upstream show and pins it again");
+    /// A forwarded request that took longer than `request_timeout_secs`.
+    UPSTREAM_TIMEOUT = (-32067, "TG_UPSTREAM_TIMEOUT",
+        "the upstream did not answer within its request timeout; the call was cancelled upstream and its effect there is unknown");
+    /// An upstream answer larger than `max_response_bytes`.
+    UPSTREAM_RESPONSE_TOO_LARGE = (-32068, "TG_UPSTREAM_RESPONSE_TOO_LARGE",
+        "the upstream's answer was larger than its max_response_bytes and was refused; narrow the call or ask the operator to raise the bound");
+    /// Every forwarding slot of the upstream is taken.
+    UPSTREAM_BUSY = (-32069, "TG_UPSTREAM_BUSY",
+        "the upstream already has as many requests in flight as it may (max_concurrent_requests); nothing was sent; retry after a short delay");
+    /// The upstream answered the call with a JSON-RPC error.
+    UPSTREAM_ERROR = (-32070, "TG_UPSTREAM_ERROR",
+        "the upstream server refused or failed the call with an error of its own; data.upstreamCode and the message carry it");
+    /// The connection to the upstream broke, or it sent something that is
+    /// not MCP, while the call was in flight.
+    UPSTREAM_CONNECTION_LOST = (-32071, "TG_UPSTREAM_CONNECTION_LOST",
+        "the connection to the upstream ended (or it sent something that is not MCP) while the call was in flight; its effect there is unknown; the connection is made again");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");

@@ -56,6 +56,7 @@ fn test_tool(name: &str, task: TaskMode, behaviour: Behaviour) -> Arc<dyn Runner
             input_schema: json!({"type": "object"}),
             effect: Effect::ReadOnly,
             task,
+            shown: Default::default(),
         },
         behaviour,
     })

@@ -320,6 +320,7 @@ fn spilled_results_go_when_their_task_expires() {
             input_schema: json!({"type": "object"}),
             effect: taskgate::config::Effect::ReadOnly,
             task: taskgate::config::TaskMode::Required,
+            shown: Default::default(),
         },
     });
     let daemon = Daemon::start(Options {

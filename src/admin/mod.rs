@@ -160,6 +160,12 @@ pub enum Request {
     /// Re-read the configuration, as SIGHUP does, and answer with what
     /// the reload did once it is done.
     Reload,
+    /// The upstreams; one of them with each of its capabilities when
+    /// `alias` names it.
+    Upstreams {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alias: Option<String>,
+    },
 }
 
 /// One answer line.
@@ -169,6 +175,7 @@ pub enum Answer {
     Status(Box<Status>),
     Snapshot(SnapshotDone),
     Reload(Reloaded),
+    Upstreams(Vec<crate::upstream::UpstreamStatus>),
     Error(AdminError),
 }
 
@@ -251,6 +258,10 @@ pub struct Status {
     /// older than this field).
     #[serde(default)]
     pub parts: Vec<PartStatus>,
+    /// Each upstream MCP server and where it stands (empty from a daemon
+    /// older than this field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<crate::upstream::UpstreamStatus>,
 }
 
 /// A durable part as `status` shows it.

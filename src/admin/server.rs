@@ -27,6 +27,7 @@ use crate::http::BoundedSessions;
 use crate::parts::{self, Parts};
 use crate::state_dir::{self, LifetimeLock};
 use crate::tasks::TaskService;
+use crate::upstream::Upstreams;
 
 /// The longest path a Unix socket address holds (sun_path, NUL included).
 const SUN_PATH_MAX: usize = 108;
@@ -129,6 +130,7 @@ impl Admin {
         listen: String,
         sessions: Option<Arc<BoundedSessions>>,
         reloads: mpsc::Sender<ReloadReply>,
+        upstreams: Arc<Upstreams>,
     ) {
         let Some(bound) = self.bound.take() else {
             return;
@@ -142,6 +144,7 @@ impl Admin {
             }
         };
         let ctx = Arc::new(Context {
+            upstreams,
             svc,
             listen,
             sessions,
@@ -280,6 +283,7 @@ fn remove_socket(socket: &Socket) {
 /// What a connection is served from.
 struct Context {
     svc: Arc<TaskService>,
+    upstreams: Arc<Upstreams>,
     listen: String,
     sessions: Option<Arc<BoundedSessions>>,
     state_dir: PathBuf,
@@ -416,6 +420,27 @@ async fn serve(
             (_, Ok(Request::Status)) => Answer::Status(Box::new(status(&ctx).await)),
             (_, Ok(Request::Snapshot { to })) => snapshot(&ctx, to).await,
             (_, Ok(Request::Reload)) => reload(&ctx, &stop).await,
+            (_, Ok(Request::Upstreams { alias: None })) => {
+                Answer::Upstreams(ctx.upstreams.status(false))
+            }
+            (_, Ok(Request::Upstreams { alias: Some(alias) })) => {
+                let one: Vec<_> = ctx
+                    .upstreams
+                    .status(true)
+                    .into_iter()
+                    .filter(|u| u.alias == alias)
+                    .collect();
+                if one.is_empty() {
+                    Answer::Error(AdminError::new(
+                        ExitClass::Usage,
+                        format!(
+                            "no upstream {alias:?} is configured; `taskgate upstream list` shows them"
+                        ),
+                    ))
+                } else {
+                    Answer::Upstreams(one)
+                }
+            }
             (_, Err(e)) => Answer::Error(AdminError::new(
                 ExitClass::Protocol,
                 format!("malformed request: {e}"),
@@ -547,6 +572,7 @@ async fn status(ctx: &Context) -> Status {
                 }
             })
             .collect(),
+        upstreams: ctx.upstreams.status(false),
     }
 }
 

@@ -41,6 +41,9 @@ pub enum Section {
     /// Keys of each `[[auth.jwt]]` table (a trusted JWT issuer); not
     /// settable from the environment either.
     AuthJwt,
+    /// Keys of each `[[upstream]]` table (an upstream MCP server); not
+    /// settable from the environment either.
+    Upstream,
 }
 
 impl Section {
@@ -54,6 +57,7 @@ impl Section {
             Section::Tools => "tools",
             Section::Tool => "tool",
             Section::AuthJwt => "auth.jwt",
+            Section::Upstream => "upstream",
         }
     }
 
@@ -69,7 +73,7 @@ impl Section {
 
     /// Sections of repeated tables, whose keys have no environment variable.
     pub(super) const fn repeated(self) -> bool {
-        matches!(self, Section::Tool | Section::AuthJwt)
+        matches!(self, Section::Tool | Section::AuthJwt | Section::Upstream)
     }
 }
 
@@ -597,6 +601,31 @@ settings! {
     }
 }
 
+settings! {
+    /// The bounded keys of each `[[upstream]]` table (the others are described
+    /// in the man page's prose).
+    pub static UPSTREAM_KEYS;
+
+    /// An upstream MCP server's bounds, from its `[[upstream]]` table.
+    pub struct UpstreamLimits in Upstream {
+        /// Seconds to connect and finish the protocol handshake (the discovery, or the legacy `initialize`) and list the tools; past it the attempt counts as failed and is retried with backoff.
+        #[key(UPSTREAM_CONNECT_TIMEOUT_SECS, "connect_timeout_secs", secs(10, 1..=300), applies: RELOAD)]
+        pub connect_timeout: Duration,
+        /// Seconds one forwarded request may take (a tool call, synchronous or run as a task); past it the call is cancelled upstream and fails with `TG_UPSTREAM_TIMEOUT`.
+        #[key(UPSTREAM_REQUEST_TIMEOUT_SECS, "request_timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
+        pub request_timeout: Duration,
+        /// Largest answer taken from the upstream (a tool result, or one page of its tool list); a larger one fails with `TG_UPSTREAM_RESPONSE_TOO_LARGE` (over stdio the connection is closed and made again, since the rest of that answer cannot be skipped).
+        #[key(UPSTREAM_MAX_RESPONSE_BYTES, "max_response_bytes", bytes(16 * MIB, 4 * KIB..=256 * MIB), applies: RELOAD)]
+        pub max_response_bytes: u64,
+        /// Requests forwarded to the upstream at once; past it a call is refused with `TG_UPSTREAM_BUSY` (retryable), never queued.
+        #[key(UPSTREAM_MAX_CONCURRENT_REQUESTS, "max_concurrent_requests", count(16, 1..=1024), applies: RELOAD)]
+        pub max_concurrent_requests: usize,
+        /// Most tools taken from the upstream's list; an upstream that lists more is refused whole (status says so) rather than served in part.
+        #[key(UPSTREAM_MAX_TOOLS, "max_tools", count(1000, 1..=10_000), applies: RELOAD)]
+        pub max_tools: usize,
+    }
+}
+
 /// The setting `section.name`, if there is one.
 pub fn find(section: &str, name: &str) -> Option<&'static KeySpec> {
     KEYS.iter()
@@ -614,7 +643,12 @@ mod tests {
 
     #[test]
     fn keys_are_unique_and_defaults_in_range() {
-        let all: Vec<&KeySpec> = KEYS.iter().chain(TOOL_KEYS).chain(JWT_KEYS).collect();
+        let all: Vec<&KeySpec> = KEYS
+            .iter()
+            .chain(TOOL_KEYS)
+            .chain(JWT_KEYS)
+            .chain(UPSTREAM_KEYS)
+            .collect();
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
                 assert!(a.dotted() != b.dotted(), "{} twice", a.dotted());
@@ -652,7 +686,12 @@ mod tests {
     #[test]
     fn man_page_names_every_key_and_has_no_stray_requests() {
         let page = man_page();
-        for key in KEYS.iter().chain(TOOL_KEYS).chain(JWT_KEYS) {
+        for key in KEYS
+            .iter()
+            .chain(TOOL_KEYS)
+            .chain(JWT_KEYS)
+            .chain(UPSTREAM_KEYS)
+        {
             assert!(page.contains(&format!(".B {}\n", key.name)), "{}", key.name);
         }
         for line in page.lines() {

@@ -24,6 +24,7 @@ mod auth;
 pub mod keys;
 mod render;
 mod settings;
+mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -39,7 +40,11 @@ use settings::{Layers, Read};
 pub use auth::{JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource};
 pub use keys::{
     AuthSettings, JwtLimits, LogSettings, PACKAGE_STATE_DIR, ServerSettings, StoreSettings,
-    TaskSettings, ToolLimits, ToolsSettings, starter_config,
+    TaskSettings, ToolLimits, ToolsSettings, UpstreamLimits, starter_config,
+};
+pub use upstream::{
+    MAX_ALIAS_LEN, MAX_UPSTREAMS, PINS_FILE_NAME, UpstreamConfig, UpstreamToolSettings,
+    UpstreamTransport, pins_file, valid_alias,
 };
 
 /// Environment variables with the `TASKGATE_` prefix that are not settings.
@@ -253,6 +258,8 @@ pub struct Config {
     pub tasks: TaskSettings,
     pub log: LogSettings,
     pub tools: Vec<ToolConfig>,
+    /// The `[[upstream]]` MCP servers whose tools are offered too.
+    pub upstreams: Vec<UpstreamConfig>,
     /// `[auth]`, present only when credentials are configured (a tokens
     /// file or a JWT issuer): see [`Config::auth_enabled`].
     pub auth: Option<AuthSettings>,
@@ -378,6 +385,20 @@ impl Config {
         tasks.max_running_per_owner = tasks.max_running_per_owner.min(tasks.max_running);
 
         let tools = tool_settings(tables.tools, &tables.origin, &layers, &tool_defaults)?;
+        let upstreams =
+            upstream::settings(tables.upstreams, &tables.origin, &layers, &tool_defaults)?;
+        if let Some((tool, upstream)) = tools
+            .iter()
+            .find_map(|t| upstream::shadowed(&t.name, &upstreams).map(|u| (t, u)))
+        {
+            return Err(ConfigError::Invalid {
+                origin: format!("{}: [[tool]] {:?}", tool.origin, tool.name),
+                message: format!(
+                    "the name begins with the alias of [[upstream]] {:?}, whose tools are offered as {}.TOOL; rename the tool or the upstream",
+                    upstream.alias, upstream.alias
+                ),
+            });
+        }
         // `[auth]` counts only with credentials, its issuers from their tables.
         let auth = auth::settings(auth, tables.jwt, &tables.origin)?;
 
@@ -391,6 +412,7 @@ impl Config {
             tasks,
             log,
             tools,
+            upstreams,
             auth,
             tool_defaults,
         })
@@ -409,6 +431,7 @@ impl Config {
 struct Tables {
     tools: Vec<(RawTool, toml::Table)>,
     jwt: Vec<(auth::RawJwt, toml::Table)>,
+    upstreams: Vec<(upstream::RawUpstream, toml::Table)>,
     origin: String,
 }
 
@@ -429,6 +452,7 @@ impl Layered {
         let mut tables = Tables {
             tools: Vec::new(),
             jwt: Vec::new(),
+            upstreams: Vec::new(),
             origin: EMBEDDED.to_string(),
         };
         if let Some(path) = &file {
@@ -533,9 +557,14 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Tables, C
     };
     let mut tool_tables = None;
     let mut jwt_tables = Vec::new();
+    let mut upstream_tables = Vec::new();
     for (top, value) in table {
         if top == "tool" {
             tool_tables = Some(tables_of(&value));
+            continue;
+        }
+        if top == "upstream" {
+            upstream_tables = tables_of(&value);
             continue;
         }
         let at = line_origin(origin, text, &[&top]);
@@ -543,7 +572,7 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Tables, C
             return Err(ConfigError::Invalid {
                 origin: at,
                 message: format!(
-                    "unknown section `{top}`; the sections are {}, [[tool]] and [[auth.jwt]]",
+                    "unknown section `{top}`; the sections are {}, [[tool]], [[upstream]] and [[auth.jwt]]",
                     sections()
                 ),
             });
@@ -590,9 +619,11 @@ fn file_layer(layers: &mut Layers, origin: &str, text: &str) -> Result<Tables, C
         ),
     };
     let jwt = auth::raw_issuers(origin, text)?;
+    let upstreams = upstream::raw_upstreams(origin, text)?;
     Ok(Tables {
         tools: tools.into_iter().zip(tool_tables).collect(),
         jwt: jwt.into_iter().zip(jwt_tables).collect(),
+        upstreams: upstreams.into_iter().zip(upstream_tables).collect(),
         origin: origin.to_string(),
     })
 }

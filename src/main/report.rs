@@ -13,7 +13,7 @@ pub(crate) fn check_config(overrides: &config::Overrides) -> Result<(), Refusal>
     };
     out(format!(
         "ok: configuration {file}: {} tools, listen {}",
-        tools.specs().count(),
+        tools.own_specs().count(),
         config.server.listen
     ))?;
     out(format!(

@@ -127,7 +127,14 @@ fn wire_tool(spec: &ToolSpec) -> WireTool {
         Effect::IdempotentWrite => (false, true, true),
         Effect::NonIdempotentWrite => (false, false, true),
     };
-    let mut annotations = ToolAnnotations::default();
+    // A source's own annotations (an upstream's title, say) are kept; the
+    // behaviour hints are always the operator's effect.
+    let mut annotations = spec
+        .shown
+        .annotations
+        .clone()
+        .and_then(|a| serde_json::from_value::<ToolAnnotations>(a).ok())
+        .unwrap_or_default();
     annotations.read_only_hint = Some(read_only);
     annotations.idempotent_hint = Some(idempotent);
     annotations.destructive_hint = Some(destructive);
@@ -139,9 +146,14 @@ fn wire_tool(spec: &ToolSpec) -> WireTool {
     let mut meta = rmcp::model::MetaObject::default();
     meta.0
         .insert("dev.taskgate/taskSupport".into(), json!(task));
-    WireTool::new(spec.name.clone(), spec.description.clone(), schema)
+    let mut tool = WireTool::new(spec.name.clone(), spec.description.clone(), schema)
         .with_annotations(annotations)
-        .with_meta(meta)
+        .with_meta(meta);
+    tool.title = spec.shown.title.clone();
+    if let Some(Value::Object(output)) = &spec.shown.output_schema {
+        tool.output_schema = Some(Arc::new(output.clone()));
+    }
+    tool
 }
 
 impl ServerHandler for Handler {

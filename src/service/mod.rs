@@ -62,6 +62,7 @@ use crate::startup::{self, Claimed, Effective};
 use crate::store::Clock;
 use crate::tasks::{Limits, TaskService};
 use crate::tools::Runner;
+use crate::upstream::{Pins, Upstreams};
 use chores::StatusBoard;
 use control::{Control, Heard, StopSignals};
 use reload::Reload;
@@ -188,6 +189,9 @@ pub struct Daemon {
     reload: Reload,
     auth: Option<Arc<Authenticator>>,
     tls: Option<Arc<Tls>>,
+    /// The upstream MCP servers: connected once the daemon serves.
+    upstreams: Arc<Upstreams>,
+    pins: Pins,
 }
 
 impl Daemon {
@@ -206,7 +210,13 @@ impl Daemon {
             tools,
             auth,
             tls,
+            pins,
+            protected,
         } = effective;
+        // Their supervisors start when the daemon serves (`Process::ready`);
+        // until an upstream answers, its tools are absent.
+        let upstreams = Upstreams::new(protected, CancellationToken::new());
+        let tools = tools.with_source(upstreams.clone());
         let clock = options.clock.clone().unwrap_or_else(Clock::system);
         let mut serving = startup::open_serving(&config, clock)?;
         // The lock is held: a socket file a killed daemon left is replaced.
@@ -273,6 +283,8 @@ impl Daemon {
             admin,
             auth: auth.map(Arc::new),
             tls: tls.map(Arc::new),
+            upstreams,
+            pins,
         })
     }
 
@@ -302,6 +314,8 @@ impl Daemon {
             admin: self.admin,
             auth: self.auth,
             tls: self.tls,
+            first_upstreams: Some((self.config.upstreams.clone(), self.pins)),
+            upstreams: self.upstreams,
         };
         (process, self.config, self.claimed)
     }
@@ -363,6 +377,9 @@ struct Process {
     auth: Option<Arc<Authenticator>>,
     /// The TLS pair in force, re-read by reloads.
     tls: Option<Arc<Tls>>,
+    upstreams: Arc<Upstreams>,
+    /// The upstreams to connect once serving (taken by `ready`).
+    first_upstreams: Option<(Vec<crate::config::UpstreamConfig>, Pins)>,
 }
 
 impl Process {
@@ -395,6 +412,10 @@ impl Process {
                 Some(reload) => format!("{}; {reload}", describe()),
                 None => describe(),
             });
+        // Connecting happens in the background: no upstream delays READY.
+        if let Some((configs, pins)) = self.first_upstreams.take() {
+            self.upstreams.apply(&configs, &pins).await;
+        }
         let status = chores::status_line(&self.svc, &describe()).await;
         self.board.ready(&status);
         self.describe = Some(describe.clone());
@@ -461,6 +482,7 @@ impl Process {
             local.to_string(),
             Some(sessions),
             self.reload_sender.clone(),
+            self.upstreams.clone(),
         );
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
@@ -504,8 +526,10 @@ impl Process {
         tracing::info!("stopping: no new calls are admitted");
     }
 
-    /// The chores end, then the store closes with its final checkpoint.
+    /// The upstreams are closed (their calls were stopped with the tools),
+    /// the chores end, then the store closes with its final checkpoint.
     async fn finish(&mut self) {
+        self.upstreams.stop_all().await;
         self.chores_stop.cancel();
         self.chores.close();
         self.chores.wait().await;

@@ -62,7 +62,32 @@ impl Process {
         )
         .and_then(|mut new| self.renew_credentials(&mut new).map(|()| new));
         let outcome = match validated {
-            Ok(new) => Ok(self.apply(number, new)),
+            Ok(new) => {
+                let upstreams = (new.config.upstreams.clone(), new.pins.clone());
+                let mut done = self.apply(number, new);
+                let applied = self.upstreams.apply(&upstreams.0, &upstreams.1).await;
+                let changed = !(applied.added.is_empty()
+                    && applied.removed.is_empty()
+                    && applied.restarted.is_empty());
+                let line = format!(
+                    "upstreams: added: {}; removed: {}; connected again (connection settings changed): {}; kept with their tool settings and pins re-read: {}",
+                    list(&applied.added.iter().collect::<Vec<_>>()),
+                    list(&applied.removed.iter().collect::<Vec<_>>()),
+                    list(&applied.restarted.iter().collect::<Vec<_>>()),
+                    list(&applied.updated.iter().collect::<Vec<_>>()),
+                );
+                tracing::info!("configuration reloaded: {line}");
+                if changed || !applied.updated.is_empty() {
+                    // Before the closing line about running tasks.
+                    let at = done.lines.len().saturating_sub(1);
+                    if changed && done.lines.iter().any(|l| l == NOTHING_CHANGED) {
+                        done.lines.retain(|l| l != NOTHING_CHANGED);
+                    }
+                    let at = at.min(done.lines.len().saturating_sub(1));
+                    done.lines.insert(at, line);
+                }
+                Ok(done)
+            }
             Err(refusal) => {
                 tracing::error!(
                     "configuration reload refused: {}; still running on the previous configuration",
@@ -150,7 +175,7 @@ impl Process {
             .map(|c| format!("changed: {} {} -> {}", c.key.dotted(), c.old, c.new))
             .collect();
         let names = |r: &Registry| -> std::collections::BTreeSet<String> {
-            r.specs().map(|s| s.name.clone()).collect()
+            r.own_specs().map(|s| s.name.clone()).collect()
         };
         let before = names(&self.svc.tools());
         let after = names(&new.tools);
@@ -190,7 +215,8 @@ impl Process {
             poll_interval.as_millis()
         );
         new.tools.log_confinement();
-        self.svc.reload(new.tools, poll_interval);
+        self.svc
+            .reload(new.tools.with_source(self.upstreams.clone()), poll_interval);
         set_log_filter(&new.config.log.filter);
         self.reload.applied = new.config;
 
@@ -203,7 +229,7 @@ impl Process {
             )
         }];
         if changed.is_empty() {
-            lines.push("no reloadable setting or tool changed".to_string());
+            lines.push(NOTHING_CHANGED.to_string());
         }
         lines.extend(changed);
         lines.extend(kept_lines);
@@ -215,6 +241,8 @@ impl Process {
         }
     }
 }
+
+const NOTHING_CHANGED: &str = "no reloadable setting or tool changed";
 
 /// `a, b` or `none`.
 fn list(names: &[&String]) -> String {

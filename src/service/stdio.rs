@@ -25,6 +25,7 @@ impl Process {
             "stdio".into(),
             None,
             self.reload_sender.clone(),
+            self.upstreams.clone(),
         );
         // Ready as soon as stdin is read: the client speaks first.
         self.ready(Arc::new(move || {

@@ -26,6 +26,7 @@ pub fn spec() -> ToolSpec {
         }),
         effect: Effect::ReadOnly,
         task: TaskMode::Never,
+        shown: Default::default(),
     }
 }
 

@@ -71,7 +71,12 @@ pub enum TaskError {
     StoreUnsettled(StoreError),
     /// A synchronous run ended without a result (timeout, signal, …).
     #[error("{message}")]
-    Run { code: WireCode, message: String },
+    Run {
+        code: WireCode,
+        message: String,
+        /// Fields of the run's own for the error's `data`.
+        data: Option<Value>,
+    },
     /// A stored or encoded result could not be turned into a reply.
     #[error("{0}")]
     Internal(String),
@@ -136,6 +141,7 @@ impl TaskError {
             TaskError::TasksRequired(_) => Some(json!({
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),
+            TaskError::Run { data, .. } => data.clone(),
             _ => None,
         }
     }
@@ -144,6 +150,10 @@ impl TaskError {
         TaskError::Run {
             code: e.wire(),
             message: e.message(tool),
+            data: match e {
+                RunError::Remote { data, .. } => data.clone(),
+                _ => None,
+            },
         }
     }
 

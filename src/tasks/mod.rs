@@ -43,7 +43,7 @@ use crate::store::{
     CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId,
     TaskRecord, TaskStatus,
 };
-use crate::tools::{Registry, RunError, Runner, ToolSpec};
+use crate::tools::{Lookup, Registry, RunError, Runner, ToolSpec};
 
 pub use artifact_read::ARTIFACT_READ_TOOL;
 pub use error::TaskError;
@@ -382,7 +382,7 @@ impl TaskService {
 
     /// Every tool a client may call: the registry's and `artifact_read`.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        let mut specs: Vec<ToolSpec> = self.live().tools.specs().cloned().collect();
+        let mut specs: Vec<ToolSpec> = self.live().tools.specs();
         specs.push(artifact_read::spec());
         specs
     }
@@ -491,8 +491,10 @@ impl TaskService {
                 .await
                 .map(Delivery::Now);
         }
-        let Some(tool) = self.live().tools.get(&call.tool) else {
-            return Err(TaskError::UnknownTool(call.tool));
+        let tool = match self.live().tools.lookup(&call.tool) {
+            Lookup::Found(tool) => tool,
+            Lookup::Unknown => return Err(TaskError::UnknownTool(call.tool)),
+            Lookup::Refused(e) => return Err(TaskError::run(&call.tool, &e)),
         };
         let args = call.arguments.unwrap_or_default();
         tool.validate(&Value::Object(args.clone()))
@@ -790,6 +792,7 @@ impl TaskService {
                 let body = TaskError::Run {
                     code: crate::wire::RESULT_TOO_LARGE,
                     message: format!("the result could not be stored: {e}"),
+                    data: None,
                 }
                 .body();
                 (TaskStatus::Failed, Some(Outcome::Error(body)))

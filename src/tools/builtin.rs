@@ -29,6 +29,7 @@ pub fn bench_noop() -> BenchNoop {
             input_schema: json!({"type": "object"}),
             effect: Effect::ReadOnly,
             task: TaskMode::Optional,
+            shown: Default::default(),
         },
     }
 }

@@ -114,6 +114,28 @@ fn render(value: &Value) -> String {
     }
 }
 
+/// Whether a program described as `config` can be confined as it asks: no
+/// declared path overlapping `protected`, and Landlock on this kernel
+/// unless it runs unconfined. For command tools and stdio upstreams alike.
+pub fn check_confinement(
+    config: &ToolConfig,
+    protected: &[std::path::PathBuf],
+) -> Result<(), RegistryError> {
+    if let Some((path, protected)) = confine::refused_path(config, protected) {
+        return Err(RegistryError::Protected {
+            tool: config.name.clone(),
+            path,
+            protected,
+        });
+    }
+    if confine::paths(config, protected).is_some() && confine::landlock_abi() == 0 {
+        return Err(RegistryError::NoLandlock {
+            tool: config.name.clone(),
+        });
+    }
+    Ok(())
+}
+
 impl CommandTool {
     pub fn build(config: ToolConfig) -> Result<CommandTool, RegistryError> {
         CommandTool::build_protected(config, &[])
@@ -127,19 +149,8 @@ impl CommandTool {
         protected: &[std::path::PathBuf],
     ) -> Result<CommandTool, RegistryError> {
         check_rules(&config)?;
-        if let Some((path, protected)) = confine::refused_path(&config, protected) {
-            return Err(RegistryError::Protected {
-                tool: config.name.clone(),
-                path,
-                protected,
-            });
-        }
+        check_confinement(&config, protected)?;
         let paths = confine::paths(&config, protected);
-        if paths.is_some() && confine::landlock_abi() == 0 {
-            return Err(RegistryError::NoLandlock {
-                tool: config.name.clone(),
-            });
-        }
         let limits = confine::limits(&config);
         let validator = jsonschema::validator_for(&config.input_schema).map_err(|e| {
             RegistryError::BadSchema {
@@ -174,6 +185,7 @@ impl CommandTool {
             input_schema: config.input_schema.clone(),
             effect: config.effect,
             task: config.task,
+            shown: Default::default(),
         };
         Ok(CommandTool {
             config,

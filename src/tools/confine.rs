@@ -40,11 +40,15 @@ pub const DEFAULT_READ: &[&str] = &[
 /// Written by many programs as a matter of course.
 pub const DEFAULT_WRITE: &[&str] = &["/dev/null", "/dev/full"];
 
-/// The paths no tool may reach: the state directory and the configuration
-/// file, as given and resolved.
+/// The paths no tool may reach: the state directory, the configuration
+/// file and the upstream pins file beside it, as given and resolved.
 pub fn protected(state_dir: &Path, config_file: Option<&Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for p in std::iter::once(state_dir).chain(config_file) {
+    let pins = config_file.map(crate::config::pins_file);
+    for p in std::iter::once(state_dir)
+        .chain(config_file)
+        .chain(pins.as_deref())
+    {
         out.push(p.to_path_buf());
         if let Ok(real) = std::fs::canonicalize(p)
             && real != p

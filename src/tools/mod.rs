@@ -2,8 +2,9 @@
 //! checks its arguments and runs one call under a cancellation token. Two
 //! kinds exist today: command tools from `[[tool]]` configuration
 //! ([`command`], run as bounded child processes by [`process`] under the
-//! [`shim`]) and built-ins of the daemon ([`builtin`]). Upstream MCP servers
-//! will be a third kind of runner.
+//! [`shim`]) and built-ins of the daemon ([`builtin`]). Tools that come
+//! and go while the daemon runs (those of upstream MCP servers) are found
+//! through a [`ToolSource`] the registry asks after its own tools.
 //!
 //! This module knows nothing of tasks, owners, the store or the protocol
 //! library: a run produces the tool result's JSON (the shape of MCP's
@@ -49,6 +50,20 @@ pub struct ToolSpec {
     /// Whether a call runs as a background task when the client negotiated
     /// the Tasks extension.
     pub task: TaskMode,
+    /// What `tools/list` shows beside the above, as the tool's source gave
+    /// it (an upstream server's tool): its title, output schema and
+    /// annotations. The behaviour hints of the annotations are always
+    /// taken from `effect`, never from here.
+    pub shown: Shown,
+}
+
+/// The optional parts of a tool's listing.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Shown {
+    pub title: Option<String>,
+    pub output_schema: Option<Value>,
+    /// A JSON object of MCP tool annotations.
+    pub annotations: Option<Value>,
 }
 
 /// The future of one run: the tool result as JSON, or why there is none.
@@ -165,6 +180,15 @@ pub enum RunError {
     /// Ended by a resource limit, named by its `[[tool]]` key.
     #[error("stopped by its resource limit {limit}")]
     Limit { limit: &'static str },
+    /// A tool served by another MCP server that failed there, or could not
+    /// be reached: the source names the code.
+    #[error("{detail}")]
+    Remote {
+        code: WireCode,
+        detail: String,
+        /// What the client gets as the error's `data`.
+        data: Option<Value>,
+    },
 }
 
 impl RunError {
@@ -178,6 +202,7 @@ impl RunError {
             RunError::Io(_) => wire::TOOL_IO,
             RunError::Killed { .. } => wire::TOOL_KILLED,
             RunError::Limit { .. } => wire::TOOL_LIMIT,
+            RunError::Remote { code, .. } => *code,
         }
     }
 
@@ -210,10 +235,31 @@ pub fn result_json(text: String, structured: Option<Value>, is_error: bool) -> V
     v
 }
 
+/// What a [`ToolSource`] says of a tool name.
+pub enum Lookup {
+    /// Not one of its tools.
+    Unknown,
+    /// One of its tools, callable now.
+    Found(Arc<dyn Runner>),
+    /// One of its tools that cannot be called now, and why (a retryable
+    /// unavailability, or a withheld tool).
+    Refused(RunError),
+}
+
+/// Tools that come and go while the daemon runs: asked for a name the
+/// registry's own tools do not have, and for its listing at each
+/// `tools/list`.
+pub trait ToolSource: Send + Sync + std::fmt::Debug {
+    fn lookup(&self, name: &str) -> Lookup;
+    /// The specs of the tools callable now.
+    fn specs(&self) -> Vec<ToolSpec>;
+}
+
 /// Every tool this daemon serves through the registry, by name.
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
     tools: BTreeMap<String, Arc<dyn Runner>>,
+    source: Option<Arc<dyn ToolSource>>,
 }
 
 impl Registry {
@@ -247,8 +293,28 @@ impl Registry {
         Ok(())
     }
 
+    /// The registry with `source` asked for the names it lacks.
+    pub fn with_source(mut self, source: Arc<dyn ToolSource>) -> Registry {
+        self.source = Some(source);
+        self
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<dyn Runner>> {
-        self.tools.get(name).cloned()
+        match self.lookup(name) {
+            Lookup::Found(tool) => Some(tool),
+            _ => None,
+        }
+    }
+
+    /// The tool `name`: one of the registry's own, or what its source says.
+    pub fn lookup(&self, name: &str) -> Lookup {
+        if let Some(tool) = self.tools.get(name) {
+            return Lookup::Found(tool.clone());
+        }
+        match &self.source {
+            Some(source) => source.lookup(name),
+            None => Lookup::Unknown,
+        }
     }
 
     /// Every tool's warnings, for `taskgate check`.
@@ -256,8 +322,19 @@ impl Registry {
         self.tools.values().flat_map(|r| r.warnings()).collect()
     }
 
-    pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
+    /// The registry's own tools (configured and built-in), without its
+    /// source's.
+    pub fn own_specs(&self) -> impl Iterator<Item = &ToolSpec> {
         self.tools.values().map(|r| r.spec())
+    }
+
+    /// Every tool callable now: the registry's own, then its source's.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        let mut specs: Vec<ToolSpec> = self.own_specs().cloned().collect();
+        if let Some(source) = &self.source {
+            specs.extend(source.specs());
+        }
+        specs
     }
 
     /// The confinement in force for these tools on this kernel.

@@ -186,6 +186,112 @@ async fn read_capped<R: AsyncRead + Unpin>(
     Ok(buf)
 }
 
+/// The shim (this binary, `exec-tool`) running `inv.argv` below itself
+/// under `policy`, in `dir`, with only the allow-listed environment, in a
+/// process group of its own; stdout and stderr piped. The shim kills
+/// everything the program started when it ends; see `shim.rs`.
+fn shim_command(
+    inv: &Invocation,
+    dir: &Path,
+    policy: &Policy,
+) -> Result<tokio::process::Command, RunError> {
+    let policy = serde_json::to_string(policy).map_err(|e| RunError::Io(e.into()))?;
+    let mut cmd = tokio::process::Command::new(SELF_EXE);
+    cmd.arg("exec-tool")
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--policy")
+        .arg(policy)
+        .arg("--")
+        .args(&inv.argv)
+        .env_clear()
+        .envs(inv.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+/// A long-running program under the shim that talks on its stdin and
+/// stdout (an upstream MCP server): confined and limited like a tool's
+/// run, ended with its whole process group by [`Server::stop`] or when
+/// dropped.
+pub struct Server {
+    pub child: tokio::process::Child,
+    pgid: i32,
+    _scratch: Option<Scratch>,
+}
+
+impl Server {
+    /// Starts `inv.argv` (its stdin, timeout and output caps are not
+    /// used: the caller talks to it and bounds what it reads).
+    pub fn spawn(inv: &Invocation) -> Result<Server, RunError> {
+        let program = inv.argv.first().cloned().unwrap_or_default();
+        check_executable(&program)?;
+        let scratch = match &inv.working_dir {
+            Some(_) => None,
+            None => Some(Scratch::create().map_err(|source| RunError::Spawn {
+                program: program.clone(),
+                source,
+            })?),
+        };
+        let dir: PathBuf = match (&inv.working_dir, &scratch) {
+            (Some(d), _) => d.clone(),
+            (None, Some(s)) => s.0.clone(),
+            (None, None) => PathBuf::from("/"),
+        };
+        let paths = inv.paths.clone().map(|mut p| {
+            p.read.push(PathBuf::from(&program));
+            p.write.push(dir.clone());
+            p
+        });
+        let policy = Policy {
+            grace_ms: inv.grace.as_millis() as u64,
+            limits: inv.limits,
+            paths,
+            report_fd: None,
+        };
+        let mut cmd = shim_command(inv, &dir, &policy)?;
+        cmd.stdin(Stdio::piped());
+        let child = cmd
+            .spawn()
+            .map_err(|source| RunError::Spawn { program, source })?;
+        let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+        Ok(Server {
+            child,
+            pgid,
+            _scratch: scratch,
+        })
+    }
+
+    /// Asks the program to stop (SIGTERM to its group, which the shim
+    /// passes on), and kills what is left after `grace`.
+    pub async fn stop(mut self, grace: Duration) {
+        if self.pgid > 0 {
+            signal_group(self.pgid, Signal::SIGTERM);
+            if tokio::time::timeout(grace + Duration::from_secs(1), self.child.wait())
+                .await
+                .is_err()
+            {
+                signal_group(self.pgid, Signal::SIGKILL);
+                let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Dropped without `stop` (the daemon is going): nothing of it may
+        // outlive its connection.
+        if self.pgid > 0 && matches!(self.child.try_wait(), Ok(None)) {
+            signal_group(self.pgid, Signal::SIGKILL);
+        }
+    }
+}
+
 /// Runs the invocation to completion, timeout, output overflow or
 /// cancellation.
 pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finished, RunError> {
@@ -220,25 +326,8 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
         paths,
         report_fd: Some(REPORT_FD),
     };
-    let policy = serde_json::to_string(&policy).map_err(|e| RunError::Io(e.into()))?;
-    // The shim (this binary, `exec-tool`) runs the tool below itself and
-    // kills everything the tool started when it ends; see `shim.rs`.
-    let mut cmd = tokio::process::Command::new(SELF_EXE);
-    cmd.arg("exec-tool")
-        .arg("--parent")
-        .arg(std::process::id().to_string())
-        .arg("--policy")
-        .arg(policy)
-        .arg("--")
-        .args(&inv.argv)
-        .env_clear()
-        .envs(inv.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
+    let mut cmd = shim_command(inv, dir, &policy)?;
+    cmd.stdin(Stdio::piped());
     let raw = report_write.as_raw_fd();
     // SAFETY: dup2(2) is async-signal-safe; the duplicate has no
     // close-on-exec flag, so the shim inherits it as descriptor 3.

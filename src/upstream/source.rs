@@ -1,0 +1,525 @@
+//! One upstream: a supervisor that connects (the discover lifecycle,
+//! falling back to a legacy `initialize`), lists the tools, publishes what
+//! it found as a [`Snapshot`], watches the connection and makes it again
+//! with backoff when it is lost. Calls read the snapshot; they never wait
+//! for a connection.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{
+    ClientCapabilities, ClientConfig as ClientInfo, Implementation, PaginatedRequestParams,
+    ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient};
+use serde_json::Value;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::pins::Pins;
+use super::tool::{Capability, PinState, UpstreamTool};
+use super::transport::{self, Refusal, Refused};
+use crate::config::{UpstreamConfig, UpstreamTransport};
+
+/// The first wait after a failed connection; it doubles to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Most pages of a tool list read (an upstream that pages forever, or
+/// one tool a page, meets `max_tools` or this).
+const MAX_LIST_PAGES: usize = 1024;
+
+/// Where an upstream stands, as `status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Making the first connection, or again after one was lost.
+    Connecting,
+    /// Connected and listed: its tools are served.
+    Ready,
+    /// The last attempt failed; the next is due after the backoff.
+    Unavailable,
+    /// Removed by a reload, or the daemon is stopping.
+    Stopped,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Ready => "ready",
+            State::Unavailable => "unavailable",
+            State::Stopped => "stopped",
+        }
+    }
+}
+
+/// One connection that answered: the session its tools are called on.
+pub struct Session {
+    /// Random, minted per connection (2026-07-28 has no session id of
+    /// its own): a reconnect is a new session.
+    pub id: String,
+    pub peer: Peer<RoleClient>,
+    /// The protocol version negotiated.
+    pub version: String,
+    /// Whether the upstream advertised the Tasks extension.
+    pub tasks: bool,
+    pub server: Option<String>,
+    /// The tools as listed, before the operator's settings and pins.
+    listed: Vec<rmcp::model::Tool>,
+    /// Why taskgate closed it, if it did.
+    pub refusal: Arc<Refusal>,
+    /// `max_concurrent_requests`.
+    pub requests: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an upstream offers now, as calls and `status` read it.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub state: State,
+    pub session: Option<Arc<Session>>,
+    /// Its capabilities under the operator's settings and pins, by the name
+    /// a caller uses (`alias.tool`).
+    pub catalog: HashMap<String, Arc<Capability>>,
+    pub last_error: Option<String>,
+    /// When `state` last changed.
+    pub since: SystemTime,
+}
+
+/// The part of an upstream its supervisor, its tools and `status` share.
+#[derive(Debug)]
+pub struct Shared {
+    config: RwLock<Arc<UpstreamConfig>>,
+    pins: RwLock<Arc<Pins>>,
+    snapshot: RwLock<Arc<Snapshot>>,
+}
+
+fn read<T: Clone>(lock: &RwLock<T>) -> T {
+    lock.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn write<T>(lock: &RwLock<T>, value: T) {
+    *lock.write().unwrap_or_else(|p| p.into_inner()) = value;
+}
+
+impl Shared {
+    pub fn config(&self) -> Arc<UpstreamConfig> {
+        read(&self.config)
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        read(&self.snapshot)
+    }
+
+    /// Publishes a new state, the catalog rebuilt from `session`.
+    fn publish(
+        self: &Arc<Self>,
+        state: State,
+        session: Option<Arc<Session>>,
+        error: Option<String>,
+    ) {
+        let catalog = match &session {
+            Some(s) => self.catalog(s),
+            None => HashMap::new(),
+        };
+        let old = self.snapshot();
+        let since = if old.state == state {
+            old.since
+        } else {
+            SystemTime::now()
+        };
+        write(
+            &self.snapshot,
+            Arc::new(Snapshot {
+                state,
+                session,
+                catalog,
+                last_error: error.or_else(|| old.last_error.clone()),
+                since,
+            }),
+        );
+    }
+
+    /// The settings and pins changed without the connection changing
+    /// (a reload): the catalog is rebuilt, the session kept.
+    pub fn adopt(self: &Arc<Self>, config: Arc<UpstreamConfig>, pins: Arc<Pins>) {
+        write(&self.config, config);
+        write(&self.pins, pins);
+        let old = self.snapshot();
+        self.publish(old.state, old.session.clone(), None);
+    }
+
+    /// Every listed tool under the operator's settings and the pins.
+    fn catalog(self: &Arc<Self>, session: &Arc<Session>) -> HashMap<String, Arc<Capability>> {
+        let config = self.config();
+        let pins = read(&self.pins);
+        let mut out = HashMap::new();
+        for tool in &session.listed {
+            let cap = Capability::new(&config, tool, pins.get(&config.alias, &tool.name));
+            if let PinState::Differs { pinned } = &cap.pin {
+                tracing::warn!(
+                    upstream = %config.alias,
+                    tool = %tool.name,
+                    "upstream {} changed its tool {} since it was pinned (pinned {pinned}, now {}): withheld from callers until the operator reviews it (taskgate upstream show {}) and pins it again",
+                    config.alias, tool.name, cap.digest, config.alias
+                );
+            }
+            let runner = UpstreamTool::new(&cap, self.clone());
+            let cap = Arc::new(Capability {
+                tool: runner.map(Arc::new),
+                ..cap
+            });
+            out.insert(cap.name.clone(), cap);
+        }
+        out
+    }
+}
+
+/// The client side of one connection: who taskgate says it is, and a
+/// nudge to the supervisor when the upstream's tool list changed.
+#[derive(Clone)]
+struct Client {
+    info: ClientInfo,
+    changed: Arc<Notify>,
+}
+
+impl ClientHandler for Client {
+    fn get_info(&self) -> ClientInfo {
+        self.info.clone()
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.changed.notify_one();
+    }
+}
+
+fn client_info() -> ClientInfo {
+    let mut info = ClientInfo::default();
+    info.client_info = Implementation::new("taskgate", env!("CARGO_PKG_VERSION"));
+    // Calls are plain tool calls: taskgate makes a task of them itself
+    // when the operator asks; it asks no upstream for one (yet).
+    info.capabilities = ClientCapabilities::default();
+    info
+}
+
+/// A random session id: 16 bytes as hex.
+fn session_id() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // Unique enough for a label when the kernel has no randomness to give.
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes.copy_from_slice(&nanos.to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One live connection, with what must be stopped with it.
+struct Connection {
+    running: RunningService<RoleClient, Client>,
+    server: Option<crate::tools::process::Server>,
+    session: Arc<Session>,
+}
+
+async fn connect(
+    config: &UpstreamConfig,
+    protected: &[PathBuf],
+    changed: Arc<Notify>,
+) -> Result<Connection, String> {
+    let client = Client {
+        info: client_info(),
+        changed,
+    };
+    let lifecycle = ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
+    };
+    let refusal = Arc::new(Refusal::default());
+    let limit = usize::try_from(config.limits.max_response_bytes).unwrap_or(usize::MAX);
+    let (running, server) = match &config.transport {
+        UpstreamTransport::Stdio(_) => {
+            let child = transport::spawn(config, protected, refusal.clone())?;
+            let io =
+                rmcp::transport::async_rw::AsyncRwTransport::new_client(child.stdout, child.stdin)
+                    .with_max_line_length(limit.saturating_add(1));
+            let running = client
+                .serve_with_lifecycle(io, lifecycle)
+                .await
+                .map_err(|e| describe_init(&e.to_string(), &refusal))?;
+            (running, Some(child.server))
+        }
+        UpstreamTransport::Http {
+            url,
+            bearer_token_file,
+            ca_file,
+        } => {
+            use rmcp::transport::streamable_http_client::{
+                StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+            };
+            let http =
+                transport::http_client(url, ca_file.as_deref(), config.limits.connect_timeout)?;
+            let mut settings = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            settings.max_concurrent_requests = config.limits.max_concurrent_requests;
+            settings.max_json_response_size = limit;
+            settings.max_sse_event_size = limit;
+            settings.allow_stateless = true;
+            settings.reinit_on_expired_session = false;
+            if let Some(file) = bearer_token_file {
+                settings.auth_header = Some(transport::bearer(file)?);
+            }
+            let io = StreamableHttpClientTransport::with_client(http, settings);
+            let running = client
+                .serve_with_lifecycle(io, lifecycle)
+                .await
+                .map_err(|e| describe_init(&e.to_string(), &refusal))?;
+            (running, None)
+        }
+    };
+    let peer = running.peer().clone();
+    let info = peer.peer_info();
+    let listed = list_tools(&peer, config.limits.max_tools).await?;
+    let session = Arc::new(Session {
+        id: session_id(),
+        version: info
+            .as_ref()
+            .map(|i| i.protocol_version.to_string())
+            .unwrap_or_default(),
+        tasks: info
+            .as_ref()
+            .is_some_and(|i| i.capabilities.supports_tasks()),
+        server: info.as_ref().and_then(|i| {
+            i.server_info
+                .as_ref()
+                .map(|s| format!("{} {}", s.name, s.version))
+        }),
+        peer,
+        listed,
+        refusal,
+        requests: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
+    });
+    Ok(Connection {
+        running,
+        server,
+        session,
+    })
+}
+
+fn describe_init(error: &str, refusal: &Refusal) -> String {
+    match refusal.get() {
+        Some(Refused::Oversized) => {
+            "the handshake's answer was larger than max_response_bytes".into()
+        }
+        Some(Refused::NotJson) => "the upstream wrote something that is not JSON-RPC".into(),
+        None => format!("handshake failed: {error}"),
+    }
+}
+
+/// Every tool, page by page, refused whole past `max_tools`.
+async fn list_tools(
+    peer: &Peer<RoleClient>,
+    max_tools: usize,
+) -> Result<Vec<rmcp::model::Tool>, String> {
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let params = cursor.take().map(|c| {
+            let mut p = PaginatedRequestParams::default();
+            p.cursor = Some(c);
+            p
+        });
+        let page = peer
+            .list_tools(params)
+            .await
+            .map_err(|e| format!("tools/list failed: {e}"))?;
+        tools.extend(page.tools);
+        if tools.len() > max_tools {
+            return Err(format!(
+                "it lists more than max_tools = {max_tools} tools; none of them is served (raise max_tools in its [[upstream]] table if that many are expected)"
+            ));
+        }
+        match page.next_cursor {
+            Some(next) if !next.is_empty() => cursor = Some(next),
+            _ => return Ok(tools),
+        }
+    }
+    Err(format!(
+        "its tool list did not end within {MAX_LIST_PAGES} pages"
+    ))
+}
+
+/// A running upstream: its shared part and the supervisor's stop.
+#[derive(Debug)]
+pub struct Source {
+    pub shared: Arc<Shared>,
+    stop: CancellationToken,
+    done: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Source {
+    /// Starts the supervisor; it connects in the background.
+    pub fn start(
+        config: Arc<UpstreamConfig>,
+        pins: Arc<Pins>,
+        protected: Arc<Vec<PathBuf>>,
+        stop: CancellationToken,
+    ) -> Source {
+        let shared = Arc::new(Shared {
+            config: RwLock::new(config),
+            pins: RwLock::new(pins),
+            snapshot: RwLock::new(Arc::new(Snapshot {
+                state: State::Connecting,
+                session: None,
+                catalog: HashMap::new(),
+                last_error: None,
+                since: SystemTime::now(),
+            })),
+        });
+        let task = tokio::spawn(supervise(shared.clone(), protected, stop.clone()));
+        Source {
+            shared,
+            stop,
+            done: Mutex::new(Some(task)),
+        }
+    }
+
+    /// Stops the supervisor and closes the connection; calls in flight on
+    /// it end with a lost connection.
+    pub async fn stop(&self) {
+        self.stop.cancel();
+        let task = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn supervise(shared: Arc<Shared>, protected: Arc<Vec<PathBuf>>, stop: CancellationToken) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let config = shared.config();
+        let alias = config.alias.clone();
+        let changed = Arc::new(Notify::new());
+        shared.publish(State::Connecting, None, None);
+        let attempt = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = tokio::time::timeout(
+                config.limits.connect_timeout,
+                connect(&config, &protected, changed.clone()),
+            ) => r,
+        };
+        let error = match attempt {
+            Err(_) => format!(
+                "no answer to the handshake and tool list within connect_timeout_secs = {}",
+                config.limits.connect_timeout.as_secs()
+            ),
+            Ok(Err(e)) => e,
+            Ok(Ok(conn)) => {
+                backoff = FIRST_BACKOFF;
+                let session = conn.session.clone();
+                tracing::info!(
+                    upstream = %alias,
+                    session = %session.id,
+                    version = %session.version,
+                    tasks = session.tasks,
+                    tools = session.listed.len(),
+                    "upstream {alias} connected (session {}, protocol {}, {} tools{})",
+                    session.id,
+                    session.version,
+                    session.listed.len(),
+                    if session.tasks { ", advertises Tasks" } else { "" }
+                );
+                shared.publish(State::Ready, Some(session), None);
+                let lost = serve(&shared, conn, &changed, &stop).await;
+                match lost {
+                    None => break,
+                    Some(e) => e,
+                }
+            }
+        };
+        tracing::warn!(upstream = %alias, "upstream {alias} unavailable: {error}; trying again in {} s", backoff.as_secs());
+        shared.publish(State::Unavailable, None, Some(error));
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+    shared.publish(State::Stopped, None, None);
+}
+
+/// Keeps a connection until it is lost (`Some(why)`) or the upstream is
+/// stopped (`None`); a changed tool list is read again meanwhile.
+async fn serve(
+    shared: &Arc<Shared>,
+    conn: Connection,
+    changed: &Notify,
+    stop: &CancellationToken,
+) -> Option<String> {
+    let Connection {
+        running,
+        server,
+        session,
+    } = conn;
+    let cancel = running.cancellation_token();
+    let mut waiting = tokio::spawn(running.waiting());
+    let lost = loop {
+        tokio::select! {
+            _ = stop.cancelled() => break None,
+            _ = &mut waiting => break Some(match session.refusal.get() {
+                Some(Refused::Oversized) => "it sent a message larger than max_response_bytes; the connection was closed".to_string(),
+                Some(Refused::NotJson) => "it sent something that is not JSON-RPC; the connection was closed".to_string(),
+                None => "the connection ended".to_string(),
+            }),
+            _ = changed.notified() => {
+                let config = shared.config();
+                match tokio::time::timeout(
+                    config.limits.connect_timeout,
+                    list_tools(&session.peer, config.limits.max_tools),
+                ).await {
+                    Ok(Ok(listed)) => {
+                        let fresh = Arc::new(Session {
+                            id: session.id.clone(),
+                            peer: session.peer.clone(),
+                            version: session.version.clone(),
+                            tasks: session.tasks,
+                            server: session.server.clone(),
+                            listed,
+                            refusal: session.refusal.clone(),
+                            requests: session.requests.clone(),
+                        });
+                        shared.publish(State::Ready, Some(fresh), None);
+                    }
+                    Ok(Err(e)) => break Some(e),
+                    Err(_) => break Some("its changed tool list did not arrive within connect_timeout_secs".into()),
+                }
+            }
+        }
+    };
+    cancel.cancel();
+    if !waiting.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut waiting).await;
+        waiting.abort();
+    }
+    if let Some(server) = server {
+        server.stop(Duration::from_secs(2)).await;
+    }
+    lost
+}
+
+/// The listed tool's description as JSON, for `upstream show`.
+pub fn described(tool: &rmcp::model::Tool) -> Value {
+    serde_json::to_value(tool).unwrap_or(Value::Null)
+}
