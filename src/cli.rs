@@ -80,6 +80,22 @@ pub enum Command {
     /// answer in time, or it is stopping; 76 permission denied or the
     /// answer was not understood.
     Reload(ReloadArgs),
+    /// The upstream MCP servers of the daemon serving the state directory:
+    /// list them, show one's tools with their digests and pins, pin the
+    /// tools you reviewed.
+    ///
+    /// A tool of an upstream is offered to callers as ALIAS.TOOL. Its
+    /// digest (sha256 over the RFC 8785 canonical JSON of its name,
+    /// description, input and output schema and annotations) is compared
+    /// with the pin in upstream-pins.toml beside the configuration file: a
+    /// tool whose digest differs from its pin is withheld until it is
+    /// reviewed (`show`) and pinned again (`pin`, then `taskgate reload`).
+    ///
+    /// Exit status: 0 done; 1 (`show`) a tool is withheld; 64 no such
+    /// upstream or tool; 69 no daemon serves the state directory; 76
+    /// permission denied or the answer was not understood; 78 the pins
+    /// file is invalid; 74 it could not be written.
+    Upstream(UpstreamArgs),
     /// Manage the static API tokens of [auth] tokens_file: create one (its
     /// secret is printed once and never stored), list them, revoke one.
     ///
@@ -308,6 +324,66 @@ pub struct TaskRef {
     pub wait: bool,
     #[command(flatten)]
     pub endpoint: Endpoint,
+}
+
+#[derive(Debug, Args)]
+pub struct UpstreamArgs {
+    #[command(subcommand)]
+    pub action: UpstreamAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UpstreamAction {
+    /// Each upstream: its state, protocol, whether it advertised Tasks, its
+    /// tools (available, withheld, unpinned) and its last error.
+    List(UpstreamListArgs),
+    /// One upstream's tools: name, digest, pin (pinned, unpinned, or
+    /// differs with what changed since the pin), effect, task mode, and why
+    /// a tool is withheld.
+    Show(UpstreamShowArgs),
+    /// Pin the live digests of an upstream's tools (all of them, or those
+    /// named) in upstream-pins.toml beside the configuration file; apply
+    /// with `taskgate reload`.
+    Pin(UpstreamPinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpstreamListArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Print JSON (for scripts).
+    #[arg(long)]
+    pub json: bool,
+    /// The admin socket to use (default: the one the daemon serving the
+    /// state directory recorded in its tasks.lock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct UpstreamShowArgs {
+    /// The upstream's alias.
+    pub alias: String,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UpstreamPinArgs {
+    /// The upstream's alias.
+    pub alias: String,
+    /// The upstream's own tool names to pin (default: every tool it lists
+    /// now).
+    pub tools: Vec<String>,
+    /// Pin only if the tool's live digest is this one (the digest you
+    /// reviewed with `show`); with one TOOL.
+    #[arg(long, value_name = "DIGEST")]
+    pub expect: Option<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The admin socket to use.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -28,6 +28,8 @@ mod operator;
 mod report;
 #[path = "main/tokens.rs"]
 mod tokens;
+#[path = "main/upstream.rs"]
+mod upstream;
 
 use man::man_pages;
 use operator::{call, call_arguments, target, task};
@@ -224,6 +226,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
             out(table.trim_end())
         }
         Command::Token(args) => token(&args),
+        Command::Upstream(args) => upstream::upstream(&args),
         Command::WireCodes(args) => wire_codes(args.json),
         Command::Call(_)
         | Command::Task(_)

@@ -19,6 +19,10 @@ const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest answer line read (a status is well under 4 KiB).
 const MAX_ANSWER_BYTES: u64 = 1 << 20;
+
+/// Longest answer read for one upstream's capabilities (each tool's whole
+/// description, up to `max_tools` of them).
+const MAX_UPSTREAM_ANSWER_BYTES: u64 = 64 << 20;
 /// Names of the snapshots `--into` makes: `taskgate-<UTC time>`, which sort
 /// by age.
 const SNAPSHOT_PREFIX: &str = "taskgate-";
@@ -225,7 +229,11 @@ pub fn ask(target: &Target, request: &Request, wait: Option<Duration>) -> Result
         r => r.map_err(io_fail)?,
     }
     let mut answer = String::new();
-    BufReader::new(io::Read::take(stream, MAX_ANSWER_BYTES))
+    let limit = match request {
+        Request::Upstreams { alias: Some(_) } => MAX_UPSTREAM_ANSWER_BYTES,
+        _ => MAX_ANSWER_BYTES,
+    };
+    BufReader::new(io::Read::take(stream, limit))
         .read_line(&mut answer)
         .map_err(io_fail)?;
     if answer.is_empty() {
@@ -274,6 +282,26 @@ pub fn status(
         render(&status)
     };
     Ok((lines, class))
+}
+
+/// `taskgate upstream list` and `show`: the daemon's upstreams, or the one
+/// named with each of its capabilities.
+pub fn upstreams(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    alias: Option<&str>,
+) -> Result<Vec<crate::upstream::UpstreamStatus>, Refusal> {
+    let target = locate(overrides, socket)?;
+    let request = Request::Upstreams {
+        alias: alias.map(str::to_string),
+    };
+    match ask(&target, &request, Some(STATUS_TIMEOUT))? {
+        Answer::Upstreams(list) => Ok(list),
+        _ => Err(Refusal::new(
+            ExitClass::Protocol,
+            "the daemon answered something else than its upstreams",
+        )),
+    }
 }
 
 /// A socket found from `$RUNTIME_DIRECTORY` may belong to the daemon of

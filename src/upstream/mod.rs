@@ -12,6 +12,7 @@
 //! listener: it is a [`ToolSource`] the registry asks, and a status it
 //! reports.
 
+pub mod diff;
 pub mod digest;
 pub mod pins;
 mod source;

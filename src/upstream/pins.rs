@@ -75,6 +75,10 @@ struct RawPin {
     /// When it was pinned (RFC 3339); for the reader only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pinned: Option<String>,
+    /// The description reviewed, as JSON text: what `upstream show`
+    /// compares a changed tool with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reviewed: Option<String>,
 }
 
 /// The reviewed digests, by upstream alias and the upstream's own tool name.
@@ -87,6 +91,7 @@ pub struct Pins {
 struct Pin {
     digest: String,
     pinned: Option<String>,
+    reviewed: Option<String>,
 }
 
 impl Pins {
@@ -144,6 +149,7 @@ impl Pins {
                 Pin {
                     digest: p.digest,
                     pinned: p.pinned,
+                    reviewed: p.reviewed,
                 },
             );
         }
@@ -170,15 +176,32 @@ impl Pins {
         out
     }
 
-    /// Pins `tool` of `upstream` to `digest`, replacing any earlier pin.
-    pub fn set(&mut self, upstream: &str, tool: &str, digest: &str, when: String) {
+    /// Pins `tool` of `upstream` to `digest`, replacing any earlier pin;
+    /// `reviewed` is the description the operator saw.
+    pub fn set(
+        &mut self,
+        upstream: &str,
+        tool: &str,
+        digest: &str,
+        when: String,
+        reviewed: Option<&serde_json::Value>,
+    ) {
         self.digests.insert(
             (upstream.to_string(), tool.to_string()),
             Pin {
                 digest: digest.to_string(),
                 pinned: Some(when),
+                reviewed: reviewed.map(|v| v.to_string()),
             },
         );
+    }
+
+    /// The description reviewed when `tool` of `upstream` was pinned.
+    pub fn reviewed(&self, upstream: &str, tool: &str) -> Option<serde_json::Value> {
+        self.digests
+            .get(&(upstream.to_string(), tool.to_string()))
+            .and_then(|p| p.reviewed.as_deref())
+            .and_then(|t| serde_json::from_str(t).ok())
     }
 
     pub fn len(&self) -> usize {
@@ -206,6 +229,7 @@ impl Pins {
                     tool: tool.clone(),
                     digest: p.digest.clone(),
                     pinned: p.pinned.clone(),
+                    reviewed: p.reviewed.clone(),
                 })
                 .collect(),
         };
@@ -247,7 +271,7 @@ mod tests {
         assert!(Pins::load(&path).unwrap().is_empty());
         let mut pins = Pins::default();
         let d = digest::of_value(&serde_json::json!({"a": 1}));
-        pins.set("files", "search", &d, "2026-01-01T00:00:00Z".into());
+        pins.set("files", "search", &d, "2026-01-01T00:00:00Z".into(), None);
         pins.write(&path).unwrap();
         let back = Pins::load(&path).unwrap();
         assert_eq!(back.get("files", "search"), Some(d.as_str()));
