@@ -44,6 +44,8 @@ pub struct Upstreams {
     /// Cancelled when the daemon stops: every supervisor's stop descends
     /// from it.
     stop: CancellationToken,
+    /// Removed upstreams whose calls in flight are finishing.
+    retiring: tokio_util::task::TaskTracker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -67,6 +69,7 @@ impl Upstreams {
             sources: Mutex::new(BTreeMap::new()),
             protected: Arc::new(protected),
             stop,
+            retiring: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -115,8 +118,9 @@ impl Upstreams {
                 }
             }
         }
+        // Their calls in flight finish first; the reload does not wait.
         for s in stopping {
-            s.stop().await;
+            self.retiring.spawn(async move { s.retire().await });
         }
         applied
     }
@@ -130,14 +134,18 @@ impl Upstreams {
         )
     }
 
-    /// Stops every upstream (the daemon is stopping).
+    /// Stops every upstream, retiring ones too (the daemon is stopping;
+    /// its calls were stopped before).
     pub async fn stop_all(&self) {
+        self.stop.cancel();
         let all: Vec<Arc<source::Source>> = std::mem::take(&mut *lock(&self.sources))
             .into_values()
             .collect();
         for s in all {
             s.stop().await;
         }
+        self.retiring.close();
+        self.retiring.wait().await;
     }
 
     fn sources(&self) -> Vec<Arc<source::Source>> {

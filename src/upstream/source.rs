@@ -28,6 +28,11 @@ use crate::config::{UpstreamConfig, UpstreamTransport};
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// How often a connected upstream's tools are listed again even when it
+/// says nothing of a change: an upstream that changes a tool without
+/// `notifications/tools/list_changed` is found out within this time.
+const RELIST_INTERVAL: Duration = Duration::from_secs(300);
+
 /// Most pages of a tool list read (an upstream that pages forever, or
 /// one tool a page, meets `max_tools` or this).
 const MAX_LIST_PAGES: usize = 1024;
@@ -395,6 +400,22 @@ impl Source {
         }
     }
 
+    /// Lets the calls in flight finish (each within its request timeout),
+    /// then stops: what a reload does to an upstream it removes, as a
+    /// removed command tool's running calls finish too.
+    pub async fn retire(&self) {
+        let snapshot = self.shared.snapshot();
+        if let Some(session) = &snapshot.session {
+            let limits = self.shared.config().limits.clone();
+            let all = u32::try_from(limits.max_concurrent_requests).unwrap_or(u32::MAX);
+            tokio::select! {
+                _ = tokio::time::timeout(limits.request_timeout, session.requests.acquire_many(all)) => {}
+                _ = self.stop.cancelled() => {}
+            }
+        }
+        self.stop().await;
+    }
+
     /// Stops the supervisor and closes the connection; calls in flight on
     /// it end with a lost connection.
     pub async fn stop(&self) {
@@ -476,6 +497,7 @@ async fn serve(
     let cancel = running.cancellation_token();
     let mut waiting = tokio::spawn(running.waiting());
     let lost = loop {
+        let relist = tokio::time::sleep(RELIST_INTERVAL);
         tokio::select! {
             _ = stop.cancelled() => break None,
             _ = &mut waiting => break Some(match session.refusal.get() {
@@ -483,7 +505,7 @@ async fn serve(
                 Some(Refused::NotJson) => "it sent something that is not JSON-RPC; the connection was closed".to_string(),
                 None => "the connection ended".to_string(),
             }),
-            _ = changed.notified() => {
+            _ = async { tokio::select! { _ = changed.notified() => {}, _ = relist => {} } } => {
                 let config = shared.config();
                 match tokio::time::timeout(
                     config.limits.connect_timeout,

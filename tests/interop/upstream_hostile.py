@@ -34,6 +34,8 @@ is answered too. What tools/list and tools/call do depends on MODE:
            by HOSTILE_SCHEMA_FILE at each tools/list: the file holds an
            object whose members replace the tool's (description,
            inputSchema, title...); without the file the tool is as in normal
+  refuse   one tool `refuse`; a call is answered with the JSON-RPC error
+           -32000 "the upstream refuses: quota exhausted"
 
 In every mode a tools/call behaves the mode's way whatever tool it names.
 
@@ -50,7 +52,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MODES = ("normal", "die", "hang", "huge", "garbage", "many", "drift")
+MODES = ("normal", "die", "hang", "huge", "garbage", "many", "drift", "refuse")
 KNOWN_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 GARBAGE = b"\x00\xff not json {{{"
 PAGE = 1000
@@ -157,6 +159,8 @@ class Hostile:
                 return Reply("garbage")
             if self.mode == "huge":
                 return Reply("huge", msg_id)
+            if self.mode == "refuse":
+                return error(msg_id, -32000, "the upstream refuses: quota exhausted")
             return response(msg_id, ok_result())
         return error(msg_id, -32601, f"Method not found: {method}")
 
