@@ -263,7 +263,7 @@ async fn connect(
             let running = client
                 .serve_with_lifecycle(io, lifecycle)
                 .await
-                .map_err(|e| describe_init(&e.to_string(), &refusal))?;
+                .map_err(|e| describe_init(&e.to_string(), &refusal, config))?;
             (running, Some(child.server))
         }
         UpstreamTransport::Http {
@@ -289,13 +289,18 @@ async fn connect(
             let running = client
                 .serve_with_lifecycle(io, lifecycle)
                 .await
-                .map_err(|e| describe_init(&e.to_string(), &refusal))?;
+                .map_err(|e| describe_init(&e.to_string(), &refusal, config))?;
             (running, None)
         }
     };
     let peer = running.peer().clone();
     let info = peer.peer_info();
-    let listed = list_tools(&peer, config.limits.max_tools).await?;
+    let listed = list_tools(&peer, config.limits.max_tools)
+        .await
+        .map_err(|e| match refusal.get() {
+            Some(_) => describe_init(&e, &refusal, config),
+            None => e,
+        })?;
     let session = Arc::new(Session {
         id: session_id(),
         version: info
@@ -322,14 +327,22 @@ async fn connect(
     })
 }
 
-fn describe_init(error: &str, refusal: &Refusal) -> String {
+fn describe_init(error: &str, refusal: &Refusal, config: &UpstreamConfig) -> String {
     match refusal.get() {
-        Some(Refused::Oversized) => {
-            "the handshake's answer was larger than max_response_bytes".into()
-        }
+        Some(Refused::Oversized) => format!(
+            "an answer to the handshake or the tool list was larger than max_response_bytes = {}",
+            config.limits.max_response_bytes
+        ),
         Some(Refused::NotJson) => "the upstream wrote something that is not JSON-RPC".into(),
+        Some(Refused::TooManyTools) => too_many_tools(config.limits.max_tools),
         None => format!("handshake failed: {error}"),
     }
+}
+
+fn too_many_tools(max_tools: usize) -> String {
+    format!(
+        "it lists more than max_tools = {max_tools} tools; none of them is served (raise max_tools in its [[upstream]] table if that many are expected)"
+    )
 }
 
 /// Every tool, page by page, refused whole past `max_tools`.
@@ -351,9 +364,7 @@ async fn list_tools(
             .map_err(|e| format!("tools/list failed: {e}"))?;
         tools.extend(page.tools);
         if tools.len() > max_tools {
-            return Err(format!(
-                "it lists more than max_tools = {max_tools} tools; none of them is served (raise max_tools in its [[upstream]] table if that many are expected)"
-            ));
+            return Err(too_many_tools(max_tools));
         }
         match page.next_cursor {
             Some(next) if !next.is_empty() => cursor = Some(next),
@@ -503,6 +514,7 @@ async fn serve(
             _ = &mut waiting => break Some(match session.refusal.get() {
                 Some(Refused::Oversized) => "it sent a message larger than max_response_bytes; the connection was closed".to_string(),
                 Some(Refused::NotJson) => "it sent something that is not JSON-RPC; the connection was closed".to_string(),
+                Some(Refused::TooManyTools) => "its tool list grew past max_tools; the connection was closed".to_string(),
                 None => "the connection ended".to_string(),
             }),
             _ = async { tokio::select! { _ = changed.notified() => {}, _ = relist => {} } } => {

@@ -293,7 +293,7 @@ fn too_large(alias: &str, limit: u64) -> RunError {
 fn lost(alias: &str, refusal: &super::transport::Refusal, error: &str, limit: u64) -> RunError {
     match refusal.get() {
         Some(Refused::Oversized) => too_large(alias, limit),
-        Some(Refused::NotJson) => remote(
+        Some(Refused::NotJson | Refused::TooManyTools) => remote(
             wire::UPSTREAM_CONNECTION_LOST,
             format!(
                 "upstream {alias} sent something that is not JSON-RPC; the connection was closed (it is made again) and the call's effect there is unknown"

@@ -25,6 +25,7 @@ pub struct Refusal(AtomicU8);
 const NONE: u8 = 0;
 const OVERSIZED: u8 = 1;
 const NOT_JSON: u8 = 2;
+const TOO_MANY_TOOLS: u8 = 3;
 
 /// What made the reader close the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,8 @@ pub enum Refused {
     Oversized,
     /// A line that is not JSON.
     NotJson,
+    /// A tool list longer than `max_tools` in one message.
+    TooManyTools,
 }
 
 impl Refusal {
@@ -40,6 +43,7 @@ impl Refusal {
         match self.0.load(Ordering::SeqCst) {
             OVERSIZED => Some(Refused::Oversized),
             NOT_JSON => Some(Refused::NotJson),
+            TOO_MANY_TOOLS => Some(Refused::TooManyTools),
             _ => None,
         }
     }
@@ -60,6 +64,7 @@ impl Refusal {
 pub struct Lines<R> {
     inner: R,
     limit: usize,
+    max_tools: usize,
     refusal: Arc<Refusal>,
     /// The line being read.
     line: Vec<u8>,
@@ -70,10 +75,11 @@ pub struct Lines<R> {
 }
 
 impl<R> Lines<R> {
-    pub fn new(inner: R, limit: usize, refusal: Arc<Refusal>) -> Lines<R> {
+    pub fn new(inner: R, limit: usize, max_tools: usize, refusal: Arc<Refusal>) -> Lines<R> {
         Lines {
             inner,
             limit,
+            max_tools,
             refusal,
             line: Vec::new(),
             ready: Vec::new(),
@@ -103,14 +109,95 @@ impl<R> Lines<R> {
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            if serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_err() {
-                self.refusal.set(NOT_JSON);
-                return false;
+            // One pass that checks the syntax and counts a tool list's
+            // entries without building them: 100,000 small tools fit in
+            // `max_response_bytes` but would take many times that in
+            // memory once parsed.
+            match serde_json::from_slice::<Probe>(&line) {
+                Err(_) => {
+                    self.refusal.set(NOT_JSON);
+                    return false;
+                }
+                Ok(Probe {
+                    result:
+                        Some(ProbeResult {
+                            tools: Some(Count(n)),
+                        }),
+                }) if n > self.max_tools => {
+                    self.refusal.set(TOO_MANY_TOOLS);
+                    return false;
+                }
+                Ok(_) => {}
             }
             self.ready.extend_from_slice(&line);
             self.ready.push(b'\n');
         }
         true
+    }
+}
+
+/// What [`Lines`] reads of a message: the length of a result's `tools`.
+#[derive(serde::Deserialize)]
+struct Probe {
+    result: Option<ProbeResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct ProbeResult {
+    tools: Option<Count>,
+}
+
+/// The length of a JSON array, its elements skipped (anything else is 0).
+struct Count(usize);
+
+impl<'de> serde::Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
+        struct Counting;
+        impl<'de> serde::de::Visitor<'de> for Counting {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Count, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(Count(n))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Count, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Count(0))
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count(0))
+            }
+        }
+        d.deserialize_any(Counting)
     }
 }
 
@@ -228,7 +315,7 @@ pub fn spawn(
     Ok(Child {
         server,
         stdin,
-        stdout: Lines::new(stdout, limit, refusal),
+        stdout: Lines::new(stdout, limit, config.limits.max_tools, refusal),
     })
 }
 
@@ -305,7 +392,7 @@ mod tests {
 
     async fn read_all(input: &[u8], limit: usize) -> (Vec<u8>, Option<Refused>) {
         let refusal = Arc::new(Refusal::default());
-        let mut lines = Lines::new(input, limit, refusal.clone());
+        let mut lines = Lines::new(input, limit, 2, refusal.clone());
         let mut out = Vec::new();
         lines.read_to_end(&mut out).await.unwrap();
         (out, refusal.get())
@@ -331,5 +418,17 @@ mod tests {
         let (out, why) = read_all(exact.as_bytes(), 64).await;
         assert_eq!(out, exact.as_bytes());
         assert_eq!(why, None);
+
+        // A tool list past max_tools (2 here) is refused before it is parsed.
+        let two = b"{\"id\":1,\"result\":{\"tools\":[{},{}]}}\n";
+        assert_eq!(read_all(two, 64).await, (two.to_vec(), None));
+        let three = b"{\"id\":1,\"result\":{\"tools\":[{},{},{}]}}\n";
+        assert_eq!(
+            read_all(three, 64).await,
+            (Vec::new(), Some(Refused::TooManyTools))
+        );
+        // A result without tools, or with tools that is not a list, passes.
+        let other = b"{\"id\":1,\"result\":{\"content\":[1,2,3],\"tools\":\"x\"}}\n";
+        assert_eq!(read_all(other, 64).await, (other.to_vec(), None));
     }
 }
