@@ -296,7 +296,7 @@ pub fn upstreams(
         alias: alias.map(str::to_string),
     };
     match ask(&target, &request, Some(STATUS_TIMEOUT))? {
-        Answer::Upstreams(list) => Ok(list),
+        Answer::Upstreams { upstreams } => Ok(upstreams),
         _ => Err(Refusal::new(
             ExitClass::Protocol,
             "the daemon answered something else than its upstreams",

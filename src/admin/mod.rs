@@ -175,7 +175,10 @@ pub enum Answer {
     Status(Box<Status>),
     Snapshot(SnapshotDone),
     Reload(Reloaded),
-    Upstreams(Vec<crate::upstream::UpstreamStatus>),
+    /// A struct variant: an internally tagged enum cannot carry a bare list.
+    Upstreams {
+        upstreams: Vec<crate::upstream::UpstreamStatus>,
+    },
     Error(AdminError),
 }
 

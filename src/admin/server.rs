@@ -420,9 +420,9 @@ async fn serve(
             (_, Ok(Request::Status)) => Answer::Status(Box::new(status(&ctx).await)),
             (_, Ok(Request::Snapshot { to })) => snapshot(&ctx, to).await,
             (_, Ok(Request::Reload)) => reload(&ctx, &stop).await,
-            (_, Ok(Request::Upstreams { alias: None })) => {
-                Answer::Upstreams(ctx.upstreams.status(false))
-            }
+            (_, Ok(Request::Upstreams { alias: None })) => Answer::Upstreams {
+                upstreams: ctx.upstreams.status(false),
+            },
             (_, Ok(Request::Upstreams { alias: Some(alias) })) => {
                 let one: Vec<_> = ctx
                     .upstreams
@@ -438,7 +438,7 @@ async fn serve(
                         ),
                     ))
                 } else {
-                    Answer::Upstreams(one)
+                    Answer::Upstreams { upstreams: one }
                 }
             }
             (_, Err(e)) => Answer::Error(AdminError::new(
@@ -447,7 +447,15 @@ async fn serve(
             )),
         },
     };
-    let mut line = serde_json::to_vec(&answer).unwrap_or_default();
+    // An answer that cannot be encoded is told as such, never as an empty line.
+    let mut line = serde_json::to_vec(&answer).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot encode an admin answer: {e}");
+        serde_json::to_vec(&Answer::Error(AdminError::new(
+            ExitClass::Io,
+            format!("the daemon could not encode its answer: {e}"),
+        )))
+        .unwrap_or_default()
+    });
     line.push(b'\n');
     let _ = tokio::time::timeout(ANSWER_WRITE_TIMEOUT, async {
         stream.write_all(&line).await?;

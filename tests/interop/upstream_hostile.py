@@ -36,6 +36,9 @@ is answered too. What tools/list and tools/call do depends on MODE:
            inputSchema, title...); without the file the tool is as in normal
   refuse   one tool `refuse`; a call is answered with the JSON-RPC error
            -32000 "the upstream refuses: quota exhausted"
+  slow     one tool `slow`; a call is answered "slept" after
+           HOSTILE_SLOW_SECS seconds (default 2), other requests meanwhile
+           (stdio only: a thread writes the late answer)
 
 In every mode a tools/call behaves the mode's way whatever tool it names.
 
@@ -50,9 +53,10 @@ import os
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MODES = ("normal", "die", "hang", "huge", "garbage", "many", "drift", "refuse")
+MODES = ("normal", "die", "hang", "huge", "garbage", "many", "drift", "refuse", "slow")
 KNOWN_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 GARBAGE = b"\x00\xff not json {{{"
 PAGE = 1000
@@ -159,6 +163,8 @@ class Hostile:
                 return Reply("garbage")
             if self.mode == "huge":
                 return Reply("huge", msg_id)
+            if self.mode == "slow":
+                return Reply("slow", msg_id)
             if self.mode == "refuse":
                 return error(msg_id, -32000, "the upstream refuses: quota exhausted")
             return response(msg_id, ok_result())
@@ -192,6 +198,16 @@ def log_message(raw):
         append_line(path, raw.decode("utf-8", "replace").rstrip("\r\n"))
 
 
+write_lock = threading.Lock()
+
+
+def answer_late(out, msg_id):
+    time.sleep(float(os.environ.get("HOSTILE_SLOW_SECS", "2")))
+    with write_lock:
+        out.write(json.dumps({"jsonrpc": "2.0", "id": msg_id, "result": ok_result("slept")}).encode() + b"\n")
+        out.flush()
+
+
 def serve_stdio(server):
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
@@ -204,8 +220,12 @@ def serve_stdio(server):
             reply = error(None, -32700, "Parse error")
         else:
             reply = server.handle(msg)
+        if reply.kind == "slow":
+            threading.Thread(target=answer_late, args=(out, reply.value), daemon=True).start()
+            continue
         if reply.kind == "json":
-            out.write(json.dumps(reply.value).encode() + b"\n")
+            with write_lock:
+                out.write(json.dumps(reply.value).encode() + b"\n")
         elif reply.kind == "die":
             os._exit(1)
         elif reply.kind == "garbage":
