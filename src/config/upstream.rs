@@ -136,7 +136,28 @@ pub(super) struct RawUpstream {
     max_concurrent_requests: Option<u64>,
     #[allow(dead_code, reason = "read through UPSTREAM_MAX_TOOLS")]
     max_tools: Option<u64>,
+    // A command upstream's resource limits, as a `[[tool]]` sets them.
+    #[allow(dead_code, reason = "read through TOOL_MAX_ADDRESS_SPACE_BYTES")]
+    max_address_space_bytes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_OPEN_FILES")]
+    max_open_files: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_PROCESSES")]
+    max_processes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_FILE_BYTES")]
+    max_file_bytes: Option<u64>,
+    #[allow(dead_code, reason = "read through TOOL_MAX_CPU_SECS")]
+    max_cpu_secs: Option<u64>,
 }
+
+/// The resource limits a command upstream may set in its own table (the
+/// rest of a `[[tool]]`'s bounded keys are about one call's run).
+const PROCESS_LIMITS: [&str; 5] = [
+    "max_address_space_bytes",
+    "max_open_files",
+    "max_processes",
+    "max_file_bytes",
+    "max_cpu_secs",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -292,14 +313,19 @@ pub(super) fn settings(
                     )));
                 }
                 // The process is described as a command tool is, so that
-                // it is confined by the same code; its resource limits
-                // are the `[tools]` ones.
+                // it is confined by the same code; a resource limit its
+                // table leaves out is the `[tools]` one.
+                let own: toml::Table = table
+                    .iter()
+                    .filter(|(k, _)| PROCESS_LIMITS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 let limits = ToolLimits::load(&Layers::table(
                     keys::TOOL_KEYS,
-                    &toml::Table::new(),
+                    &own,
                     layers,
-                    origin,
-                    format!("upstream.{}.", u.alias),
+                    &at,
+                    String::new(),
                 ))?;
                 UpstreamTransport::Stdio(Box::new(ToolConfig {
                     name: u.alias.clone(),
@@ -328,9 +354,10 @@ pub(super) fn settings(
                     || u.sandbox.is_some()
                     || u.read_paths.is_some()
                     || u.write_paths.is_some()
+                    || PROCESS_LIMITS.iter().any(|k| table.contains_key(*k))
                 {
                     return Err(bad(
-                        "env, working_dir, sandbox, read_paths and write_paths are for a command upstream; a url upstream has none".into(),
+                        "env, working_dir, sandbox, read_paths, write_paths and the process limits (max_address_space_bytes, max_open_files, max_processes, max_file_bytes, max_cpu_secs) are for a command upstream; a url upstream has none".into(),
                     ));
                 }
                 check_url(url).map_err(bad)?;

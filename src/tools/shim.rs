@@ -298,9 +298,20 @@ fn user_tasks() -> u64 {
 }
 
 fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::io::Result<()> {
+    // Never above the hard limit in force: raising it needs
+    // CAP_SYS_RESOURCE, which a daemon under a limit of its own (another
+    // shim, a container) lacks, and a tool gets no more than its daemon.
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: prlimit reading this process's limit into a valid struct.
+    if unsafe { libc::prlimit(0, resource, std::ptr::null(), &mut current) } != 0 {
+        current.rlim_max = libc::RLIM_INFINITY;
+    }
     let lim = libc::rlimit {
-        rlim_cur: soft,
-        rlim_max: hard,
+        rlim_cur: soft.min(current.rlim_max),
+        rlim_max: hard.min(current.rlim_max),
     };
     // prlimit(2) rather than setrlimit(2): the unit's system call filter
     // (`~@resources`) refuses setrlimit, while prlimit64 is allowed.

@@ -445,20 +445,33 @@ async fn supervise(shared: Arc<Shared>, protected: Arc<Vec<PathBuf>>, stop: Canc
         let alias = config.alias.clone();
         let changed = Arc::new(Notify::new());
         shared.publish(State::Connecting, None, None);
-        let attempt = tokio::select! {
-            _ = stop.cancelled() => break,
-            r = tokio::time::timeout(
-                config.limits.connect_timeout,
-                connect(&config, &protected, changed.clone()),
-            ) => r,
+        // On a task of its own: a panic in the client libraries is one
+        // failed attempt, never a dead supervisor.
+        let mut attempt = tokio::spawn({
+            let (config, protected, changed) = (config.clone(), protected.clone(), changed.clone());
+            async move { connect(&config, &protected, changed).await }
+        });
+        let outcome = tokio::select! {
+            _ = stop.cancelled() => {
+                attempt.abort();
+                break;
+            }
+            r = tokio::time::timeout(config.limits.connect_timeout, &mut attempt) => r,
         };
-        let error = match attempt {
-            Err(_) => format!(
-                "no answer to the handshake and tool list within connect_timeout_secs = {}",
-                config.limits.connect_timeout.as_secs()
-            ),
-            Ok(Err(e)) => e,
-            Ok(Ok(conn)) => {
+        let error = match outcome {
+            Err(_) => {
+                attempt.abort();
+                format!(
+                    "no answer to the handshake and tool list within connect_timeout_secs = {}",
+                    config.limits.connect_timeout.as_secs()
+                )
+            }
+            Ok(Err(join)) => {
+                tracing::error!(upstream = %alias, "connecting to upstream {alias} failed inside taskgate: {join}");
+                format!("connecting failed inside taskgate ({join}); see the daemon's log")
+            }
+            Ok(Ok(Err(e))) => e,
+            Ok(Ok(Ok(conn))) => {
                 backoff = FIRST_BACKOFF;
                 let session = conn.session.clone();
                 tracing::info!(

@@ -232,10 +232,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for Lines<R> {
                 }
                 Poll::Ready(Ok(())) => {
                     let filled = read.filled().to_vec();
+                    // The whole lines before a refused one are still
+                    // handed over, then the stream ends.
                     if !this.take(&filled) {
                         this.ended = true;
-                        this.ready.clear();
-                        this.offset = 0;
                     }
                 }
             }
@@ -351,21 +351,25 @@ pub fn http_client(
     ca_file: Option<&Path>,
     connect_timeout: Duration,
 ) -> Result<reqwest::Client, String> {
-    let mut builder = reqwest::Client::builder()
+    // reqwest wants a TLS configuration for every client, so a plain
+    // http:// one gets one that trusts nothing (and is never used).
+    let roots = if url.starts_with("https://") {
+        trust_roots(ca_file)?
+    } else {
+        tokio_rustls::rustls::RootCertStore::empty()
+    };
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .connect_timeout(connect_timeout)
-        .pool_max_idle_per_host(0);
-    if url.starts_with("https://") {
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let tls = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
-            .with_root_certificates(trust_roots(ca_file)?)
-            .with_no_client_auth();
-        builder = builder.tls_backend_preconfigured(tls);
-    }
-    builder
+        .pool_max_idle_per_host(0)
+        .tls_backend_preconfigured(tls)
         .build()
         .map_err(|e| format!("HTTP client setup: {e}"))
 }

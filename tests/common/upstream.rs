@@ -83,10 +83,12 @@ impl Place {
 
 /// An SDK server over stdio (`fastmcp` or `ts`), as an `[[upstream]]`
 /// table. It runs unconfined: its interpreter and packages live in the
-/// build tree, which the script installs into on first use.
+/// build tree, which the script installs into on first use. Node reserves
+/// tens of GiB of address space for WebAssembly, past the 4 GiB default of
+/// `max_address_space_bytes`.
 pub fn sdk_stdio_table(alias: &str, sdk: &str, extra: &str) -> String {
     format!(
-        "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/bash\", \"{SERVERS}\", \"{sdk}\", \"stdio\"]\nenv = [\"PATH\", \"HOME\"]\nsandbox = \"unconfined\"\n{extra}\n"
+        "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/bash\", \"{SERVERS}\", \"{sdk}\", \"stdio\"]\nenv = [\"PATH\", \"HOME\"]\nsandbox = \"unconfined\"\nmax_address_space_bytes = 68719476736\n{extra}\n"
     )
 }
 
