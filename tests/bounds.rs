@@ -293,7 +293,6 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
         }
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let tests = root.join("tests");
     for (key, guard) in GUARDS {
         if !keys.iter().any(|k| k == key) {
             problems.push(format!("GUARDS lists {key}, which is no bounded key"));
