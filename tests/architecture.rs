@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
         "service", "startup", "backup", "bench", "client", "logging", "admin",
     ],
     &["http", "mcp"],
-    &["tasks", "parts"],
+    &["tasks", "parts", "upstream"],
     &[
         "tools",
         "store",
@@ -60,7 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "main",
         &[
             "admin", "auth", "backup", "bench", "cli", "client", "config", "exit", "logging",
-            "service", "startup", "tools", "wire",
+            "service", "startup", "tools", "upstream", "wire",
         ],
     ),
     ("cli", &["config"]),
@@ -68,7 +68,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "service",
         &[
             "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "startup",
-            "store", "tasks", "tools",
+            "store", "tasks", "tools", "upstream",
         ],
     ),
     (
@@ -82,6 +82,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "state_dir",
             "tasks",
             "tools",
+            "upstream",
         ],
     ),
     (
@@ -96,6 +97,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "state_dir",
             "store",
             "tools",
+            "upstream",
         ],
     ),
     ("backup", &["config", "exit", "parts", "state_dir", "store"]),
@@ -120,6 +122,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "parts",
         &["artifacts", "config", "exit", "state_dir", "store"],
     ),
+    // Upstream MCP servers are a source of tools the registry asks; the
+    // registry knows nothing of them.
+    ("upstream", &["config", "exit", "tools", "wire"]),
     ("tools", &["config", "exit", "wire"]),
     ("auth", &["config", "exit"]),
     ("store", &["config", "events", "exit", "testhooks", "wire"]),
@@ -572,8 +577,9 @@ fn every_module_has_a_layer() {
 /// The protocol library's types stop at the protocol layer.
 #[test]
 fn protocol_types_stay_in_the_protocol_layer() {
-    // `logging` names rmcp's log targets (strings in its filter), no type.
-    let may = ["mcp", "http", "service", "logging"];
+    // `logging` names rmcp's log targets (strings in its filter), no type;
+    // `upstream` is rmcp's client side, talking to upstream MCP servers.
+    let may = ["mcp", "http", "service", "logging", "upstream"];
     for (file, text) in sources() {
         let module = module_of(&file);
         if may.contains(&module.as_str()) {

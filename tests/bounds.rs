@@ -1,7 +1,8 @@
 //! Every bound in the configuration reference is enforced by a test at the
 //! bound and one past it. [`GUARDS`] names, for each bounded key of the
-//! key table (`[server]` … `[auth]`, `[[tool]]`, `[[auth.jwt]]`), the
-//! tests that do so, or why the key is a tunable rather than a limit on
+//! key table (`[server]` … `[auth]`, `[[tool]]`, `[[auth.jwt]]`,
+//! `[[upstream]]`), the tests that do so (a test file's `file::name`, or a
+//! unit test's `src/….rs::name`), or why the key is a tunable rather than a limit on
 //! what a client or a tool may do; a key added to the table without a row
 //! here fails `every_bounded_key_names_the_tests_that_enforce_it`, and so
 //! does a row naming a test that does not exist.
@@ -20,13 +21,14 @@ use common::*;
 use serde_json::{Value, json};
 use taskgate::artifacts::{ArtifactError, Artifacts};
 use taskgate::client::ClientError;
-use taskgate::config::keys::{JWT_KEYS, KEYS, KeySpec, Kind, TOOL_KEYS};
+use taskgate::config::keys::{JWT_KEYS, KEYS, KeySpec, Kind, TOOL_KEYS, UPSTREAM_KEYS};
 use taskgate::store::TaskId;
 use taskgate::wire;
 
 /// How a bounded key is guarded.
 enum Guard {
-    /// Tests (`file::name`) that exercise it at the bound and past it.
+    /// Tests that exercise it at the bound and past it: `file::name` for a
+    /// test of `tests/file.rs`, `src/path.rs::name` for a unit test.
     Enforced(&'static [&'static str]),
     /// Not a limit on input: a period, a default or a grace, with why.
     Tunable(&'static str),
@@ -34,7 +36,8 @@ enum Guard {
 use Guard::*;
 
 /// Every integer key of the key table, by `section.name` (`tool.` for a
-/// `[[tool]]` key, `jwt.` for an `[[auth.jwt]]` one).
+/// `[[tool]]` key, `jwt.` for an `[[auth.jwt]]` one, `upstream.` for an
+/// `[[upstream]]` one).
 const GUARDS: &[(&str, Guard)] = &[
     (
         "server.max_connections",
@@ -212,6 +215,49 @@ const GUARDS: &[(&str, Guard)] = &[
         "jwt.leeway_secs",
         Enforced(&["auth_credentials::jwt_lifetime_and_leeway_are_enforced_at_their_bounds"]),
     ),
+    // A mute upstream with `connect_timeout_secs = 1` is unavailable past
+    // it, naming the key, while the others connect within the default.
+    (
+        "upstream.connect_timeout_secs",
+        Enforced(&[
+            "upstream_sources::hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working",
+        ]),
+    ),
+    // A hanging call with `request_timeout_secs = 2` ends in
+    // `TG_UPSTREAM_TIMEOUT` naming it; quick calls complete within it.
+    (
+        "upstream.request_timeout_secs",
+        Enforced(&[
+            "upstream_sources::hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working",
+        ]),
+    ),
+    // A 100 MiB answer refused at the default 16 MiB, naming the key; a
+    // line exactly at the limit passes and a longer one ends the stream.
+    (
+        "upstream.max_response_bytes",
+        Enforced(&[
+            "upstream_sources::hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working",
+            "src/upstream/transport.rs::whole_json_lines_pass_and_anything_else_ends_the_stream",
+        ]),
+    ),
+    // At `max_concurrent_requests = 1` one call is in flight; the next is
+    // refused with `TG_UPSTREAM_BUSY` and nothing reaches the upstream.
+    (
+        "upstream.max_concurrent_requests",
+        Enforced(&[
+            "upstream_sources::the_concurrency_bound_refuses_past_it_sending_nothing_and_a_caller_leaving_cancels_upstream",
+        ]),
+    ),
+    // One tool listed at `max_tools = 1` is served; 100,000 past the
+    // default 1000 (paged, and in one page) are refused whole; in the
+    // reader, a list at the bound passes and one past it is refused.
+    (
+        "upstream.max_tools",
+        Enforced(&[
+            "upstream_sources::hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working",
+            "src/upstream/transport.rs::whole_json_lines_pass_and_anything_else_ends_the_stream",
+        ]),
+    ),
 ];
 
 fn dotted(prefix: Option<&str>, k: &KeySpec) -> String {
@@ -228,6 +274,7 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
         (None, KEYS),
         (Some("tool"), TOOL_KEYS),
         (Some("jwt"), JWT_KEYS),
+        (Some("upstream"), UPSTREAM_KEYS),
     ] {
         for k in table {
             if matches!(k.kind, Kind::Int(_)) {
@@ -245,7 +292,7 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
             n => problems.push(format!("{key} has {n} rows in GUARDS")),
         }
     }
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (key, guard) in GUARDS {
         if !keys.iter().any(|k| k == key) {
             problems.push(format!("GUARDS lists {key}, which is no bounded key"));
@@ -254,11 +301,16 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
             Enforced(names) => {
                 assert!(!names.is_empty(), "{key}: Enforced by no test");
                 for name in *names {
-                    let (file, test) = name.split_once("::").unwrap();
-                    let text = std::fs::read_to_string(tests.join(format!("{file}.rs")))
-                        .unwrap_or_default();
+                    let (file, test) = name.rsplit_once("::").unwrap();
+                    // A unit test is named by its source file, a test of
+                    // tests/ by its file's stem.
+                    let shown = match file.strip_prefix("src/") {
+                        Some(_) => file.to_string(),
+                        None => format!("tests/{file}.rs"),
+                    };
+                    let text = std::fs::read_to_string(root.join(&shown)).unwrap_or_default();
                     if !text.contains(&format!("fn {test}()")) {
-                        problems.push(format!("{key}: tests/{file}.rs has no test {test}"));
+                        problems.push(format!("{key}: {shown} has no test {test}"));
                     }
                 }
             }

@@ -80,7 +80,11 @@ fn man_pages_render_including_the_configuration_page() {
             text.push(c);
         }
     }
-    for key in keys::KEYS.iter().chain(keys::TOOL_KEYS) {
+    for key in keys::KEYS
+        .iter()
+        .chain(keys::TOOL_KEYS)
+        .chain(keys::UPSTREAM_KEYS)
+    {
         assert!(
             text.contains(key.name),
             "{} missing from the page",
@@ -89,8 +93,24 @@ fn man_pages_render_including_the_configuration_page() {
     }
 }
 
+/// The lines of the commented example that starts with `first`, up to the
+/// next blank line (`whole`: to the end of the file), uncommented.
+fn example(starter: &str, first: &str, whole: bool) -> String {
+    starter
+        .lines()
+        .skip_while(|l| !l.starts_with(first))
+        .take_while(|l| whole || !l.is_empty())
+        .map(|l| {
+            format!(
+                "{}\n",
+                l.trim_start_matches("# ").split("  #").next().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn the_starter_file_and_its_tool_example_are_valid() {
+fn the_starter_file_and_its_examples_are_valid() {
     let dir = private_dir();
     let state = state_dir(dir.path());
     let starter = keys::starter_config(None);
@@ -107,29 +127,29 @@ fn the_starter_file_and_its_tool_example_are_valid() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), starter);
 
-    // The commented tool example is a valid tool once uncommented: `check`
-    // builds the tool registry, placeholders included.
-    let tool: String = starter
-        .lines()
-        .skip_while(|l| !l.starts_with("# [[tool]]"))
-        .map(|l| {
-            format!(
-                "{}\n",
-                l.trim_start_matches("# ").split("  #").next().unwrap_or("")
-            )
-        })
-        .collect();
-    let file = dir.path().join("tool.toml");
-    std::fs::write(&file, &tool).unwrap();
-    let out = taskgate(
-        &[
-            "check",
-            "--config",
-            file.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{tool}\n{out:?}");
+    // The commented examples are valid once uncommented: `check` builds
+    // the tool registry, placeholders included, and reads the upstream
+    // tables (a stdio one and an https one, each with a tool's own table).
+    let tool = example(&starter, "# [[tool]]", false);
+    let upstreams = example(&starter, "# [[upstream]]", true);
+    assert!(tool.contains("argv = "), "{tool}");
+    assert_eq!(upstreams.matches("[[upstream]]").count(), 2, "{upstreams}");
+    assert!(upstreams.contains("command = ["), "{upstreams}");
+    assert!(upstreams.contains("url = \"https://"), "{upstreams}");
+    assert!(upstreams.contains("bearer_token_file = "), "{upstreams}");
+    for (name, text) in [("tool.toml", &tool), ("upstream.toml", &upstreams)] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = taskgate(
+            &[
+                "check",
+                "--config",
+                file.to_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{text}\n{out:?}");
+    }
 }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use super::keys::{
-    GIB, IntSpec, JWT_KEYS, KEYS, KIB, KeySpec, Kind, MIB, Section, TOOL_KEYS, Unit,
+    GIB, IntSpec, JWT_KEYS, KEYS, KIB, KeySpec, Kind, MIB, Section, TOOL_KEYS, UPSTREAM_KEYS, Unit,
 };
 
 /// How a medium writes the parts of a line.
@@ -222,6 +222,29 @@ pub fn starter_config(directory: Option<&str>) -> String {
 # maxLength = 64
 "#,
     );
+    s.push_str(
+        r#"
+# Upstream MCP servers: their tools are offered as ALIAS.TOOL. The effect
+# (and so the scope a caller needs) is the one given here, never the
+# server's own hints. Review and pin each tool with `taskgate upstream show
+# ALIAS` and `taskgate upstream pin ALIAS`; see taskgate.toml(5).
+#
+# [[upstream]]
+# alias = "files"
+# command = ["/usr/local/bin/files-mcp", "--root", "/srv/shared"]
+# read_paths = ["/srv/shared"]  # confined like a command tool
+# effect = "read_only"          # the default of its tools
+# task = "optional"             # read_only and idempotent_write tools only
+#
+# [[upstream]]
+# alias = "tickets"
+# url = "https://tickets.example.com/mcp"  # http:// only on loopback
+# bearer_token_file = "/etc/taskgate/tickets.token"  # taskgate's own
+# request_timeout_secs = 60
+# [upstream.tools.search]
+# effect = "read_only"          # the others: non_idempotent_write
+"#,
+    );
     s
 }
 
@@ -264,6 +287,10 @@ pub fn reference_markdown() -> String {
     markdown_rows(TOOL_KEYS, &mut s);
     s.push_str("\nBounded keys of each `[[auth.jwt]]` table (see *Credentials* below):\n\n");
     markdown_rows(JWT_KEYS, &mut s);
+    s.push_str(
+        "\nBounded keys of each `[[upstream]]` table (see *Upstream MCP servers* below):\n\n",
+    );
+    markdown_rows(UPSTREAM_KEYS, &mut s);
     s.push_str(REFERENCE_END);
     s.push('\n');
     s
@@ -376,6 +403,65 @@ one:
         roff_key(key, &mut s);
     }
     s.push_str(
+        r#".SH "[[upstream]]"
+Each table puts one MCP server behind taskgate; its tools are offered to callers as
+.IB alias . tool
+and forwarded to it by taskgate.
+.B alias
+(1\(en32 characters of A\-Z a\-z 0\-9 _ \-; required, unique) names it. Exactly one of
+.B command
+and
+.B url
+says how it is reached.
+.B command
+(absolute program path, then its arguments; never a shell) starts a server speaking MCP on its
+standard input and output, under the same shim, Landlock confinement and
+.B [tools]
+resource limits as a command tool, with the same
+.BR env ,
+.BR working_dir ,
+.BR sandbox ,
+.B read_paths
+and
+.B write_paths
+keys as a
+.B [[tool]]
+table.
+.B url
+names a streamable\-HTTP endpoint:
+.B https://
+(TLS checked against the system's trusted certificates, or against the PEM certificates in
+.BR ca_file ),
+or
+.B http://
+to a loopback address only (127.0.0.1, ::1, localhost). Redirects are not followed.
+.B bearer_token_file
+(absolute path) holds the bearer credential taskgate presents to the upstream, on its first line;
+it is read at each connection, so a rotated credential needs no reload, and no tool is ever granted
+it. A caller's own credential is never passed on.
+.B effect
+(read_only, idempotent_write or non_idempotent_write, the default) and
+.B task
+(never, the default, optional or required) apply to every tool of the upstream unless a
+.BI [upstream.tools. NAME ]
+table, under the upstream's own tool name, gives that tool its own
+.B effect
+or
+.BR task .
+The effect decides the scope a caller needs; the upstream's annotation hints are never used for
+it. A non_idempotent_write tool cannot run as a task. The digests of the tools an operator
+reviewed are kept in
+.I upstream\-pins.toml
+beside this file (written by
+.BR "taskgate upstream pin" );
+a tool whose description changed since its pin is withheld until pinned again.
+The bounded keys:
+"#,
+    );
+    for key in UPSTREAM_KEYS {
+        roff_key(key, &mut s);
+    }
+    s.push_str(
         r#".SH "[[auth.jwt]]"
 Each table trusts one issuer of JWT access tokens, checked offline:
 .B issuer
@@ -421,7 +507,8 @@ The bounded keys:
 Any key of [server], [store], [tasks] and [auth], for example
 .BR TASKGATE_STORE_QUEUE_DEPTH=256 .
 It overrides the file; a command\-line flag overrides it. A variable with this prefix
-that names no key refuses the start (78). [[tool]] and [[auth.jwt]] keys have no variables.
+that names no key refuses the start (78). [[tool]], [[upstream]] and [[auth.jwt]] keys have no
+variables.
 .TP
 .B TASKGATE_LOG
 The log filter,
@@ -449,6 +536,12 @@ Set by systemd's RuntimeDirectory=: where the admin socket is made.
 .TP
 .I /var/lib/taskgate
 The state directory: tasks.db, its \-wal and \-shm files, tasks.lock and artifacts/.
+.TP
+.I /etc/taskgate/upstream\-pins.toml
+The reviewed digests of the upstreams' tools, beside the configuration file (whatever its
+directory); written by
+.BR "taskgate upstream pin" ,
+read at start and on reload. Like the configuration file, no tool may reach it.
 .SH "SEE ALSO"
 .BR taskgate (1),
 .BR taskgate\-backup (8),
