@@ -91,6 +91,7 @@ check_prereqs() {
   # npm may come from elsewhere than Debian (with its own node): only ask
   # apt for it when there is none at all.
   command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"
+  command -v node >/dev/null || apt_need node nodejs "runs the TypeScript SDK's upstream server"
   # The independent FastMCP client is installed from PyPI into a venv;
   # python3 itself (which python3-venv brings) writes the summary.
   python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -169,6 +170,13 @@ echo "== prerequisites: all present"
 logs="$repo/target/test-logs"
 mkdir -p "$logs"
 started=$(date +%s)
+
+# The independent upstream servers (FastMCP from PyPI, the TypeScript SDK
+# from npm) are installed once before the tests, which would otherwise
+# wait for the install in turn.
+echo "== upstream test servers (scripts/upstream-servers.sh install)"
+scripts/upstream-servers.sh install \
+  || echo "scripts/upstream-servers.sh install failed; tests/upstream_interop.rs will say why"
 
 echo "== cargo test --locked --no-fail-fast ${cargo_args[*]}"
 t0=$(date +%s)

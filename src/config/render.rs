@@ -426,7 +426,18 @@ and
 .B write_paths
 keys as a
 .B [[tool]]
-table.
+table, and the same process limits
+.RB ( max_address_space_bytes ,
+.BR max_open_files ,
+.BR max_processes ,
+.BR max_file_bytes ,
+.BR max_cpu_secs ;
+each left out is the
+.B [tools]
+one). They hold for the server's whole life:
+.B max_cpu_secs
+counts every CPU second it ever uses (past it the server is ended and started again), and a
+server on a JavaScript engine reserves tens of GiB of address space.
 .B url
 names a streamable\-HTTP endpoint:
 .B https://
