@@ -435,6 +435,19 @@ pub fn render(s: &Status) -> Vec<String> {
             p.dir.display()
         ));
     }
+    for u in &s.upstreams {
+        let mut line = format!(
+            "upstream         {}: {} since {}, {} tools ({} available, {} withheld, {} unpinned)",
+            u.alias, u.state, u.since, u.tools, u.available, u.withheld, u.unpinned
+        );
+        if let Some(v) = &u.protocol_version {
+            line.push_str(&format!(", protocol {v}"));
+        }
+        if let Some(e) = &u.last_error {
+            line.push_str(&format!("; last error: {e}"));
+        }
+        lines.push(line);
+    }
     if let Some(c) = &s.confinement {
         lines.extend(c.lines());
     }
