@@ -368,6 +368,9 @@ pub fn http_client(
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .connect_timeout(connect_timeout)
+        // No idle connections kept: one left with an unread response
+        // body would stall the next request on TCP's delayed ACK (rmcp's
+        // own client makes the same choice).
         .pool_max_idle_per_host(0)
         .tls_backend_preconfigured(tls)
         .build()

@@ -269,6 +269,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length", "0")))
 
+    def setup(self):
+        super().setup()
+        # Headers and body go out in two writes: without this, Nagle's
+        # algorithm holds the body for the client's delayed ACK (40 ms).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def send_plain(self, status, body=b"", content_type="application/json", extra=()):
         self.send_response(status)
         if body or content_type:
