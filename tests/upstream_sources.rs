@@ -138,7 +138,7 @@ fn hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working() 
         (
             "die.die",
             "TG_UPSTREAM_CONNECTION_LOST",
-            "ended while the call was in flight",
+            "failed while the call was in flight",
         ),
         (
             "hang.hang",
@@ -504,6 +504,64 @@ fn reload_adds_changes_and_removes_upstreams_and_a_call_on_a_removed_one_finishe
     }
     assert_eq!(text(&call(&daemon, "good.ok", json!({})).unwrap()), "ok");
     assert_eq!(text(&call(&daemon, "hello", json!({})).unwrap()), "hi");
+    let text = daemon.log_text();
+    assert!(daemon.stop().success(), "{text}");
+}
+
+#[test]
+fn hostile_http_upstreams_end_in_the_same_named_errors() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let servers: Vec<(&str, HttpServer)> = ["die", "hang", "huge", "garbage", "refuse", "normal"]
+        .into_iter()
+        .map(|mode| (mode, HttpServer::start(&["hostile", mode], &[])))
+        .collect();
+    let mut sections = String::new();
+    for (mode, server) in &servers {
+        let alias = if *mode == "normal" { "good" } else { mode };
+        sections += &format!(
+            "[[upstream]]\nalias = \"{alias}\"\nurl = \"{}\"\nrequest_timeout_secs = 2\neffect = \"read_only\"\n",
+            server.url()
+        );
+    }
+    let cfg = write_config(
+        root.path(),
+        &sections,
+        &[Tool::new("hello").script("printf hi")],
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("taskgate.log"));
+    for alias in ["good", "die", "hang", "huge", "garbage", "refuse"] {
+        wait_upstream(&state, alias, SETTLE, is_ready);
+    }
+    let cases: &[(&str, &str)] = &[
+        ("die.die", "TG_UPSTREAM_CONNECTION_LOST"),
+        ("hang.hang", "TG_UPSTREAM_TIMEOUT"),
+        ("huge.huge", "TG_UPSTREAM_RESPONSE_TOO_LARGE"),
+        ("garbage.garbage", "TG_UPSTREAM_CONNECTION_LOST"),
+        ("refuse.refuse", "TG_UPSTREAM_ERROR"),
+    ];
+    for (tool, name) in cases {
+        let t = Instant::now();
+        let e = call(&daemon, tool, json!({})).unwrap_err();
+        eprintln!(
+            "{tool} over HTTP: {} after {:?}: {e}",
+            error_name(&e),
+            t.elapsed()
+        );
+        assert_eq!(error_name(&e), *name, "{tool}: {e}");
+        // Neither the client library's types nor the upstream's bytes
+        // reach the caller.
+        let said = e.to_string();
+        assert!(!said.contains("rmcp::") && !said.contains("not json"), "{said}");
+        others_work(&daemon, tool);
+    }
+    let rss = rss_kib(daemon.pid().as_raw()).unwrap_or(0);
+    eprintln!("daemon RSS after the hostile HTTP upstreams: {rss} KiB");
+    assert!(
+        rss < 128 * 1024,
+        "the daemon holds {rss} KiB after a 100 MiB answer"
+    );
     let text = daemon.log_text();
     assert!(daemon.stop().success(), "{text}");
 }

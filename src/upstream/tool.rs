@@ -302,13 +302,27 @@ fn lost(alias: &str, refusal: &super::transport::Refusal, error: &str, limit: u6
         ),
         // reqwest's body limit, over HTTP.
         None if error.contains("too large") || error.contains("exceed") => too_large(alias, limit),
-        None => remote(
-            wire::UPSTREAM_CONNECTION_LOST,
-            format!(
-                "the connection to upstream {alias} ended while the call was in flight ({error}); its effect there is unknown"
-            ),
-            None,
-        ),
+        None => {
+            // The library's words name its own types and may quote what
+            // the upstream sent: the log gets them, escaped and cut; the
+            // caller gets what happened.
+            let mut detail = format!("{error:?}");
+            if detail.len() > 512 {
+                let mut cut = 512;
+                while !detail.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                detail.truncate(cut);
+            }
+            tracing::warn!(upstream = %alias, "a call to upstream {alias} failed in flight: {detail}");
+            remote(
+                wire::UPSTREAM_CONNECTION_LOST,
+                format!(
+                    "the exchange with upstream {alias} failed while the call was in flight (the connection broke, or the answer was not MCP); its effect there is unknown"
+                ),
+                None,
+            )
+        }
     }
 }
 
