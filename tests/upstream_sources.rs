@@ -553,7 +553,10 @@ fn hostile_http_upstreams_end_in_the_same_named_errors() {
         // Neither the client library's types nor the upstream's bytes
         // reach the caller.
         let said = e.to_string();
-        assert!(!said.contains("rmcp::") && !said.contains("not json"), "{said}");
+        assert!(
+            !said.contains("rmcp::") && !said.contains("not json"),
+            "{said}"
+        );
         others_work(&daemon, tool);
     }
     let rss = rss_kib(daemon.pid().as_raw()).unwrap_or(0);

@@ -6,7 +6,12 @@ use super::*;
 /// `check --config-only`: what serve and a reload would accept, without
 /// the state directory.
 pub(crate) fn check_config(overrides: &config::Overrides) -> Result<(), Refusal> {
-    let startup::Effective { config, tools, .. } = startup::effective(overrides, Vec::new())?;
+    let startup::Effective {
+        config,
+        tools,
+        pins,
+        ..
+    } = startup::effective(overrides, Vec::new())?;
     let file = match &config.file {
         Some(path) => path.display().to_string(),
         None => "no file (the embedded defaults)".to_string(),
@@ -22,7 +27,40 @@ pub(crate) fn check_config(overrides: &config::Overrides) -> Result<(), Refusal>
         config.state_dir_source
     ))?;
     auth_report(&config)?;
-    tool_report(&tools)
+    tool_report(&tools)?;
+    upstream_report(&config, &pins)
+}
+
+/// Each upstream as configured, its pins, and pins of upstreams no longer
+/// configured. Nothing is connected: what an upstream offers is for the
+/// running daemon to find out (`taskgate upstream list`).
+fn upstream_report(
+    config: &config::Config,
+    pins: &taskgate::upstream::Pins,
+) -> Result<(), Refusal> {
+    for u in &config.upstreams {
+        out(format!(
+            "upstream {}: {} {}; its tools default to effect {} and task {}{}",
+            u.alias,
+            u.kind(),
+            u.target(),
+            taskgate::upstream::effect_name(u.effect),
+            taskgate::upstream::task_name(u.task),
+            if pins.any_for(&u.alias) {
+                "; has pins"
+            } else {
+                "; no pins yet (`taskgate upstream pin` once it is connected)"
+            }
+        ))?;
+    }
+    for alias in pins.upstreams() {
+        if !config.upstreams.iter().any(|u| u.alias == alias) {
+            out(format!(
+                "warning: the pins file holds pins of upstream {alias:?}, which is not configured; they are unused"
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// What `[auth]` admits. `effective` has read and validated the credential
@@ -49,9 +87,15 @@ fn tool_report(tools: &taskgate::tools::Registry) -> Result<(), Refusal> {
 
 pub(crate) fn check(overrides: &config::Overrides) -> Result<(), Refusal> {
     let (source, outcome) = startup::check(overrides)?;
-    let startup::Effective { config, tools, .. } = startup::effective(overrides, Vec::new())?;
+    let startup::Effective {
+        config,
+        tools,
+        pins,
+        ..
+    } = startup::effective(overrides, Vec::new())?;
     auth_report(&config)?;
     tool_report(&tools)?;
+    upstream_report(&config, &pins)?;
     match outcome {
         CheckOutcome::NotCreatedYet(dir) => out(format!(
             "state directory {} does not exist yet; `taskgate serve` creates it",
