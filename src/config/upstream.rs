@@ -474,6 +474,90 @@ mod tests {
         }
     }
 
+    fn load(text: &str) -> Result<super::super::Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("taskgate.toml");
+        std::fs::write(&file, text).unwrap();
+        let over = super::super::Overrides {
+            config_path: Some(file),
+            ..Default::default()
+        };
+        let env = [("HOME".to_string(), "/h".to_string())]
+            .into_iter()
+            .collect();
+        super::super::Config::load_from(&over, &env)
+    }
+
+    #[test]
+    fn tables_are_refused_naming_what_to_change() {
+        let stdio = "[[upstream]]\nalias = \"a\"\ncommand = [\"/bin/true\"]\n";
+        let c = load(&format!("{stdio}effect = \"read_only\"\ntask = \"optional\"\nmax_cpu_secs = 9\n[upstream.tools.x]\neffect = \"idempotent_write\"\n")).unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(
+            u.tool_settings("x"),
+            (Effect::IdempotentWrite, TaskMode::Optional)
+        );
+        assert_eq!(u.tool_settings("y"), (Effect::ReadOnly, TaskMode::Optional));
+        let UpstreamTransport::Stdio(process) = &u.transport else {
+            panic!("{u:?}")
+        };
+        assert_eq!(process.limits.max_cpu_secs, 9);
+        assert_eq!(u.limits, UpstreamLimits::default());
+        for (text, says) in [
+            ("[[upstream]]\nalias = \"a\"\n", "exactly one of command"),
+            (
+                "[[upstream]]\nalias = \"a\"\ncommand = [\"/bin/true\"]\nurl = \"http://127.0.0.1/mcp\"\n",
+                "exactly one of command",
+            ),
+            (
+                "[[upstream]]\nalias = \"a.b\"\ncommand = [\"/bin/true\"]\n",
+                "no dot",
+            ),
+            (&format!("{stdio}{stdio}"), "declared twice"),
+            (
+                "[[upstream]]\nalias = \"a\"\ncommand = [\"true\"]\n",
+                "absolute path",
+            ),
+            (
+                "[[upstream]]\nalias = \"a\"\nurl = \"http://10.1.2.3/mcp\"\n",
+                "https://",
+            ),
+            (
+                "[[upstream]]\nalias = \"a\"\nurl = \"http://127.0.0.1/mcp\"\nread_paths = [\"/srv\"]\n",
+                "for a command upstream",
+            ),
+            (
+                "[[upstream]]\nalias = \"a\"\nurl = \"http://127.0.0.1/mcp\"\nmax_cpu_secs = 5\n",
+                "for a command upstream",
+            ),
+            (
+                &format!("{stdio}bearer_token_file = \"/t\"\n"),
+                "for a url upstream",
+            ),
+            (
+                &format!("{stdio}task = \"optional\"\n"),
+                "non_idempotent_write",
+            ),
+            (
+                &format!("{stdio}[upstream.tools.x]\ntask = \"required\"\n"),
+                "tools.x: a non_idempotent_write tool",
+            ),
+            (&format!("{stdio}max_tools = 0\n"), "max_tools"),
+            (&format!("{stdio}surprise = 1\n"), "surprise"),
+            (
+                &format!("{stdio}[[tool]]\nname = \"a.b\"\nargv = [\"/bin/true\"]\n"),
+                "alias of [[upstream]] \"a\"",
+            ),
+        ] {
+            let e = load(text).unwrap_err();
+            assert!(e.to_string().contains(says), "{text}\n=> {e}");
+            assert_eq!(
+                crate::exit::Classify::exit_class(&e),
+                crate::exit::ExitClass::Config
+            );
+        }
+    }
+
     #[test]
     fn aliases_have_no_dot() {
         assert!(valid_alias("files"));
