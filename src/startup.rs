@@ -80,6 +80,7 @@ pub fn effective(
             crate::tools::command::check_confinement(process, &protected)?;
         }
     }
+    crate::upstream::check_credentials(&config.upstreams)?;
     // The pins go with the upstreams: without any, a pins file is not read.
     let pins = match &config.file {
         Some(file) if !config.upstreams.is_empty() => {

@@ -124,7 +124,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // Upstream MCP servers are a source of tools the registry asks; the
     // registry knows nothing of them.
-    ("upstream", &["config", "exit", "tools", "wire"]),
+    ("upstream", &["auth", "config", "exit", "tools", "wire"]),
     ("tools", &["config", "exit", "wire"]),
     ("auth", &["config", "exit"]),
     ("store", &["config", "events", "exit", "testhooks", "wire"]),

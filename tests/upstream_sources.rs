@@ -568,3 +568,49 @@ fn hostile_http_upstreams_end_in_the_same_named_errors() {
     let text = daemon.log_text();
     assert!(daemon.stop().success(), "{text}");
 }
+
+#[test]
+fn an_upstreams_credential_file_must_be_private_and_present() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = private_dir();
+    let token = root.path().join("upstream.token");
+    let cfg = write_config(
+        root.path(),
+        &format!(
+            "[[upstream]]\nalias = \"t\"\nurl = \"https://tickets.example.internal/mcp\"\nbearer_token_file = \"{}\"\n",
+            token.display()
+        ),
+        &[],
+    );
+    let state = state_dir(root.path());
+    let check = || {
+        run(&[
+            "check",
+            "--config-only",
+            "--config",
+            &cfg.to_string_lossy(),
+            "--state-dir",
+            &state.to_string_lossy(),
+        ])
+    };
+    let out = check();
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        one_line_stderr(&out).contains("bearer_token_file"),
+        "{out:?}"
+    );
+    std::fs::write(&token, "secret-of-taskgate\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = check();
+    assert_eq!(out.status.code(), Some(77), "{out:?}");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = check();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout(&out).contains("upstream t: http https://tickets.example.internal/mcp"),
+        "{}",
+        stdout(&out)
+    );
+    // The secret is nowhere in what check says.
+    assert!(!stdout(&out).contains("secret-of-taskgate"));
+}

@@ -368,6 +368,18 @@ pub fn now_ms() -> i64 {
     }
 }
 
+/// A file holding a secret taskgate presents elsewhere (an upstream's
+/// bearer credential), read under the rules of its own credential files:
+/// regular, owned by root or this process, no access for others (77), at
+/// most `files::MAX_FILE_BYTES` of UTF-8 (78). `key` names the setting.
+pub fn read_secret_file(
+    path: &std::path::Path,
+    what: &'static str,
+    key: &str,
+) -> Result<String, AuthError> {
+    files::read(path, what, key, files::Holds::Secrets)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

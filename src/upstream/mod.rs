@@ -32,6 +32,22 @@ use crate::tools::{Lookup, RunError, ToolSource, ToolSpec};
 use crate::wire;
 
 pub use pins::{PINS_FILE_NAME, Pins, PinsError};
+
+/// Checks each HTTP upstream's credential file as a start, `check` and a
+/// reload must: present, private (77 otherwise) and holding one usable
+/// line (78). A connection reads it again.
+pub fn check_credentials(configs: &[UpstreamConfig]) -> Result<(), crate::auth::AuthError> {
+    for c in configs {
+        if let crate::config::UpstreamTransport::Http {
+            bearer_token_file: Some(file),
+            ..
+        } = &c.transport
+        {
+            transport::bearer(file, &c.alias)?;
+        }
+    }
+    Ok(())
+}
 pub use source::State;
 pub use tool::PinState;
 

@@ -283,7 +283,8 @@ async fn connect(
             settings.allow_stateless = true;
             settings.reinit_on_expired_session = false;
             if let Some(file) = bearer_token_file {
-                settings.auth_header = Some(transport::bearer(file)?);
+                settings.auth_header =
+                    Some(transport::bearer(file, &config.alias).map_err(|e| e.to_string())?);
             }
             let io = StreamableHttpClientTransport::with_client(http, settings);
             let running = client

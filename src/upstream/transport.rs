@@ -377,17 +377,24 @@ pub fn http_client(
         .map_err(|e| format!("HTTP client setup: {e}"))
 }
 
-/// The bearer credential in `file`: its first line, trimmed. Read at each
-/// connection so that a rotated credential needs no reload.
-pub fn bearer(file: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("cannot read bearer_token_file {}: {e}", file.display()))?;
+/// Longest bearer credential taken from its file.
+const MAX_BEARER_BYTES: usize = 8192;
+
+/// The bearer credential in `file`: its first line, trimmed, from a file
+/// as private as taskgate's own credential files. Read at start (and by
+/// `check` and a reload, which refuse a missing or unsafe file) and at each
+/// connection, so that a rotated credential needs no reload.
+pub fn bearer(file: &Path, alias: &str) -> Result<String, crate::auth::AuthError> {
+    let key = format!("upstream {alias:?} bearer_token_file");
+    let text = crate::auth::read_secret_file(file, "upstream bearer credential", &key)?;
     let token = text.lines().next().unwrap_or_default().trim().to_string();
-    if token.is_empty() || token.len() > 8192 {
-        return Err(format!(
-            "bearer_token_file {} holds no usable credential (one line, at most 8192 bytes)",
-            file.display()
-        ));
+    if token.is_empty() || token.len() > MAX_BEARER_BYTES || token.contains(char::is_control) {
+        return Err(crate::auth::AuthError::Invalid {
+            path: file.to_path_buf(),
+            message: format!(
+                "{key} holds no usable credential: one line of at most {MAX_BEARER_BYTES} bytes without control characters"
+            ),
+        });
     }
     Ok(token)
 }
