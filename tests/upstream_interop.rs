@@ -431,3 +431,108 @@ fn tenancy_holds_across_the_hop_and_the_callers_token_never_reaches_the_upstream
     }
     stop(daemon);
 }
+
+#[test]
+fn taskgate_over_https_is_an_upstream_with_a_ca_file_and_a_bearer_credential() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let root = private_dir();
+    // The inner taskgate: TLS with a certificate of a test authority, and
+    // only bearer credentials admitted.
+    let inner = root.path().join("inner");
+    std::fs::create_dir_all(&inner).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let (cert_path, key_path, ca_path) = (
+        inner.join("tls.crt"),
+        inner.join("tls.key"),
+        root.path().join("inner-ca.pem"),
+    );
+    std::fs::write(&cert_path, leaf.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let outer_secret = secret('u');
+    let tokens = inner.join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\nid = \"outer\"\nhash = \"{}\"\ntenant = \"edge\"\nsubject = \"outer-taskgate\"\nscopes = [\"tools:call\"]\n",
+            hash(&outer_secret)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inner_cfg = write_config(
+        &inner,
+        &format!(
+            "[server]\ntls = \"on\"\ntls_cert_file = \"{}\"\ntls_key_file = \"{}\"\n[auth]\nlocal_owner = \"never\"\ntokens_file = \"{}\"\n",
+            cert_path.display(),
+            key_path.display(),
+            tokens.display()
+        ),
+        &[Tool::new("echo")
+            .script("printf %s \"$0\"")
+            .args(&["{text}"])
+            .required("text", "string")],
+    );
+    let inner_state = state_dir(&inner);
+    let inner_daemon = Daemon::start(&inner_cfg, &inner_state, &inner.join("taskgate.log"));
+    let url = format!("https://127.0.0.1:{}/mcp", inner_daemon.port);
+
+    let credential = root.path().join("inner.token");
+    std::fs::write(&credential, format!("{outer_secret}\n")).unwrap();
+    std::fs::set_permissions(&credential, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let table = |alias: &str, ca: Option<&Path>| {
+        format!(
+            "[[upstream]]\nalias = \"{alias}\"\nurl = \"{url}\"\nbearer_token_file = \"{}\"\n{}effect = \"read_only\"\nconnect_timeout_secs = 5\n",
+            credential.display(),
+            ca.map(|p| format!("ca_file = \"{}\"\n", p.display()))
+                .unwrap_or_default()
+        )
+    };
+    let sections = format!(
+        "{}{}",
+        table("inner", Some(&ca_path)),
+        // Without the authority's certificate the system's roots do not
+        // know this server: never connected, and said so.
+        table("untrusted", None)
+    );
+    let (daemon, state) = start(root.path(), &sections);
+    let u = wait_upstream(&state, "inner", SETTLE, is_ready);
+    assert_eq!(u["protocol_version"], "2026-07-28", "{u}");
+    let rt = runtime();
+    let got = rt
+        .block_on(
+            daemon
+                .client(false)
+                .call_tool("inner.echo", json!({"text": "over tls"}), None),
+        )
+        .unwrap();
+    assert_eq!(text(&got), "over tls", "{got}");
+    let bad = wait_upstream(&state, "untrusted", SETTLE, |u| u["last_error"].is_string());
+    assert_ne!(bad["state"], "ready", "{bad}");
+    eprintln!("untrusted: {}", bad["last_error"]);
+    assert!(
+        bad["last_error"].as_str().unwrap().contains("certificate"),
+        "the operator is not told why: {bad}"
+    );
+    let e = rt
+        .block_on(
+            daemon
+                .client(false)
+                .call_tool("untrusted.echo", json!({"text": "x"}), None),
+        )
+        .unwrap_err();
+    assert_eq!(error_name(&e), "TG_UPSTREAM_UNAVAILABLE", "{e}");
+    stop(daemon);
+    let text = inner_daemon.log_text();
+    assert!(inner_daemon.stop().success(), "{text}");
+}

@@ -263,7 +263,7 @@ async fn connect(
             let running = client
                 .serve_with_lifecycle(io, lifecycle)
                 .await
-                .map_err(|e| describe_init(&e.to_string(), &refusal, config))?;
+                .map_err(|e| describe_init(&causes(&e), &refusal, config))?;
             (running, Some(child.server))
         }
         UpstreamTransport::Http {
@@ -286,11 +286,17 @@ async fn connect(
                 settings.auth_header =
                     Some(transport::bearer(file, &config.alias).map_err(|e| e.to_string())?);
             }
-            let io = StreamableHttpClientTransport::with_client(http, settings);
-            let running = client
-                .serve_with_lifecycle(io, lifecycle)
-                .await
-                .map_err(|e| describe_init(&e.to_string(), &refusal, config))?;
+            let io = StreamableHttpClientTransport::with_client(http.clone(), settings);
+            let running = match client.serve_with_lifecycle(io, lifecycle).await {
+                Ok(running) => running,
+                Err(e) => {
+                    let said = describe_init(&causes(&e), &refusal, config);
+                    return Err(match unreachable_because(&http, url).await {
+                        Some(why) => format!("{said} ({why})"),
+                        None => said,
+                    });
+                }
+            };
             (running, None)
         }
     };
@@ -326,6 +332,53 @@ async fn connect(
         server,
         session,
     })
+}
+
+/// An error and its causes, as one line for an operator: the client
+/// library says "error sending request" and keeps why (a refused
+/// connection, an unknown certificate issuer) in its sources. Its own type
+/// names are left out.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if parts.last().is_none_or(|last| !last.contains(&text)) {
+            parts.push(text);
+        }
+        next = cause.source();
+        if parts.len() >= 8 {
+            break;
+        }
+    }
+    let line = parts.join(": ");
+    // "Transport [rmcp::transport::worker::WorkerTransport<…>] error:" names
+    // a type, not a cause.
+    match (line.find("Transport ["), line.find("] error: ")) {
+        (Some(start), Some(end)) if start < end => {
+            format!("{}{}", &line[..start], &line[end + "] error: ".len()..])
+        }
+        _ => line,
+    }
+}
+
+/// Why a failed handshake could not reach the server at all, when that is
+/// what happened: the MCP client keeps only "error sending request", so a
+/// plain request says what stood in the way (a refused connection, a
+/// certificate no trusted authority signed).
+async fn unreachable_because(http: &reqwest::Client, url: &str) -> Option<String> {
+    let probe = http.get(url).header("accept", "text/event-stream").send();
+    match tokio::time::timeout(Duration::from_secs(3), probe).await {
+        Ok(Err(e)) => {
+            let why = causes(&e);
+            Some(match why.find(": ") {
+                // reqwest's first words repeat the URL; its causes do not.
+                Some(i) if why.starts_with("error sending request") => why[i + 2..].to_string(),
+                _ => why,
+            })
+        }
+        _ => None,
+    }
 }
 
 fn describe_init(error: &str, refusal: &Refusal, config: &UpstreamConfig) -> String {
