@@ -27,22 +27,6 @@ const SETTLE: Duration = Duration::from_secs(300);
 /// runs as a taskgate task when the caller asks for one.
 const MARKED: &str = "effect = \"read_only\"\ntask = \"optional\"";
 
-fn wait_marker(path: &Path, needle: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(needle) {
-            return text;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{} never said {needle:?}: {text:?}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Lists, calls, runs as tasks, cancels and fails the four tools of the
 /// test servers behind `alias`. `cancel_reaches`: the server is known to
 /// stop its tool on `notifications/cancelled`.
@@ -104,11 +88,7 @@ fn exercise(daemon: &Daemon, state: &Path, alias: &str, out: &Path, cancel_reach
     let handle = rt
         .block_on(tasks.call_tool(&name("slow"), json!({"seconds": 0.3, "marker": m}), None))
         .unwrap();
-    let id = handle["task"]["taskId"]
-        .as_str()
-        .or(handle["taskId"].as_str())
-        .unwrap_or_else(|| panic!("no task: {handle}"))
-        .to_string();
+    let id = task_id(&handle);
     let done = rt.block_on(tasks.wait_task(&id, &handle)).unwrap();
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(text(&done["result"]), "slept", "{done}");
@@ -121,28 +101,20 @@ fn exercise(daemon: &Daemon, state: &Path, alias: &str, out: &Path, cancel_reach
     let handle = rt
         .block_on(tasks.call_tool(&name("slow"), json!({"seconds": 60, "marker": m}), None))
         .unwrap();
-    let id = handle["task"]["taskId"]
-        .as_str()
-        .or(handle["taskId"].as_str())
-        .unwrap()
-        .to_string();
-    wait_marker(&marker, "started", SETTLE);
+    let id = task_id(&handle);
+    wait_text(&marker, "started", SETTLE);
     rt.block_on(tasks.cancel_task(&id)).unwrap();
     let done = rt.block_on(tasks.wait_task(&id, &handle)).unwrap();
     assert_eq!(done["status"], "cancelled", "{done}");
     if cancel_reaches {
-        wait_marker(&marker, "cancelled", Duration::from_secs(30));
+        wait_text(&marker, "cancelled", Duration::from_secs(30));
     }
 
     // A result past 16 KiB is spilled and read back whole.
     let handle = rt
         .block_on(tasks.call_tool(&name("big"), json!({"bytes": 40_000}), None))
         .unwrap();
-    let id = handle["task"]["taskId"]
-        .as_str()
-        .or(handle["taskId"].as_str())
-        .unwrap()
-        .to_string();
+    let id = task_id(&handle);
     let done = rt.block_on(tasks.wait_task(&id, &handle)).unwrap();
     assert_eq!(done["status"], "completed", "{done}");
     let whole = rt
@@ -276,12 +248,8 @@ fn a_marked_tool_of_an_upstream_without_tasks_survives_kill_9_as_interrupted_and
             None,
         ))
         .unwrap();
-    let id = handle["task"]["taskId"]
-        .as_str()
-        .or(handle["taskId"].as_str())
-        .unwrap()
-        .to_string();
-    let marks = wait_marker(&marker, "started", SETTLE);
+    let id = task_id(&handle);
+    let marks = wait_text(&marker, "started", SETTLE);
     let upstream_pid: i32 = marks
         .split_whitespace()
         .nth(1)
@@ -381,11 +349,7 @@ fn tenancy_holds_across_the_hop_and_the_callers_token_never_reaches_the_upstream
     let handle = rt
         .block_on(as_(&alice).call_tool("ts.slow", json!({"seconds": 1, "marker": m}), None))
         .unwrap();
-    let id = handle["task"]["taskId"]
-        .as_str()
-        .or(handle["taskId"].as_str())
-        .unwrap()
-        .to_string();
+    let id = task_id(&handle);
     // Another owner's task answers exactly like an unknown one.
     let unknown = format!("tg-{}", "0".repeat(32));
     let foreign = rt.block_on(as_(&carol).get_task(&id)).unwrap_err();

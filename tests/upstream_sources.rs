@@ -189,23 +189,6 @@ fn hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working() 
     assert!(daemon.stop().success(), "{text}");
 }
 
-/// Waits until `path` holds a line containing `needle`; the file's text.
-fn wait_line(path: &std::path::Path, needle: &str, limit: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().any(|l| l.contains(needle)) {
-            return text;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "no line with {needle:?} in {} within {limit:?}: {text}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn calls_in(log: &str) -> usize {
     log.lines().filter(|l| l.contains("\"tools/call\"")).count()
 }
@@ -245,7 +228,7 @@ fn the_concurrency_bound_refuses_past_it_sending_nothing_and_a_caller_leaving_ca
             .is_err()
         })
     });
-    let log = wait_line(&messages, "\"tools/call\"", SETTLE);
+    let log = wait_text(&messages, "\"tools/call\"", SETTLE);
     assert_eq!(calls_in(&log), 1, "{log}");
     // Past it: refused at once, and nothing reaches the upstream.
     let e = call(&daemon, "slow.slow", json!({})).unwrap_err();
@@ -256,7 +239,7 @@ fn the_concurrency_bound_refuses_past_it_sending_nothing_and_a_caller_leaving_ca
         "the first call was expected to be abandoned"
     );
     // The caller leaving became a cancellation upstream.
-    let log = wait_line(
+    let log = wait_text(
         &messages,
         "notifications/cancelled",
         Duration::from_secs(10),
@@ -481,7 +464,7 @@ fn reload_adds_changes_and_removes_upstreams_and_a_call_on_a_removed_one_finishe
         let client = taskgate::client::Client::new(&url, false).unwrap();
         rt.block_on(client.call_tool("slow.slow", json!({}), None))
     });
-    wait_line(&messages, "\"tools/call\"", SETTLE);
+    wait_text(&messages, "\"tools/call\"", SETTLE);
     write_config(root.path(), &good(31), &tools);
     let said = reload();
     assert!(said.contains("removed: slow;"), "{said}");

@@ -202,15 +202,12 @@ pub(super) fn settings(
     raw_jwt: Vec<(RawJwt, toml::Table)>,
     origin: &str,
 ) -> Result<Option<AuthSettings>, ConfigError> {
-    if raw_jwt.len() > MAX_JWT_ISSUERS {
-        return Err(ConfigError::Invalid {
-            origin: origin.to_string(),
-            message: format!(
-                "{} [[auth.jwt]] issuers declared; at most {MAX_JWT_ISSUERS} are allowed",
-                raw_jwt.len()
-            ),
-        });
-    }
+    super::at_most(
+        raw_jwt.len(),
+        MAX_JWT_ISSUERS,
+        "[[auth.jwt]] issuers",
+        origin,
+    )?;
     for (raw, table) in raw_jwt {
         let issuer = issuer_settings(raw, &table, auth.resource.as_deref(), origin)?;
         if auth.jwt.iter().any(|j| j.issuer == issuer.issuer) {

@@ -773,6 +773,63 @@ fn valid_tool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
+/// Refuses more repeated tables of one kind than a configuration may hold.
+fn at_most(n: usize, max: usize, what: &str, origin: &str) -> Result<(), ConfigError> {
+    if n > max {
+        return Err(ConfigError::Invalid {
+            origin: origin.to_string(),
+            message: format!("{n} {what} declared; at most {max} are allowed"),
+        });
+    }
+    Ok(())
+}
+
+/// The keys of a program taskgate starts, shared by a `[[tool]]` and a
+/// command `[[upstream]]`.
+struct Program<'a> {
+    /// What the table calls its argv (`argv`, `command`).
+    argv_key: &'static str,
+    argv: &'a [String],
+    working_dir: &'a Option<PathBuf>,
+    env: &'a Option<Vec<String>>,
+    read_paths: &'a Option<Vec<PathBuf>>,
+    write_paths: &'a Option<Vec<PathBuf>>,
+}
+
+impl Program<'_> {
+    /// Well-formed: an absolute program (no shell, no `PATH` lookup),
+    /// absolute paths, variable names in `env`.
+    fn check(&self) -> Result<(), String> {
+        let key = self.argv_key;
+        match self.argv.first() {
+            Some(program) if Path::new(program).is_absolute() => {}
+            Some(_) => {
+                return Err(format!(
+                    "{key}[0] must be an absolute path to the program (no shell, no PATH lookup)"
+                ));
+            }
+            None => return Err(format!("{key} must name the program to run")),
+        }
+        if let Some(dir) = self.working_dir
+            && !dir.is_absolute()
+        {
+            return Err(format!(
+                "working_dir {dir:?} is a relative path; give an absolute path"
+            ));
+        }
+        if let Some(name) = self.env.iter().flatten().find(|n| !valid_env_name(n)) {
+            return Err(format!("env entry {name:?} is not a variable name"));
+        }
+        let mut declared = self.read_paths.iter().chain(self.write_paths).flatten();
+        if let Some(p) = declared.find(|p| !p.is_absolute()) {
+            return Err(format!(
+                "read_paths/write_paths entry {p:?} is a relative path; give an absolute path"
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -788,15 +845,7 @@ fn tool_settings(
     layers: &Layers,
     defaults: &ToolsSettings,
 ) -> Result<Vec<ToolConfig>, ConfigError> {
-    if raw.len() > MAX_TOOLS {
-        return Err(ConfigError::Invalid {
-            origin: origin.to_string(),
-            message: format!(
-                "{} tools declared; at most {MAX_TOOLS} are allowed",
-                raw.len()
-            ),
-        });
-    }
+    at_most(raw.len(), MAX_TOOLS, "[[tool]] tables", origin)?;
     let mut seen = std::collections::HashSet::new();
     let mut tools = Vec::with_capacity(raw.len());
     for (t, table) in raw {
@@ -812,27 +861,16 @@ fn tool_settings(
         if !seen.insert(t.name.clone()) {
             return Err(bad("declared twice; tool names must be unique".into()));
         }
-        match t.argv.first() {
-            Some(program) if Path::new(program).is_absolute() => {}
-            Some(_) => {
-                return Err(bad(
-                    "argv[0] must be an absolute path to the program (no shell, no PATH lookup)"
-                        .into(),
-                ));
-            }
-            None => return Err(bad("argv must name the program to run".into())),
-        }
-        if let Some(dir) = &t.working_dir
-            && !dir.is_absolute()
-        {
-            return Err(bad(format!(
-                "working_dir {dir:?} is a relative path; give an absolute path"
-            )));
-        }
+        let program = Program {
+            argv_key: "argv",
+            argv: &t.argv,
+            working_dir: &t.working_dir,
+            env: &t.env,
+            read_paths: &t.read_paths,
+            write_paths: &t.write_paths,
+        };
+        program.check().map_err(bad)?;
         let env = t.env.clone().unwrap_or_default();
-        if let Some(name) = env.iter().find(|n| !valid_env_name(n)) {
-            return Err(bad(format!("env entry {name:?} is not a variable name")));
-        }
         let input_schema = match t.input_schema.clone() {
             Some(table) => {
                 serde_json::to_value(table).map_err(|e| bad(format!("input_schema: {e}")))?
@@ -843,12 +881,6 @@ fn tool_settings(
             return Err(bad(
                 "input_schema must describe an object (type = \"object\")".into(),
             ));
-        }
-        let mut declared = t.read_paths.iter().chain(&t.write_paths).flatten();
-        if let Some(p) = declared.find(|p| !p.is_absolute()) {
-            return Err(bad(format!(
-                "read_paths/write_paths entry {p:?} is a relative path; give an absolute path"
-            )));
         }
         let limits = ToolLimits::load(&Layers::table(
             keys::TOOL_KEYS,

@@ -254,15 +254,7 @@ pub(super) fn settings(
     layers: &Layers,
     defaults: &ToolsSettings,
 ) -> Result<Vec<UpstreamConfig>, ConfigError> {
-    if raw.len() > MAX_UPSTREAMS {
-        return Err(ConfigError::Invalid {
-            origin: origin.to_string(),
-            message: format!(
-                "{} [[upstream]] tables declared; at most {MAX_UPSTREAMS} are allowed",
-                raw.len()
-            ),
-        });
-    }
+    super::at_most(raw.len(), MAX_UPSTREAMS, "[[upstream]] tables", origin)?;
     let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.len());
     for (u, table) in raw {
         let at = format!("{origin}: [[upstream]] {:?}", u.alias);
@@ -292,26 +284,17 @@ pub(super) fn settings(
                         "bearer_token_file and ca_file are for a url upstream; a command upstream has none".into(),
                     ));
                 }
-                match argv.first() {
-                    Some(p) if Path::new(p).is_absolute() => {}
-                    Some(_) => {
-                        return Err(bad(
-                            "command[0] must be an absolute path to the program (no shell, no PATH lookup)".into(),
-                        ));
-                    }
-                    None => return Err(bad("command must name the program to run".into())),
+                super::Program {
+                    argv_key: "command",
+                    argv,
+                    working_dir: &u.working_dir,
+                    env: &u.env,
+                    read_paths: &u.read_paths,
+                    write_paths: &u.write_paths,
                 }
-                absolute("working_dir", &u.working_dir).map_err(bad)?;
+                .check()
+                .map_err(bad)?;
                 let env = u.env.clone().unwrap_or_default();
-                if let Some(name) = env.iter().find(|n| !super::valid_env_name(n)) {
-                    return Err(bad(format!("env entry {name:?} is not a variable name")));
-                }
-                let mut declared = u.read_paths.iter().chain(&u.write_paths).flatten();
-                if let Some(p) = declared.find(|p| !p.is_absolute()) {
-                    return Err(bad(format!(
-                        "read_paths/write_paths entry {p:?} is a relative path; give an absolute path"
-                    )));
-                }
                 // The process is described as a command tool is, so that
                 // it is confined by the same code; a resource limit its
                 // table leaves out is the `[tools]` one.

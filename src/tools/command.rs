@@ -239,21 +239,7 @@ impl CommandTool {
     /// Checks the arguments against the input schema; names the first
     /// offending location. The message never echoes the value itself.
     fn check(&self, args: &Value) -> Result<(), ArgumentError> {
-        match self.validator.iter_errors(args).next() {
-            None => Ok(()),
-            Some(e) => {
-                let location = e.instance_path().to_string();
-                Err(ArgumentError {
-                    tool: self.config.name.clone(),
-                    location: if location.is_empty() {
-                        "arguments".into()
-                    } else {
-                        format!("arguments{location}")
-                    },
-                    problem: e.masked().to_string(),
-                })
-            }
-        }
+        super::check_arguments(&self.validator, &self.config.name, args)
     }
 
     /// The argv for these (validated) arguments. An element that is exactly

@@ -159,6 +159,31 @@ pub struct ArgumentError {
     pub problem: String,
 }
 
+/// Checks `args` against a tool's compiled input schema, naming the first
+/// offending location and never the value (command tools and upstream
+/// tools alike).
+pub fn check_arguments(
+    validator: &jsonschema::Validator,
+    tool: &str,
+    args: &Value,
+) -> Result<(), ArgumentError> {
+    match validator.iter_errors(args).next() {
+        None => Ok(()),
+        Some(e) => {
+            let location = e.instance_path().to_string();
+            Err(ArgumentError {
+                tool: tool.to_string(),
+                location: if location.is_empty() {
+                    "arguments".into()
+                } else {
+                    format!("arguments{location}")
+                },
+                problem: e.masked().to_string(),
+            })
+        }
+    }
+}
+
 /// Why a run produced no result.
 #[derive(Debug, Error)]
 pub enum RunError {

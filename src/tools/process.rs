@@ -214,6 +214,35 @@ fn shim_command(
     Ok(cmd)
 }
 
+/// What a start needs before the shim runs: the program (checked to be
+/// executable), the run's scratch directory when it has no working
+/// directory of its own, the directory it runs in, and its Landlock grants
+/// with the program and that directory added.
+fn prepare(
+    inv: &Invocation,
+) -> Result<(String, Option<Scratch>, PathBuf, Option<Paths>), RunError> {
+    let program = inv.argv.first().cloned().unwrap_or_default();
+    check_executable(&program)?;
+    let scratch = match &inv.working_dir {
+        Some(_) => None,
+        None => Some(Scratch::create().map_err(|source| RunError::Spawn {
+            program: program.clone(),
+            source,
+        })?),
+    };
+    let dir: PathBuf = match (&inv.working_dir, &scratch) {
+        (Some(d), _) => d.clone(),
+        (None, Some(s)) => s.0.clone(),
+        (None, None) => PathBuf::from("/"),
+    };
+    let paths = inv.paths.clone().map(|mut p| {
+        p.read.push(PathBuf::from(&program));
+        p.write.push(dir.clone());
+        p
+    });
+    Ok((program, scratch, dir, paths))
+}
+
 /// A long-running program under the shim that talks on its stdin and
 /// stdout (an upstream MCP server): confined and limited like a tool's
 /// run, ended with its whole process group by [`Server::stop`] or when
@@ -228,25 +257,7 @@ impl Server {
     /// Starts `inv.argv` (its stdin, timeout and output caps are not
     /// used: the caller talks to it and bounds what it reads).
     pub fn spawn(inv: &Invocation) -> Result<Server, RunError> {
-        let program = inv.argv.first().cloned().unwrap_or_default();
-        check_executable(&program)?;
-        let scratch = match &inv.working_dir {
-            Some(_) => None,
-            None => Some(Scratch::create().map_err(|source| RunError::Spawn {
-                program: program.clone(),
-                source,
-            })?),
-        };
-        let dir: PathBuf = match (&inv.working_dir, &scratch) {
-            (Some(d), _) => d.clone(),
-            (None, Some(s)) => s.0.clone(),
-            (None, None) => PathBuf::from("/"),
-        };
-        let paths = inv.paths.clone().map(|mut p| {
-            p.read.push(PathBuf::from(&program));
-            p.write.push(dir.clone());
-            p
-        });
+        let (program, scratch, dir, paths) = prepare(inv)?;
         let policy = Policy {
             grace_ms: inv.grace.as_millis() as u64,
             limits: inv.limits,
@@ -300,25 +311,8 @@ pub async fn run(inv: &Invocation, cancel: &CancellationToken) -> Result<Finishe
     if cancel.is_cancelled() {
         return Err(RunError::Cancelled);
     }
-    let program = inv.argv.first().cloned().unwrap_or_default();
-    check_executable(&program)?;
-    let scratch = match &inv.working_dir {
-        Some(_) => None,
-        None => Some(Scratch::create().map_err(|source| RunError::Spawn {
-            program: program.clone(),
-            source,
-        })?),
-    };
-    let dir: &Path = match (&inv.working_dir, &scratch) {
-        (Some(d), _) => d,
-        (None, Some(s)) => &s.0,
-        (None, None) => Path::new("/"),
-    };
-    let paths = inv.paths.clone().map(|mut p| {
-        p.read.push(PathBuf::from(&program));
-        p.write.push(dir.to_path_buf());
-        p
-    });
+    let (program, scratch, dir, paths) = prepare(inv)?;
+    let dir: &Path = &dir;
     let (mut report, report_write) = report_pipe()?;
     let policy = Policy {
         grace_ms: inv.grace.as_millis() as u64,

@@ -332,21 +332,7 @@ impl Runner for UpstreamTool {
     }
 
     fn validate(&self, args: &Value) -> Result<(), ArgumentError> {
-        match self.validator.iter_errors(args).next() {
-            None => Ok(()),
-            Some(e) => {
-                let location = e.instance_path().to_string();
-                Err(ArgumentError {
-                    tool: self.spec.name.clone(),
-                    location: if location.is_empty() {
-                        "arguments".into()
-                    } else {
-                        format!("arguments{location}")
-                    },
-                    problem: e.masked().to_string(),
-                })
-            }
-        }
+        crate::tools::check_arguments(&self.validator, &self.spec.name, args)
     }
 
     fn run<'a>(

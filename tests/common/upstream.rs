@@ -175,6 +175,32 @@ pub fn wait_upstream(
     }
 }
 
+/// Waits until the file at `path` holds `needle`; its text then.
+pub fn wait_text(path: &Path, needle: &str, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{} never held {needle:?} within {limit:?}: {text:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The task id of a `tools/call` answer that made a task.
+pub fn task_id(handle: &Value) -> String {
+    handle["task"]["taskId"]
+        .as_str()
+        .or(handle["taskId"].as_str())
+        .unwrap_or_else(|| panic!("not a task: {handle}"))
+        .to_string()
+}
+
 pub fn is_ready(u: &Value) -> bool {
     u["state"] == "ready"
 }
