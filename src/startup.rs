@@ -72,6 +72,12 @@ pub fn effective(
         } = &u.transport
         {
             protected.push(file.clone());
+            // And where it really is, as for the configuration file.
+            if let Ok(real) = std::fs::canonicalize(file)
+                && real != *file
+            {
+                protected.push(real);
+            }
         }
     }
     let tools = Registry::build(&config.tools, &protected, builtins)?;

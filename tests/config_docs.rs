@@ -137,6 +137,15 @@ fn the_starter_file_and_its_examples_are_valid() {
     assert!(upstreams.contains("command = ["), "{upstreams}");
     assert!(upstreams.contains("url = \"https://"), "{upstreams}");
     assert!(upstreams.contains("bearer_token_file = "), "{upstreams}");
+    // The credential file it names must exist and be private: a stand-in.
+    let token = dir.path().join("tickets.token");
+    std::fs::write(&token, "stand-in\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert!(
+        upstreams.contains("\"/etc/taskgate/tickets.token\""),
+        "{upstreams}"
+    );
+    let upstreams = upstreams.replace("/etc/taskgate/tickets.token", token.to_str().unwrap());
     for (name, text) in [("tool.toml", &tool), ("upstream.toml", &upstreams)] {
         let file = dir.path().join(name);
         std::fs::write(&file, text).unwrap();

@@ -316,7 +316,7 @@ fn a_tool_changed_after_its_pin_is_withheld_until_reviewed_and_pinned_again() {
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.status.success(), "{out:?}");
     assert!(
-        stdout(&out).contains("pins re-read: drift"),
+        stdout(&out).contains("tool settings or pins changed, connection kept: drift"),
         "{}",
         stdout(&out)
     );

@@ -608,8 +608,8 @@ settings! {
 
     /// An upstream MCP server's bounds, from its `[[upstream]]` table.
     pub struct UpstreamLimits in Upstream {
-        /// Seconds to connect and finish the protocol handshake (the discovery, or the legacy `initialize`) and list the tools; past it the attempt counts as failed and is retried with backoff.
-        #[key(UPSTREAM_CONNECT_TIMEOUT_SECS, "connect_timeout_secs", secs(10, 1..=300), applies: RELOAD)]
+        /// Seconds to connect and finish the protocol handshake and list the tools; past it the attempt counts as failed and is retried with backoff. A server that ignores the 2026-07-28 `server/discover` instead of refusing it gets the legacy `initialize` only after 10 s, so keep this above 10 for such servers.
+        #[key(UPSTREAM_CONNECT_TIMEOUT_SECS, "connect_timeout_secs", secs(30, 1..=300), applies: RELOAD)]
         pub connect_timeout: Duration,
         /// Seconds one forwarded request may take (a tool call, synchronous or run as a task); past it the call is cancelled upstream and fails with `TG_UPSTREAM_TIMEOUT`.
         #[key(UPSTREAM_REQUEST_TIMEOUT_SECS, "request_timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]

@@ -192,6 +192,8 @@ pub struct Daemon {
     /// The upstream MCP servers: connected once the daemon serves.
     upstreams: Arc<Upstreams>,
     pins: Pins,
+    /// The paths no tool or stdio upstream may reach.
+    protected: Vec<std::path::PathBuf>,
 }
 
 impl Daemon {
@@ -215,7 +217,7 @@ impl Daemon {
         } = effective;
         // Their supervisors start when the daemon serves (`Process::ready`);
         // until an upstream answers, its tools are absent.
-        let upstreams = Upstreams::new(protected, CancellationToken::new());
+        let upstreams = Upstreams::new(protected.clone(), CancellationToken::new());
         let tools = tools.with_source(upstreams.clone());
         let clock = options.clock.clone().unwrap_or_else(Clock::system);
         let mut serving = startup::open_serving(&config, clock)?;
@@ -285,6 +287,7 @@ impl Daemon {
             tls: tls.map(Arc::new),
             upstreams,
             pins,
+            protected,
         })
     }
 
@@ -315,6 +318,7 @@ impl Daemon {
             auth: self.auth,
             tls: self.tls,
             first_upstreams: Some((self.config.upstreams.clone(), self.pins)),
+            first_protected: Some(self.protected),
             upstreams: self.upstreams,
         };
         (process, self.config, self.claimed)
@@ -380,6 +384,7 @@ struct Process {
     upstreams: Arc<Upstreams>,
     /// The upstreams to connect once serving (taken by `ready`).
     first_upstreams: Option<(Vec<crate::config::UpstreamConfig>, Pins)>,
+    first_protected: Option<Vec<std::path::PathBuf>>,
 }
 
 impl Process {
@@ -414,7 +419,8 @@ impl Process {
             });
         // Connecting happens in the background: no upstream delays READY.
         if let Some((configs, pins)) = self.first_upstreams.take() {
-            self.upstreams.apply(&configs, &pins).await;
+            let protected = self.first_protected.take().unwrap_or_default();
+            self.upstreams.apply(&configs, &pins, protected).await;
         }
         let status = chores::status_line(&self.svc, &describe()).await;
         self.board.ready(&status);

@@ -63,21 +63,29 @@ impl Process {
         .and_then(|mut new| self.renew_credentials(&mut new).map(|()| new));
         let outcome = match validated {
             Ok(new) => {
-                let upstreams = (new.config.upstreams.clone(), new.pins.clone());
+                let upstreams = (
+                    new.config.upstreams.clone(),
+                    new.pins.clone(),
+                    new.protected.clone(),
+                );
                 let mut done = self.apply(number, new);
-                let applied = self.upstreams.apply(&upstreams.0, &upstreams.1).await;
+                let applied = self
+                    .upstreams
+                    .apply(&upstreams.0, &upstreams.1, upstreams.2)
+                    .await;
                 let changed = !(applied.added.is_empty()
                     && applied.removed.is_empty()
-                    && applied.restarted.is_empty());
+                    && applied.restarted.is_empty()
+                    && applied.updated.is_empty());
                 let line = format!(
-                    "upstreams: added: {}; removed: {}; connected again (connection settings changed): {}; kept with their tool settings and pins re-read: {}",
+                    "upstreams: added: {}; removed: {}; connected again (connection settings changed): {}; tool settings or pins changed, connection kept: {}",
                     list(&applied.added.iter().collect::<Vec<_>>()),
                     list(&applied.removed.iter().collect::<Vec<_>>()),
                     list(&applied.restarted.iter().collect::<Vec<_>>()),
                     list(&applied.updated.iter().collect::<Vec<_>>()),
                 );
                 tracing::info!("configuration reloaded: {line}");
-                if changed || !applied.updated.is_empty() {
+                if changed {
                     // Before the closing line about running tasks.
                     let at = done.lines.len().saturating_sub(1);
                     if changed && done.lines.iter().any(|l| l == NOTHING_CHANGED) {

@@ -1,7 +1,8 @@
 //! A capability's schema digest: what pins an upstream tool to the
 //! description the operator reviewed. sha256 over the RFC 8785 canonical
-//! JSON of the tool's name, description, input and output schema and
-//! annotations, written `sha256:` and 64 lower-case hex digits.
+//! JSON of the tool's name, title, description, input and output schema
+//! and annotations (everything of it a caller or a model is shown),
+//! written `sha256:` and 64 lower-case hex digits.
 
 use serde_json::{Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -15,6 +16,7 @@ pub const PREFIX: &str = "sha256:";
 /// digest.
 pub fn capability(
     name: &str,
+    title: Option<&str>,
     description: Option<&str>,
     input_schema: &Value,
     output_schema: Option<&Value>,
@@ -22,6 +24,10 @@ pub fn capability(
 ) -> String {
     let mut doc = Map::new();
     doc.insert("name".into(), Value::String(name.into()));
+    doc.insert(
+        "title".into(),
+        title.map_or(Value::Null, |t| Value::String(t.into())),
+    );
     doc.insert(
         "description".into(),
         description.map_or(Value::Null, |d| Value::String(d.into())),
@@ -72,6 +78,7 @@ mod tests {
     fn key_order_and_number_spelling_do_not_change_the_digest() {
         let a = capability(
             "t",
+            None,
             Some("d"),
             &json!({"type": "object", "properties": {"n": {"type": "number", "maximum": 1.0}}}),
             None,
@@ -79,6 +86,7 @@ mod tests {
         );
         let b = capability(
             "t",
+            None,
             Some("d"),
             &serde_json::from_str(
                 r#"{"properties": {"n": {"maximum": 1, "type": "number"}}, "type": "object"}"#,
@@ -94,14 +102,19 @@ mod tests {
     #[test]
     fn every_part_counts() {
         let schema = json!({"type": "object"});
-        let base = capability("t", Some("d"), &schema, None, None);
-        assert_ne!(base, capability("u", Some("d"), &schema, None, None));
-        assert_ne!(base, capability("t", Some("e"), &schema, None, None));
-        assert_ne!(base, capability("t", None, &schema, None, None));
+        let base = capability("t", None, Some("d"), &schema, None, None);
+        assert_ne!(base, capability("u", None, Some("d"), &schema, None, None));
+        assert_ne!(base, capability("t", None, Some("e"), &schema, None, None));
+        assert_ne!(base, capability("t", None, None, &schema, None, None));
+        assert_ne!(
+            base,
+            capability("t", Some("T"), Some("d"), &schema, None, None)
+        );
         assert_ne!(
             base,
             capability(
                 "t",
+                None,
                 Some("d"),
                 &json!({"type": "object", "properties": {}}),
                 None,
@@ -110,12 +123,13 @@ mod tests {
         );
         assert_ne!(
             base,
-            capability("t", Some("d"), &schema, Some(&schema), None)
+            capability("t", None, Some("d"), &schema, Some(&schema), None)
         );
         assert_ne!(
             base,
             capability(
                 "t",
+                None,
                 Some("d"),
                 &schema,
                 None,

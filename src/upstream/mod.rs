@@ -55,8 +55,9 @@ pub use tool::PinState;
 #[derive(Debug)]
 pub struct Upstreams {
     sources: Mutex<BTreeMap<String, Arc<source::Source>>>,
-    /// The paths no stdio upstream may reach (as for command tools).
-    protected: Arc<Vec<PathBuf>>,
+    /// The paths no stdio upstream may reach (as for command tools); a
+    /// reload replaces them, and each connection reads them anew.
+    protected: Arc<std::sync::RwLock<Arc<Vec<PathBuf>>>>,
     /// Cancelled when the daemon stops: every supervisor's stop descends
     /// from it.
     stop: CancellationToken,
@@ -83,7 +84,7 @@ impl Upstreams {
     pub fn new(protected: Vec<PathBuf>, stop: CancellationToken) -> Arc<Upstreams> {
         Arc::new(Upstreams {
             sources: Mutex::new(BTreeMap::new()),
-            protected: Arc::new(protected),
+            protected: Arc::new(std::sync::RwLock::new(Arc::new(protected))),
             stop,
             retiring: tokio_util::task::TaskTracker::new(),
         })
@@ -94,10 +95,24 @@ impl Upstreams {
     /// an upstream), removed ones stop, ones whose connection settings
     /// changed connect again, and the others keep their connection with
     /// the new tool settings and pins.
-    pub async fn apply(&self, configs: &[UpstreamConfig], pins: &Pins) -> Applied {
+    /// `protected` are the paths no stdio upstream may reach now: when they
+    /// changed, every stdio upstream connects again under them.
+    pub async fn apply(
+        &self,
+        configs: &[UpstreamConfig],
+        pins: &Pins,
+        protected: Vec<PathBuf>,
+    ) -> Applied {
         let pins = Arc::new(pins.clone());
         let mut applied = Applied::default();
         let mut stopping = Vec::new();
+        let mut kept = Vec::new();
+        let protection_changed = {
+            let mut current = self.protected.write().unwrap_or_else(|p| p.into_inner());
+            let changed = **current != protected;
+            *current = Arc::new(protected);
+            changed
+        };
         {
             let mut sources = lock(&self.sources);
             let wanted: BTreeMap<&str, &UpstreamConfig> =
@@ -115,10 +130,13 @@ impl Upstreams {
             }
             for (alias, config) in wanted {
                 let config = Arc::new(config.clone());
+                let stdio = matches!(config.transport, crate::config::UpstreamTransport::Stdio(_));
                 match sources.get(alias) {
-                    Some(running) if same_connection(&running.shared.config(), &config) => {
-                        running.shared.adopt(config, pins.clone());
-                        applied.updated.push(alias.to_string());
+                    Some(running)
+                        if same_connection(&running.shared.config(), &config)
+                            && !(stdio && protection_changed) =>
+                    {
+                        kept.push((running.clone(), config));
                     }
                     Some(_) => {
                         if let Some(old) = sources.remove(alias) {
@@ -132,6 +150,14 @@ impl Upstreams {
                         applied.added.push(alias.to_string());
                     }
                 }
+            }
+        }
+        // Outside the lock: rebuilding a catalog compiles every schema, and
+        // lookups must not wait for that.
+        for (running, config) in kept {
+            let alias = config.alias.clone();
+            if running.shared.adopt(config, pins.clone()) {
+                applied.updated.push(alias);
             }
         }
         // Their calls in flight finish first; the reload does not wait.

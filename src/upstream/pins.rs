@@ -33,6 +33,11 @@ pub enum PinsError {
     },
     #[error("{path}: {message}; fix it, or pin again with `taskgate upstream pin ALIAS`")]
     Invalid { path: PathBuf, message: String },
+    /// Whoever could write the file could approve a changed tool.
+    #[error(
+        "{path}: the pins file {why}; it must be a regular file owned by root or the service user and writable by its owner only"
+    )]
+    Unsafe { path: PathBuf, why: String },
     #[error("{path}: cannot write the pins file: {source}")]
     Write {
         path: PathBuf,
@@ -49,6 +54,7 @@ impl Classify for PinsError {
                 ExitClass::UnsafePath
             }
             PinsError::Read { .. } | PinsError::Write { .. } => ExitClass::Io,
+            PinsError::Unsafe { .. } => ExitClass::UnsafePath,
             _ => ExitClass::Config,
         }
     }
@@ -111,6 +117,31 @@ impl Pins {
                 });
             }
         };
+        // Checked on the open file, so that what was checked is what is read.
+        let unsafe_ = |why: String| PinsError::Unsafe {
+            path: path.to_path_buf(),
+            why,
+        };
+        let meta = file.metadata().map_err(|source| PinsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            let euid = nix::unistd::geteuid().as_raw();
+            if !meta.is_file() {
+                return Err(unsafe_("is not a regular file".into()));
+            }
+            if meta.uid() != 0 && meta.uid() != euid {
+                return Err(unsafe_(format!("is owned by uid {}", meta.uid())));
+            }
+            if meta.mode() & 0o022 != 0 {
+                return Err(unsafe_(format!(
+                    "is writable by others (mode {:o})",
+                    meta.mode() & 0o7777
+                )));
+            }
+        }
         let mut text = String::new();
         use std::io::Read as _;
         file.take(MAX_PINS_FILE_BYTES + 1)
@@ -161,6 +192,15 @@ impl Pins {
         self.digests
             .get(&(upstream.to_string(), tool.to_string()))
             .map(|p| p.digest.as_str())
+    }
+
+    /// The pins of one upstream, by tool (what a reload compares).
+    pub fn of(&self, upstream: &str) -> Vec<(&str, &str)> {
+        self.digests
+            .iter()
+            .filter(|((u, _), _)| u == upstream)
+            .map(|((_, t), p)| (t.as_str(), p.digest.as_str()))
+            .collect()
     }
 
     /// Whether any tool of `upstream` is pinned.
@@ -237,11 +277,15 @@ impl Pins {
         let text = format!(
             "# Reviewed capabilities of taskgate's upstream MCP servers, written by\n# `taskgate upstream pin`. A tool whose live digest differs from its pin\n# is withheld from callers until it is reviewed and pinned again.\n\n{body}"
         );
+        // The old file's mode, never writable by others (a new file: 0644).
         let mode = std::fs::metadata(path)
-            .map(|m| m.permissions().mode() & 0o7777)
+            .map(|m| m.permissions().mode() & 0o7755)
             .unwrap_or(0o644);
         let dir = path.parent().unwrap_or(Path::new("/"));
-        let tmp = dir.join(format!(".{PINS_FILE_NAME}.{}.tmp", std::process::id()));
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::fill(&mut nonce);
+        let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+        let tmp = dir.join(format!(".{PINS_FILE_NAME}.{nonce}.tmp"));
         let result = (|| {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -276,6 +320,12 @@ mod tests {
         let back = Pins::load(&path).unwrap();
         assert_eq!(back.get("files", "search"), Some(d.as_str()));
         assert_eq!(back.get("files", "other"), None);
+
+        // Writable by others: whoever could write it could approve a tool.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = Pins::load(&path).unwrap_err();
+        assert_eq!(e.exit_class(), ExitClass::UnsafePath, "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
 
         for (text, says) in [
             (

@@ -108,6 +108,13 @@ pub struct Shared {
     config: RwLock<Arc<UpstreamConfig>>,
     pins: RwLock<Arc<Pins>>,
     snapshot: RwLock<Arc<Snapshot>>,
+    /// Held from reading the old snapshot to writing the new one, so that
+    /// the supervisor's news and a reload's settings never overwrite each
+    /// other (nothing is awaited under it).
+    publishing: Mutex<()>,
+    /// Set once a reload removed the upstream: calls still holding one of
+    /// its tools are told so rather than that it is busy.
+    pub retiring: std::sync::atomic::AtomicBool,
 }
 
 fn read<T: Clone>(lock: &RwLock<T>) -> T {
@@ -134,6 +141,7 @@ impl Shared {
         session: Option<Arc<Session>>,
         error: Option<String>,
     ) {
+        let _one_at_a_time = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
         let catalog = match &session {
             Some(s) => self.catalog(s),
             None => HashMap::new(),
@@ -158,11 +166,33 @@ impl Shared {
 
     /// The settings and pins changed without the connection changing
     /// (a reload): the catalog is rebuilt, the session kept.
-    pub fn adopt(self: &Arc<Self>, config: Arc<UpstreamConfig>, pins: Arc<Pins>) {
+    /// Returns whether anything that decides its tools changed.
+    pub fn adopt(self: &Arc<Self>, config: Arc<UpstreamConfig>, pins: Arc<Pins>) -> bool {
+        let alias = config.alias.clone();
+        let changed = *self.config() != *config || read(&self.pins).of(&alias) != pins.of(&alias);
         write(&self.config, config);
         write(&self.pins, pins);
-        let old = self.snapshot();
-        self.publish(old.state, old.session.clone(), None);
+        if changed {
+            // Under the same lock as the supervisor's publications: the
+            // session current now is the one the catalog is built from.
+            let _one_at_a_time = self.publishing.lock().unwrap_or_else(|p| p.into_inner());
+            let old = self.snapshot();
+            let catalog = match &old.session {
+                Some(s) => self.catalog(s),
+                None => HashMap::new(),
+            };
+            write(
+                &self.snapshot,
+                Arc::new(Snapshot {
+                    state: old.state,
+                    session: old.session.clone(),
+                    catalog,
+                    last_error: old.last_error.clone(),
+                    since: old.since,
+                }),
+            );
+        }
+        changed
     }
 
     /// Every listed tool under the operator's settings and the pins.
@@ -301,6 +331,10 @@ async fn connect(
         }
     };
     let peer = running.peer().clone();
+    // rmcp would cache tool lists for the upstream's ttlMs (and serve a
+    // stale one on error): each listing here must be the upstream's now.
+    peer.set_response_cache_config(rmcp::ClientCacheConfig::disabled())
+        .await;
     let info = peer.peer_info();
     let listed = list_tools(&peer, config.limits.max_tools)
         .await
@@ -443,12 +477,14 @@ impl Source {
     pub fn start(
         config: Arc<UpstreamConfig>,
         pins: Arc<Pins>,
-        protected: Arc<Vec<PathBuf>>,
+        protected: Arc<RwLock<Arc<Vec<PathBuf>>>>,
         stop: CancellationToken,
     ) -> Source {
         let shared = Arc::new(Shared {
             config: RwLock::new(config),
             pins: RwLock::new(pins),
+            publishing: Mutex::new(()),
+            retiring: std::sync::atomic::AtomicBool::new(false),
             snapshot: RwLock::new(Arc::new(Snapshot {
                 state: State::Connecting,
                 session: None,
@@ -469,6 +505,9 @@ impl Source {
     /// then stops: what a reload does to an upstream it removes, as a
     /// removed command tool's running calls finish too.
     pub async fn retire(&self) {
+        self.shared
+            .retiring
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let snapshot = self.shared.snapshot();
         if let Some(session) = &snapshot.session {
             let limits = self.shared.config().limits.clone();
@@ -492,10 +531,17 @@ impl Source {
     }
 }
 
-async fn supervise(shared: Arc<Shared>, protected: Arc<Vec<PathBuf>>, stop: CancellationToken) {
+async fn supervise(
+    shared: Arc<Shared>,
+    protected: Arc<RwLock<Arc<Vec<PathBuf>>>>,
+    stop: CancellationToken,
+) {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let config = shared.config();
+        // Read at each attempt: a reload may have protected more (a new
+        // upstream's credential file).
+        let protected = read(&protected);
         let alias = config.alias.clone();
         let changed = Arc::new(Notify::new());
         shared.publish(State::Connecting, None, None);
@@ -614,7 +660,27 @@ async fn serve(
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut waiting).await;
         waiting.abort();
     }
-    if let Some(server) = server {
+    let mut lost = lost;
+    if let Some(mut server) = server {
+        // How the program ended says more than a closed pipe (a resource
+        // limit's signal, a crash, an exit status).
+        if let (Some(why), Ok(Some(status))) = (lost.as_mut(), server.child.try_wait()) {
+            use std::os::unix::process::ExitStatusExt;
+            match (status.code(), status.signal()) {
+                (Some(code), _) => {
+                    why.push_str(&format!("; the program exited with status {code}"))
+                }
+                (None, Some(sig)) => why.push_str(&format!(
+                    "; the program was killed by signal {sig}{}",
+                    match sig {
+                        libc::SIGXCPU => " (max_cpu_secs)",
+                        libc::SIGXFSZ => " (max_file_bytes)",
+                        _ => "",
+                    }
+                )),
+                _ => {}
+            }
+        }
         server.stop(Duration::from_secs(2)).await;
     }
     lost

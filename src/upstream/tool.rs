@@ -27,7 +27,8 @@ const MAX_UPSTREAM_MESSAGE: usize = 1024;
 /// How a capability stands against the pins file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PinState {
-    /// No pin: callable, never routed durably.
+    /// No pin: callable, and runs as a taskgate task when the operator
+    /// marked it so; never routed to the upstream's own Tasks.
     Unpinned,
     /// Its live digest is the pinned one.
     Pinned,
@@ -75,6 +76,7 @@ impl Capability {
             .and_then(|a| serde_json::to_value(a).ok());
         let digest = digest::capability(
             &tool.name,
+            tool.title.as_deref(),
             tool.description.as_deref(),
             &input,
             output.as_ref(),
@@ -184,6 +186,17 @@ impl UpstreamTool {
         let config = self.upstream.config();
         let alias = &config.alias;
         let snapshot = self.upstream.snapshot();
+        if self
+            .upstream
+            .retiring
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(remote(
+                wire::UPSTREAM_UNAVAILABLE,
+                format!("upstream {alias} was removed by a reload; nothing was sent"),
+                Some(json!({"retryable": false, "sent": false})),
+            ));
+        }
         let Some(session) = snapshot.session.clone() else {
             return Err(remote(
                 wire::UPSTREAM_UNAVAILABLE,
@@ -293,10 +306,17 @@ fn too_large(alias: &str, limit: u64) -> RunError {
 fn lost(alias: &str, refusal: &super::transport::Refusal, error: &str, limit: u64) -> RunError {
     match refusal.get() {
         Some(Refused::Oversized) => too_large(alias, limit),
-        Some(Refused::NotJson | Refused::TooManyTools) => remote(
+        Some(Refused::NotJson) => remote(
             wire::UPSTREAM_CONNECTION_LOST,
             format!(
                 "upstream {alias} sent something that is not JSON-RPC; the connection was closed (it is made again) and the call's effect there is unknown"
+            ),
+            None,
+        ),
+        Some(Refused::TooManyTools) => remote(
+            wire::UPSTREAM_CONNECTION_LOST,
+            format!(
+                "upstream {alias}'s tool list grew past max_tools; the connection was closed and the call's effect there is unknown"
             ),
             None,
         ),

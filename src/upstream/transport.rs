@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::config::{UpstreamConfig, UpstreamTransport};
 use crate::tools::confine;
@@ -293,30 +293,56 @@ pub fn spawn(
     ) else {
         return Err("the program's pipes were not set up".into());
     };
-    let alias = config.alias.clone();
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
-        let mut logged = 0usize;
-        let mut dropped = 0usize;
-        while let Ok(Some(line)) = lines.next_segment().await {
-            if logged < MAX_STDERR_LINES {
-                let text = String::from_utf8_lossy(&line[..line.len().min(MAX_STDERR_LINE)]);
-                tracing::info!(upstream = %alias, "upstream {alias} stderr: {}", text.trim_end());
-                logged += 1;
-            } else {
-                dropped += 1;
-            }
-        }
-        if dropped > 0 {
-            tracing::info!(upstream = %alias, "upstream {alias}: {dropped} more stderr lines not logged");
-        }
-    });
+    tokio::spawn(log_stderr(stderr, config.alias.clone()));
     let limit = usize::try_from(config.limits.max_response_bytes).unwrap_or(usize::MAX);
     Ok(Child {
         server,
         stdin,
         stdout: Lines::new(stdout, limit, config.limits.max_tools, refusal),
     })
+}
+
+/// Logs an upstream's stderr line by line: at most [`MAX_STDERR_LINES`]
+/// lines of at most [`MAX_STDERR_LINE`] bytes each are kept; the rest of a
+/// longer line is read and dropped, so a line without end costs no memory.
+async fn log_stderr(stderr: tokio::process::ChildStderr, alias: String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line: Vec<u8> = Vec::with_capacity(MAX_STDERR_LINE);
+    let (mut logged, mut dropped) = (0usize, 0usize);
+    let mut emit = |line: &mut Vec<u8>| {
+        if logged < MAX_STDERR_LINES {
+            let text = String::from_utf8_lossy(line);
+            tracing::info!(upstream = %alias, "upstream {alias} stderr: {}", text.trim_end());
+            logged += 1;
+        } else {
+            dropped += 1;
+        }
+        line.clear();
+    };
+    loop {
+        let (used, ended) = {
+            let buf = match reader.fill_buf().await {
+                Ok(buf) if !buf.is_empty() => buf,
+                _ => break,
+            };
+            let end = buf.iter().position(|b| *b == b'\n');
+            let part = &buf[..end.unwrap_or(buf.len())];
+            let room = MAX_STDERR_LINE.saturating_sub(line.len());
+            line.extend_from_slice(&part[..part.len().min(room)]);
+            (end.map_or(buf.len(), |i| i + 1), end.is_some())
+        };
+        reader.consume(used);
+        if ended {
+            emit(&mut line);
+        }
+    }
+    if !line.is_empty() {
+        emit(&mut line);
+    }
+    if dropped > 0 {
+        tracing::info!(upstream = %alias, "upstream {alias}: {dropped} more stderr lines not logged");
+    }
 }
 
 /// Where the system's trusted certificates are, for an `https` upstream
@@ -364,7 +390,22 @@ pub fn http_client(
         .map_err(|e| format!("TLS setup: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder();
+    // `localhost` is loopback by the configuration's rule, whatever the
+    // resolver (or a DNS search domain) would make of it.
+    if let Ok(parsed) = reqwest::Url::parse(url)
+        && parsed.host_str() == Some("localhost")
+    {
+        let port = parsed.port_or_known_default().unwrap_or(80);
+        builder = builder.resolve_to_addrs(
+            "localhost",
+            &[
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+            ],
+        );
+    }
+    builder
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .connect_timeout(connect_timeout)
