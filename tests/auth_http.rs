@@ -736,13 +736,12 @@ fn revoking_by_reload_needs_no_restart_and_spares_running_tasks() {
 
 mod tls {
     use super::*;
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
     use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
-    /// A certificate authority and a server certificate it signed for
-    /// 127.0.0.1, written as PEM files; the CA's certificate for clients.
+    /// The authority's and the server's certificates, as the tests below
+    /// use them.
     fn issue(
         dir: &Path,
         tag: &str,
@@ -752,22 +751,8 @@ mod tls {
         CertificateDer<'static>,
         CertificateDer<'static>,
     ) {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-        let key = KeyPair::generate().unwrap();
-        let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
-        std::fs::write(dir.join(format!("tls.crt.{tag}")), leaf.pem()).unwrap();
-        std::fs::rename(dir.join(format!("tls.crt.{tag}")), &cert_path).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        (cert_path, key_path, ca.der().clone(), leaf.der().clone())
+        let i = common::tls::issue(dir, tag);
+        (i.cert, i.key, i.ca, i.leaf)
     }
 
     /// One request over TLS trusting `ca`; the answer and the certificate

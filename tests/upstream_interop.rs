@@ -398,31 +398,13 @@ fn tenancy_holds_across_the_hop_and_the_callers_token_never_reaches_the_upstream
 
 #[test]
 fn taskgate_over_https_is_an_upstream_with_a_ca_file_and_a_bearer_credential() {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let root = private_dir();
     // The inner taskgate: TLS with a certificate of a test authority, and
     // only bearer credentials admitted.
     let inner = root.path().join("inner");
     std::fs::create_dir_all(&inner).unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    let (cert_path, key_path, ca_path) = (
-        inner.join("tls.crt"),
-        inner.join("tls.key"),
-        root.path().join("inner-ca.pem"),
-    );
-    std::fs::write(&cert_path, leaf.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
-    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let issued = common::tls::issue(&inner, "first");
+    let (cert_path, key_path, ca_path) = (issued.cert, issued.key, issued.ca_pem);
     let outer_secret = secret('u');
     let tokens = inner.join("tokens.toml");
     std::fs::write(

@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod prereq;
 pub mod rss;
 pub mod strace;
+pub mod tls;
 pub mod upstream;
 
 // Not every test binary uses every helper.
