@@ -91,7 +91,6 @@ check_prereqs() {
   # npm may come from elsewhere than Debian (with its own node): only ask
   # apt for it when there is none at all.
   command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"
-  command -v node >/dev/null || apt_need node nodejs "runs the TypeScript SDK's upstream server"
   # The independent FastMCP client is installed from PyPI into a venv;
   # python3 itself (which python3-venv brings) writes the summary.
   python3 -c 'import venv, ensurepip' 2>/dev/null \

