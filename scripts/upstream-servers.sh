@@ -5,6 +5,7 @@
 #   scripts/upstream-servers.sh fastmcp stdio | fastmcp http PORT
 #   scripts/upstream-servers.sh ts stdio      | ts http PORT
 #   scripts/upstream-servers.sh hostile MODE stdio | hostile MODE http PORT
+#   scripts/upstream-servers.sh tasks MODE stdio | tasks MODE http PORT
 #   scripts/upstream-servers.sh install
 #
 # fastmcp runs tests/interop/upstream_fastmcp.py with the FastMCP of
@@ -12,7 +13,9 @@
 # scripts/interop-fastmcp.sh also uses. ts runs tests/interop/upstream_ts.mjs
 # with @modelcontextprotocol/sdk and zod at pinned versions (npm registry),
 # installed under target/upstream-ts. hostile runs
-# tests/interop/upstream_hostile.py, which needs only python3. Each is
+# tests/interop/upstream_hostile.py and tasks runs
+# tests/interop/upstream_tasks.py (a scriptable Tasks-capable server); both
+# need only python3. Each is
 # installed once (a changed pin installs afresh) under a lock, so tests that
 # start at once wait for one install; `install` installs both and exits.
 #
@@ -108,8 +111,12 @@ case "${1:-}" in
     shift
     exec python3 "$root/tests/interop/upstream_hostile.py" "$@"
     ;;
+  tasks)
+    shift
+    exec python3 "$root/tests/interop/upstream_tasks.py" "$@"
+    ;;
   *)
-    echo "usage: $0 install | fastmcp ARGS... | ts ARGS... | hostile MODE ARGS..." >&2
+    echo "usage: $0 install | fastmcp ARGS... | ts ARGS... | hostile MODE ARGS... | tasks MODE ARGS..." >&2
     exit 2
     ;;
 esac
