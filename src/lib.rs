@@ -16,6 +16,7 @@ pub mod http;
 pub mod logging;
 pub mod mcp;
 pub mod parts;
+pub mod route;
 pub mod service;
 pub mod startup;
 pub mod state_dir;

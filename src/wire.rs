@@ -159,6 +159,21 @@ registry! {
     /// not MCP, while the call was in flight.
     UPSTREAM_CONNECTION_LOST = (-32071, "TG_UPSTREAM_CONNECTION_LOST",
         "the connection to the upstream ended (or it sent something that is not MCP) while the call was in flight; its effect there is unknown; the connection is made again");
+    /// Routes or leases at their bound (4,096 in all, 256 unexpired per caller).
+    ROUTE_CAPACITY = (-32072, "TG_TASK_ROUTE_CAPACITY",
+        "taskgate holds as many durable routes or leases as it may (in all, or for this caller); nothing was sent; wait until some expire, then submit again");
+    /// `tasks/update` on a routed task.
+    UPDATE_UNSUPPORTED_DURABLE = (-32073, "TG_TASK_UPDATE_UNSUPPORTED_DURABLE",
+        "a routed task cannot be updated: taskgate keeps no durable record of an update, so it could not tell an unsent update from a lost acknowledgement; cancel it or let it finish");
+    /// A routed task whose outcome at the upstream is unknown.
+    RECONCILIATION_REQUIRED = (-32074, "TG_TASK_RECONCILIATION_REQUIRED",
+        "what the upstream did with this task is unknown (a lost answer, a restart, a changed connection or a reply taskgate could not trust); it was not sent again; check the upstream before submitting anew (the operator sees the reason with taskgate routes show)");
+    /// A submission, lease or describe request taskgate refused.
+    ROUTE_REFUSED = (-32075, "TG_ROUTE_REFUSED",
+        "taskgate refused this durable submission before sending anything; data.check names the rule (schema, lease, capability, effect, bounds, input digest) and the message what to change");
+    /// A routed submission taskgate ended itself without sending it.
+    ROUTE_NOT_DISPATCHED = (-32076, "TG_ROUTE_NOT_DISPATCHED",
+        "taskgate ended this routed task before sending it to the upstream (it stopped, or the upstream's connection changed first); nothing reached the upstream; submit again with a new idempotency key");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");

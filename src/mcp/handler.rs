@@ -25,6 +25,7 @@ use crate::auth::Caller;
 use crate::config::{Effect, TaskMode};
 use crate::tasks::{Call, Delivery, OPERATION_ID_META_KEY, TaskService};
 use crate::tools::ToolSpec;
+use crate::upstream::EXECUTION_META_KEY;
 use crate::wire;
 
 /// One protocol handler: per stdio connection, per legacy HTTP session, or
@@ -218,11 +219,29 @@ impl ServerHandler for Handler {
             operation_id,
             client_cancel: context.ct.clone(),
         };
+        // A router in front of taskgate sends an execution envelope: it is
+        // echoed unchanged with the answer, so that the router can tell this
+        // answer belongs to its submission.
+        let envelope = context.meta.0.get(EXECUTION_META_KEY).cloned();
+        let echo = |meta: Option<rmcp::model::MetaObject>| match &envelope {
+            Some(e) => {
+                let mut m = meta.unwrap_or_default();
+                m.0.insert(EXECUTION_META_KEY.into(), e.clone());
+                Some(m)
+            }
+            None => meta,
+        };
         match self.svc.call(call).await.map_err(convert::error)? {
-            Delivery::Now(result) => convert::tool_result(result).map(CallToolResponse::Complete),
-            Delivery::Task(record) => Ok(CallToolResponse::Task(CreateTaskResult::new(
-                convert::task(&record),
-            ))),
+            Delivery::Now(result) => {
+                let mut result = convert::tool_result(result)?;
+                result.meta = echo(result.meta.take());
+                Ok(CallToolResponse::Complete(result))
+            }
+            Delivery::Task(record) => {
+                let mut created = CreateTaskResult::new(convert::task(&record));
+                created.meta = echo(created.meta.take());
+                Ok(CallToolResponse::Task(created))
+            }
         }
     }
 

@@ -277,6 +277,11 @@ impl Daemon {
                 max_held_polls: (config.server.reserved_control_requests / 2).max(1),
             },
         );
+        svc.attach_router(crate::route::Router::new(
+            serving.store.clone(),
+            upstreams.clone(),
+            config.tasks.poll_interval,
+        ));
         Ok(Daemon {
             reload: Reload::new(options, &config),
             config,

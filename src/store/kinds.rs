@@ -92,6 +92,7 @@ macro_rules! kinds {
 
 kinds! {
     tasks: super::tasks::Tasks,
+    routes: super::routes::Routes,
 }
 
 impl Kinds {

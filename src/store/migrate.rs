@@ -12,7 +12,7 @@
 
 use rusqlite::Connection;
 
-use super::tasks;
+use super::{routes, tasks};
 
 /// One schema change.
 pub(super) struct Step {
@@ -34,6 +34,11 @@ pub(super) const STEPS: &[Step] = &[
         version: 2,
         what: "tasks may wait on an approval proposal",
         apply: tasks::add_proposal,
+    },
+    Step {
+        version: 3,
+        what: "durable routes to upstream tasks, and their leases",
+        apply: routes::create_tables,
     },
 ];
 

@@ -23,6 +23,7 @@ mod engine;
 mod kinds;
 mod migrate;
 mod open;
+mod routes;
 mod tasks;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,11 @@ use engine::{Command, Envelope};
 pub use clock::{Clock, ManualClock};
 pub use migrate::SCHEMA_VERSION;
 pub use open::{CheckReport, OpenReport, check_identified, check_read_only};
+pub use routes::{
+    Advanced, Decider, LeaseRecord, MAX_LEASES, MAX_LEASES_PER_OWNER, MAX_ROUTES, MAX_ROUTES_PER_OWNER,
+    NewRoute, Prepared, ROUTE_SWEEP_ON_SUBMIT, RouteChange, RouteCounts, RouteId, RoutePhase,
+    RouteRecord,
+};
 pub use tasks::{Created, ErrorBody, NewTask, Outcome, TaskId, TaskRecord, TaskStatus};
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
@@ -180,6 +186,8 @@ pub enum StoreError {
     Uncertain { detail: String },
     #[error("operation reference reused with a different request")]
     Conflict,
+    #[error("{}", route_capacity(*limit, *per_caller))]
+    RouteCapacity { limit: u64, per_caller: bool },
     #[error("payload of {size} bytes exceeds the {limit}-byte record limit")]
     PayloadTooLarge { size: usize, limit: usize },
     #[error("invalid task parameters: {0}")]
@@ -191,6 +199,14 @@ pub enum StoreError {
 }
 
 /// Errors that refuse opening the store (startup steps 4–7).
+fn route_capacity(limit: u64, per_caller: bool) -> String {
+    if per_caller {
+        format!("this caller already holds {limit} unexpired routes or leases; wait until some expire")
+    } else {
+        format!("{limit} route or lease records are held in all; wait until some expire")
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum OpenError {
     #[error(

@@ -44,6 +44,12 @@ impl TaskId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The public task a durable route is: its ID is the route's, so the
+    /// protocol layer shows a route as it shows any task.
+    pub fn of_route(route: &super::RouteId) -> TaskId {
+        TaskId(route.as_str().to_string())
+    }
 }
 
 impl std::fmt::Display for TaskId {

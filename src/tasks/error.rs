@@ -80,6 +80,9 @@ pub enum TaskError {
     /// A stored or encoded result could not be turned into a reply.
     #[error("{0}")]
     Internal(String),
+    /// A durable route's refusal (it knows its own code).
+    #[error("{0}")]
+    Route(crate::route::RouteError),
 }
 
 impl TaskError {
@@ -104,6 +107,7 @@ impl TaskError {
             TaskError::Store(e) | TaskError::StoreUnsettled(e) => match e {
                 StoreError::Busy { .. } => wire::STORE_BUSY,
                 StoreError::Capacity(_) => wire::STORE_CAPACITY,
+                StoreError::RouteCapacity { .. } => wire::ROUTE_CAPACITY,
                 StoreError::Disabled { .. }
                 | StoreError::Uncertain { .. }
                 | StoreError::Stopped => wire::STORE_UNAVAILABLE,
@@ -111,6 +115,7 @@ impl TaskError {
             },
             TaskError::Run { code, .. } => *code,
             TaskError::Internal(_) => wire::INTERNAL,
+            TaskError::Route(e) => e.wire(),
         }
     }
 
@@ -124,6 +129,7 @@ impl TaskError {
             TaskError::StoreUnsettled(
                 StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped,
             ) => "the task store is unavailable; nothing was run: retry with the same operation ID once it is back".into(),
+            TaskError::Route(e) => e.message(),
             other => other.to_string(),
         }
     }
@@ -142,6 +148,7 @@ impl TaskError {
                 "requiredCapabilities": {"extensions": {super::TASKS_EXTENSION: {}}}
             })),
             TaskError::Run { data, .. } => data.clone(),
+            TaskError::Route(e) => e.data(),
             _ => None,
         }
     }

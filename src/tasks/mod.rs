@@ -43,6 +43,7 @@ use crate::store::{
     CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId,
     TaskRecord, TaskStatus,
 };
+use crate::route::{self, MetaAnswer, Router};
 use crate::tools::{Lookup, Registry, RunError, Runner, ToolSpec};
 
 pub use artifact_read::ARTIFACT_READ_TOOL;
@@ -311,6 +312,8 @@ pub struct TaskService {
     fallbacks: [AtomicU64; 4],
     /// Wakes the status line when a fallback was counted.
     fallback_noted: Notify,
+    /// Durable routes to upstream tasks, once the daemon attached them.
+    router: std::sync::OnceLock<Arc<Router>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -352,7 +355,18 @@ impl TaskService {
             runs_started: AtomicU64::new(0),
             fallbacks: Default::default(),
             fallback_noted: Notify::new(),
+            router: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Serves durable routes (the meta-tools and `tgr-` task IDs) through
+    /// `router` from now on; a second router is ignored.
+    pub fn attach_router(&self, router: Arc<Router>) {
+        let _ = self.router.set(router);
+    }
+
+    pub fn router(&self) -> Option<&Arc<Router>> {
+        self.router.get()
     }
 
     pub fn store(&self) -> &Store {
@@ -384,6 +398,9 @@ impl TaskService {
     pub fn specs(&self) -> Vec<ToolSpec> {
         let mut specs: Vec<ToolSpec> = self.live().tools.specs();
         specs.push(artifact_read::spec());
+        if let Some(router) = self.router() {
+            specs.extend(router.specs());
+        }
         specs
     }
 
@@ -484,6 +501,18 @@ impl TaskService {
         let _in_flight = self.tracker.token();
         if self.is_stopping() {
             return Err(TaskError::Stopping);
+        }
+        if route::is_meta_tool(&call.tool)
+            && let Some(router) = self.router()
+        {
+            return match router
+                .call(&call.tool, call.arguments, &call.caller, owner, call.negotiated)
+                .await
+                .map_err(TaskError::Route)?
+            {
+                MetaAnswer::Result(v) => Ok(Delivery::Now(v)),
+                MetaAnswer::Task(record) => Ok(Delivery::Task(record)),
+            };
         }
         self.authorize(&call.caller, Operation::Call { tool: &call.tool })?;
         if call.tool == ARTIFACT_READ_TOOL {
@@ -814,6 +843,16 @@ impl TaskService {
     pub async fn get(&self, id: &str, caller: &Caller) -> Result<TaskRecord, TaskError> {
         let owner = owner_of(caller);
         let span = tracing::debug_span!("poll", task = id, owner = %owner_tag(&owner));
+        if route::is_route_id(id) {
+            return match self.router() {
+                Some(router) => router
+                    .get(id, caller, &owner)
+                    .instrument(span)
+                    .await
+                    .map_err(TaskError::Route),
+                None => Err(TaskError::UnknownTask),
+            };
+        }
         self.authorize(caller, Operation::Get)?;
         self.poll(id, owner).instrument(span).await
     }
@@ -864,6 +903,16 @@ impl TaskService {
     pub async fn cancel(&self, id: &str, caller: &Caller) -> Result<(), TaskError> {
         let owner = owner_of(caller);
         let span = tracing::info_span!("cancel", task = id, owner = %owner_tag(&owner));
+        if route::is_route_id(id) {
+            return match self.router() {
+                Some(router) => router
+                    .cancel(id, caller, &owner)
+                    .instrument(span)
+                    .await
+                    .map_err(TaskError::Route),
+                None => Err(TaskError::UnknownTask),
+            };
+        }
         self.authorize(caller, Operation::Cancel)?;
         self.cancel_owned(id, owner).instrument(span).await
     }
@@ -902,6 +951,15 @@ impl TaskService {
     /// `tasks/update`: input is never requested, so nothing is retained;
     /// ownership is checked and the update acknowledged.
     pub async fn update(&self, id: &str, caller: &Caller) -> Result<(), TaskError> {
+        if route::is_route_id(id) {
+            return match self.router() {
+                Some(router) => router
+                    .update(id, caller, &owner_of(caller))
+                    .await
+                    .map_err(TaskError::Route),
+                None => Err(TaskError::UnknownTask),
+            };
+        }
         self.authorize(caller, Operation::Update)?;
         self.owned(id, &owner_of(caller)).await.map(|_| ())
     }
@@ -927,7 +985,12 @@ impl TaskService {
                 "stopping {count} background tasks; they end failed (interrupted)"
             );
         }
-        if tokio::time::timeout(limit, self.tracker.wait())
+        let routes = async {
+            if let Some(router) = self.router() {
+                router.finish().await;
+            }
+        };
+        if tokio::time::timeout(limit, async { tokio::join!(self.tracker.wait(), routes) })
             .await
             .is_err()
         {

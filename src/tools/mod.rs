@@ -36,8 +36,14 @@ pub use command::CommandTool;
 /// task record (served by `tasks`, which knows artifacts and owners).
 pub const ARTIFACT_READ: &str = "artifact_read";
 
-/// The names the daemon's own tools take, which no `[[tool]]` may declare.
-pub const RESERVED_TOOL_NAMES: &[&str] = &[ARTIFACT_READ];
+/// The names the daemon's own tools take, which no `[[tool]]` may declare:
+/// `artifact_read` and the durable route's meta-tools (served by `route`).
+pub const RESERVED_TOOL_NAMES: &[&str] = &[
+    ARTIFACT_READ,
+    "taskgate_describe",
+    "taskgate_lease",
+    "taskgate_submit",
+];
 
 /// What `tools/list` shows of a tool, and how the task layer treats it.
 #[derive(Debug, Clone, PartialEq)]

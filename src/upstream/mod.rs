@@ -14,6 +14,7 @@
 
 pub mod diff;
 pub mod digest;
+mod durable;
 pub mod pins;
 mod source;
 mod tool;
@@ -48,6 +49,9 @@ pub fn check_credentials(configs: &[UpstreamConfig]) -> Result<(), crate::auth::
     }
     Ok(())
 }
+pub use durable::{
+    Answer, EXECUTION_META_KEY, Failure, PollFailure, ROUTABLE_PROTOCOL, RemoteTask, Routable,
+};
 pub use source::State;
 pub use tool::PinState;
 

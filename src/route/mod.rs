@@ -1,0 +1,976 @@
+//! Durable routes: one bounded submission to a Tasks-capable upstream,
+//! recoverable by its public task ID after a lost answer or a restart, and
+//! never sent twice.
+//!
+//! The meta-tools (`taskgate_describe`, `taskgate_lease`, `taskgate_submit`)
+//! and `tasks/get`, `tasks/cancel`, `tasks/update` for a route's public ID
+//! (`tgr-…`) are answered here. A submission is checked whole (shape,
+//! bounds, input digest, lease, capability, schema digest, effect, scopes)
+//! before anything is stored; then every step is committed before the step
+//! that depends on it: the route and its binding (prepared), the session it
+//! goes out on (dispatching), the upstream's task ID (routed, written
+//! once). An answer taskgate cannot trust, or none at all, leaves the route
+//! in reconciliation: it is never sent again. A route is polled upstream
+//! only on the exact session it was dispatched on.
+//!
+//! This module knows the store's routes, the upstreams' sessions and the
+//! caller's identity digest; it knows nothing of the protocol library.
+
+mod error;
+mod lease;
+mod submission;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{self, Caller};
+use crate::config::{Effect, TaskMode};
+use crate::store::{
+    Advanced, Decider, Digest, ErrorBody, LeaseRecord, NewRoute, Outcome, Prepared, RouteChange,
+    RouteId, RoutePhase, RouteRecord, Store, TaskId, TaskRecord, TaskStatus,
+};
+use crate::tools::{Shown, ToolSpec};
+use crate::upstream::{Answer, Failure, PollFailure, Routable, Upstreams};
+use crate::wire;
+
+pub use error::{Check, RouteError};
+pub use lease::{DEFAULT_LEASE_MS, LEASE_PREFIX, Lease, MAX_LEASE_MS};
+pub use submission::{
+    CONSERVATIVE_EFFECT, MAX_ARTIFACT_BYTES, MAX_IO_BYTES, MAX_RETENTION_MS, MAX_RUNTIME_MS,
+    SUBMISSION_SCHEMA, Submission, input_digest,
+};
+
+pub const DESCRIBE_TOOL: &str = "taskgate_describe";
+pub const LEASE_TOOL: &str = "taskgate_lease";
+pub const SUBMIT_TOOL: &str = "taskgate_submit";
+
+/// The `_meta` key of a routed result's route metadata.
+pub const ROUTE_META_KEY: &str = "dev.taskgate/route";
+
+/// The longest a submission waits for the upstream's answer, whatever the
+/// upstream's `request_timeout_secs` says.
+pub const MAX_DISPATCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a poll or a cancel waits for the upstream.
+pub const MAX_POLL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Cancels forwarded for one route: the first, and one retry at a later poll.
+pub const MAX_CANCEL_ATTEMPTS: i64 = 2;
+/// Longest upstream status message passed on.
+const MAX_STATUS_MESSAGE: usize = 256;
+
+/// Whether a tool name is one of the route's meta-tools.
+pub fn is_meta_tool(name: &str) -> bool {
+    matches!(name, DESCRIBE_TOOL | LEASE_TOOL | SUBMIT_TOOL)
+}
+
+/// Whether a task ID is a route's.
+pub fn is_route_id(id: &str) -> bool {
+    id.starts_with(RouteId::PREFIX)
+}
+
+/// What a meta-tool call gives back.
+#[derive(Debug)]
+pub enum MetaAnswer {
+    /// A tool result (the JSON shape of `CallToolResult`).
+    Result(Value),
+    /// The route's public task.
+    Task(TaskRecord),
+}
+
+pub struct Router {
+    store: Store,
+    upstreams: Arc<Upstreams>,
+    /// This coordinator instance: minted at each start, recorded with each
+    /// dispatch.
+    coordinator: String,
+    poll_interval: Duration,
+    /// When each route was last asked of its upstream, so that an eager
+    /// caller does not turn into an eager poller upstream (bounded by the
+    /// route limit).
+    polled: Mutex<HashMap<RouteId, i64>>,
+    /// Dispatches in flight: they finish even when the caller goes away.
+    dispatches: TaskTracker,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn random_hex() -> Result<String, RouteError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| RouteError::Internal(format!("random source: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn cut(text: &str, max: usize) -> String {
+    let mut s = text.to_string();
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
+    s
+}
+
+fn text_result(value: Value) -> Value {
+    json!({
+        "content": [{"type": "text", "text": value.to_string()}],
+        "structuredContent": value,
+        "isError": false,
+    })
+}
+
+fn error_outcome(code: wire::WireCode, message: String, extra: Option<Value>) -> Outcome {
+    Outcome::Error(ErrorBody {
+        code: code.code,
+        message,
+        data: Some(match extra {
+            Some(e) => code.data_with(e),
+            None => code.data(),
+        }),
+    })
+}
+
+impl Router {
+    pub fn new(store: Store, upstreams: Arc<Upstreams>, poll_interval: Duration) -> Arc<Router> {
+        Arc::new(Router {
+            store,
+            upstreams,
+            coordinator: random_hex().unwrap_or_else(|_| "unrandom".into()),
+            poll_interval,
+            polled: Mutex::new(HashMap::new()),
+            dispatches: TaskTracker::new(),
+        })
+    }
+
+    fn now(&self) -> i64 {
+        self.store.clock().now_ms()
+    }
+
+    /// The meta-tools, listed while at least one capability is routable.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        if self.upstreams.routable().is_empty() {
+            return Vec::new();
+        }
+        let spec = |name: &str, description: &str, schema: Value, effect, task| ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema: schema,
+            effect,
+            task,
+            shown: Shown::default(),
+        };
+        vec![
+            spec(
+                DESCRIBE_TOOL,
+                "Lists the upstream capabilities a durable task may be submitted to now: each with its schemaDigest (copy it into providerInterfaceVersion), its descriptive effect and the task ceiling.",
+                json!({"type": "object", "properties": {"upstream": {"type": "string"}}, "additionalProperties": false}),
+                Effect::ReadOnly,
+                TaskMode::Never,
+            ),
+            spec(
+                LEASE_TOOL,
+                "Leases exact capabilities for durable submission: name them and list effects that include each one's effect and non_idempotent_write. The lease expires at an absolute Unix-millisecond time.",
+                json!({"type": "object", "required": ["capabilities", "effects"], "properties": {
+                    "capabilities": {"type": "array", "items": {"type": "string"}},
+                    "effects": {"type": "array", "items": {"type": "string"}},
+                    "ttlMs": {"type": "integer", "minimum": 1}
+                }, "additionalProperties": false}),
+                Effect::ReadOnly,
+                TaskMode::Never,
+            ),
+            spec(
+                SUBMIT_TOOL,
+                "Submits one bounded operation to a leased upstream capability as a durable task (taskgate.task-submission/1). Poll tasks/get with the returned task ID; the same idempotencyKey and submission return the same task and never send it twice.",
+                json!({"type": "object", "required": ["submission", "arguments"], "properties": {
+                    "submission": {"type": "object"},
+                    "arguments": {"type": "object"}
+                }, "additionalProperties": false}),
+                Effect::NonIdempotentWrite,
+                TaskMode::Required,
+            ),
+        ]
+    }
+
+    /// Runs a meta-tool for `caller` (whose stored identity is `owner`).
+    pub async fn call(
+        self: &Arc<Self>,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+        caller: &Caller,
+        owner: Digest,
+        negotiated: bool,
+    ) -> Result<MetaAnswer, RouteError> {
+        authorize(caller, &[auth::SCOPE_TOOLS_CALL])?;
+        let args = Value::Object(arguments.unwrap_or_default());
+        match tool {
+            DESCRIBE_TOOL => self.describe(&args).map(MetaAnswer::Result),
+            LEASE_TOOL => self.lease(&args, owner).await.map(MetaAnswer::Result),
+            SUBMIT_TOOL => {
+                if !negotiated {
+                    return Err(RouteError::TasksRequired);
+                }
+                self.submit(&args, caller, owner).await.map(MetaAnswer::Task)
+            }
+            other => Err(RouteError::Internal(format!("{other} is not a meta-tool"))),
+        }
+    }
+
+    fn describe(&self, args: &Value) -> Result<Value, RouteError> {
+        let only = match args.get("upstream") {
+            None => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                return Err(RouteError::refused(
+                    Check::Schema,
+                    "taskgate_describe takes {\"upstream\": \"ALIAS\"} or nothing",
+                ));
+            }
+        };
+        if let Some(extra) = args
+            .as_object()
+            .and_then(|o| o.keys().find(|k| *k != "upstream"))
+        {
+            return Err(RouteError::refused(
+                Check::Schema,
+                format!("taskgate_describe has no argument {extra:?}"),
+            ));
+        }
+        let capabilities: Vec<Value> = self
+            .upstreams
+            .routable()
+            .iter()
+            .filter(|r| only.as_ref().is_none_or(|u| &r.upstream == u))
+            .map(lease::described)
+            .collect();
+        Ok(text_result(json!({
+            "submissionSchema": SUBMISSION_SCHEMA,
+            "capabilities": capabilities,
+        })))
+    }
+
+    async fn lease(&self, args: &Value, owner: Digest) -> Result<Value, RouteError> {
+        let request = lease::LeaseRequest::parse(args)?;
+        let mut found = Vec::new();
+        for name in &request.capabilities {
+            found.push(
+                self.upstreams
+                    .routable_named(name)
+                    .map_err(|why| RouteError::refused(Check::Capability, why))?,
+            );
+        }
+        let id = format!("{LEASE_PREFIX}{}", random_hex()?);
+        let lease = request.grant(&found, id, self.now())?;
+        let body = serde_json::to_value(&lease)
+            .map_err(|e| RouteError::Internal(format!("encoding a lease: {e}")))?;
+        self.store
+            .create_lease(LeaseRecord {
+                id: lease.lease_id.clone(),
+                owner,
+                body: submission::canonical(&body),
+                expires_ms: lease.expires_at_unix_ms,
+            })
+            .await?;
+        Ok(text_result(body))
+    }
+
+    async fn submit(
+        self: &Arc<Self>,
+        args: &Value,
+        caller: &Caller,
+        owner: Digest,
+    ) -> Result<TaskRecord, RouteError> {
+        let submission = Submission::parse(args.get("submission"))?;
+        let arguments = match args.get("arguments") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => {
+                return Err(RouteError::refused(
+                    Check::Schema,
+                    "taskgate_submit needs an \"arguments\" object: the capability's arguments",
+                ));
+            }
+        };
+        let now = self.now();
+        submission.check(&arguments, now)?;
+        let stored = self
+            .store
+            .get_lease(&submission.lease_id, &owner)
+            .await?
+            .ok_or_else(|| {
+                RouteError::refused(
+                    Check::Lease,
+                    format!(
+                        "lease {} is unknown or expired; take a new one with taskgate_lease",
+                        submission.lease_id
+                    ),
+                )
+            })?;
+        let lease: Lease = serde_json::from_slice(&stored.body)
+            .map_err(|e| RouteError::Internal(format!("a stored lease does not decode: {e}")))?;
+        let routable = self
+            .upstreams
+            .routable_named(&submission.capability)
+            .map_err(|why| RouteError::refused(Check::Capability, why))?;
+        if submission.provider_interface_version != routable.schema_digest {
+            return Err(RouteError::refused(
+                Check::ProviderInterface,
+                format!(
+                    "providerInterfaceVersion is not the schema digest of {} now ({}); describe it again, review the change and lease it anew",
+                    routable.name, routable.schema_digest
+                ),
+            ));
+        }
+        lease.covers(&routable, &submission.provider_interface_version)?;
+        let mut scopes = vec![auth::SCOPE_EFFECT_NON_IDEMPOTENT_WRITE];
+        if routable.effect == Effect::IdempotentWrite {
+            scopes.push(auth::SCOPE_EFFECT_IDEMPOTENT_WRITE);
+        }
+        authorize(caller, &scopes)?;
+        let validator = jsonschema::validator_for(&routable.input_schema).map_err(|_| {
+            RouteError::refused(
+                Check::Capability,
+                format!("{}'s input schema is not usable", routable.name),
+            )
+        })?;
+        if let Some(e) = validator.iter_errors(&Value::Object(arguments.clone())).next() {
+            return Err(RouteError::refused(
+                Check::Arguments,
+                format!(
+                    "the arguments do not fit {}'s input schema at {:?}: {}",
+                    routable.name,
+                    e.instance_path().to_string(),
+                    cut(&e.to_string(), 256)
+                ),
+            ));
+        }
+        let source = Digest(routable.source_digest);
+        let binding = submission.binding(&routable.upstream, &routable.remote, &source);
+        let binding_bytes = submission::canonical(&binding);
+        let request = submission::request_digest(&routable.remote, &arguments);
+        let prepared = self
+            .store
+            .prepare_route(NewRoute {
+                owner,
+                idempotency: Digest::of_parts(&[
+                    b"taskgate-idempotency",
+                    submission.idempotency_key.as_bytes(),
+                ]),
+                binding: binding_bytes,
+                request_digest: request,
+                upstream: routable.upstream.clone(),
+                capability: routable.name.clone(),
+                schema_digest: routable.schema_digest.clone(),
+                source_digest: source,
+                deadline_ms: submission.deadline_unix_ms,
+                expires_ms: now.saturating_add(submission.retention_ms as i64),
+                poll_interval_ms: self.poll_interval.as_millis().max(1) as i64,
+            })
+            .await?;
+        let record = match prepared {
+            // The same submission again: its task, and nothing is sent.
+            Prepared::Existing(record) => return Ok(self.view(&record)),
+            Prepared::New(record) => record,
+        };
+        tracing::info!(route = %record.id, upstream = %record.upstream, capability = %record.capability, "route {} prepared for {}", record.id, record.capability);
+        // The dispatch runs on its own task: a caller who goes away does not
+        // stop it between two of its commits.
+        let router = self.clone();
+        let handle = self.dispatches.spawn(async move {
+            router.dispatch(record, routable, arguments, binding).await
+        });
+        match handle.await {
+            Ok(r) => r,
+            Err(e) => Err(RouteError::Internal(format!("a dispatch failed: {e}"))),
+        }
+    }
+
+    /// Sends a prepared route once, and commits what came of it.
+    async fn dispatch(
+        &self,
+        record: RouteRecord,
+        bound: Routable,
+        arguments: Map<String, Value>,
+        binding: Value,
+    ) -> Result<TaskRecord, RouteError> {
+        let id = record.id.clone();
+        // What the upstream offers may have changed since the checks: then
+        // nothing is sent.
+        let current = match self.upstreams.routable_named(&record.capability) {
+            Ok(r) if r.source_digest == bound.source_digest => r,
+            Ok(_) => {
+                return self
+                    .not_dispatched(&id, "the upstream's configuration or the capability changed before the submission was sent".into())
+                    .await;
+            }
+            Err(why) => return self.not_dispatched(&id, why).await,
+        };
+        let dispatching = self
+            .store
+            .advance_route(
+                &id,
+                &[RoutePhase::Prepared],
+                RouteChange::Dispatching {
+                    coordinator: self.coordinator.clone(),
+                    session: current.session.clone(),
+                },
+            )
+            .await?;
+        if !matches!(dispatching, Advanced::Changed(_)) {
+            return self.current_view(&id).await;
+        }
+        let envelope = json!({
+            "publicTaskId": id.as_str(),
+            "requestDigest": record.request_digest.to_hex(),
+            "bindingDigest": record.binding_digest.to_hex(),
+            "binding": binding,
+        });
+        let timeout = MAX_DISPATCH_TIMEOUT.min(current.timeout);
+        let answer = self
+            .upstreams
+            .submit(&current, arguments, envelope.clone(), timeout)
+            .await;
+        let from = [RoutePhase::Dispatching, RoutePhase::CancelRequested];
+        let change = match answer {
+            Err(Failure::NotSent(why)) => {
+                return self.not_dispatched(&id, why).await;
+            }
+            Err(Failure::Unknown(why)) => RouteChange::Reconcile {
+                reason: format!("the submission was sent and its answer is unknown: {why}"),
+            },
+            Ok(Answer::Task {
+                id: upstream_id,
+                poll_interval_ms,
+                echo,
+                ..
+            }) => match echo_problem(echo.as_ref(), &envelope) {
+                Some(problem) => RouteChange::Reconcile {
+                    reason: format!(
+                        "the upstream created task {:?} but {problem}",
+                        cut(&upstream_id, 128)
+                    ),
+                },
+                None if upstream_id.is_empty() || upstream_id.len() > 256 => {
+                    RouteChange::Reconcile {
+                        reason: "the upstream answered with an unusable task ID".into(),
+                    }
+                }
+                None => RouteChange::Routed {
+                    upstream_task_id: upstream_id,
+                    poll_interval_ms: poll_interval_ms.unwrap_or(0).min(60_000) as i64,
+                },
+            },
+            Ok(Answer::Result { value, echo, bytes }) => match echo_problem(echo.as_ref(), &envelope)
+            {
+                Some(problem) => RouteChange::Reconcile {
+                    reason: format!("the upstream answered at once but {problem}"),
+                },
+                None => self.completed(&record, value, bytes as u64, None),
+            },
+            Ok(Answer::Error { code, message }) => RouteChange::Terminal {
+                status: TaskStatus::Failed,
+                outcome: Some(error_outcome(
+                    wire::UPSTREAM_ERROR,
+                    format!("upstream {} refused the submission: {message}", record.upstream),
+                    Some(json!({"upstreamCode": code, "upstreamMessage": message})),
+                )),
+                decider: Decider::Provider,
+                reason: Some("the upstream refused the submission".into()),
+            },
+        };
+        if let RouteChange::Reconcile { reason } = &change {
+            tracing::warn!(route = %id, upstream = %record.upstream, "route {id} needs reconciliation: {reason}");
+        }
+        self.store.advance_route(&id, &from, change).await?;
+        self.current_view(&id).await
+    }
+
+    /// The route ends as taskgate's own refusal: nothing was sent.
+    async fn not_dispatched(&self, id: &RouteId, why: String) -> Result<TaskRecord, RouteError> {
+        let change = RouteChange::Terminal {
+            status: TaskStatus::Failed,
+            outcome: Some(error_outcome(
+                wire::ROUTE_NOT_DISPATCHED,
+                format!("the submission was not sent: {why}"),
+                Some(json!({"sent": false})),
+            )),
+            decider: Decider::Broker,
+            reason: Some(format!("not dispatched: {why}")),
+        };
+        self.store
+            .advance_route(id, &[RoutePhase::Prepared, RoutePhase::Dispatching], change)
+            .await?;
+        self.current_view(id).await
+    }
+
+    /// A provider's result, accepted when it fits the declared output bound.
+    fn completed(
+        &self,
+        record: &RouteRecord,
+        mut value: Value,
+        bytes: u64,
+        upstream_id: Option<&str>,
+    ) -> RouteChange {
+        let binding = record.binding_json();
+        let limit = binding["limits"]["outputBytes"]
+            .as_u64()
+            .unwrap_or(MAX_IO_BYTES)
+            .min(MAX_IO_BYTES);
+        if bytes > limit {
+            return RouteChange::Terminal {
+                status: TaskStatus::Failed,
+                outcome: Some(error_outcome(
+                    wire::UPSTREAM_RESPONSE_TOO_LARGE,
+                    format!(
+                        "the upstream completed the task with {bytes} bytes of output, more than the {limit} the submission declared (limits.outputBytes); the output was not accepted"
+                    ),
+                    Some(json!({"providerCompleted": true, "accepted": false})),
+                )),
+                decider: Decider::Broker,
+                reason: Some("the provider's output exceeded the declared bound".into()),
+            };
+        }
+        if let Some(o) = value.as_object_mut() {
+            o.insert(
+                "_meta".into(),
+                json!({ROUTE_META_KEY: {
+                    "publicTaskId": record.id.as_str(),
+                    "upstream": record.upstream,
+                    "capability": record.capability,
+                    "upstreamTaskId": upstream_id,
+                    "providerCompleted": true,
+                    "policyAccepted": Value::Null,
+                    "verified": false,
+                    "acceptancePolicyDigest": binding["acceptancePolicyDigest"],
+                    "artifactScopeDigest": binding["artifactScopeDigest"],
+                }}),
+            );
+        }
+        RouteChange::Terminal {
+            status: TaskStatus::Completed,
+            outcome: Some(Outcome::Result(value)),
+            decider: Decider::Provider,
+            reason: None,
+        }
+    }
+
+    async fn current_view(&self, id: &RouteId) -> Result<TaskRecord, RouteError> {
+        match self.store.route(id).await? {
+            Some(r) => Ok(self.view(&r)),
+            None => Err(RouteError::UnknownTask),
+        }
+    }
+
+    /// The route as the caller's task.
+    fn view(&self, r: &RouteRecord) -> TaskRecord {
+        let (status, message, outcome) = match r.phase {
+            RoutePhase::Terminal => (
+                r.status.unwrap_or(TaskStatus::Failed),
+                r.reason.clone(),
+                r.outcome.clone(),
+            ),
+            RoutePhase::Prepared => (
+                TaskStatus::Working,
+                Some(format!("submitted; not yet sent to upstream {}", r.upstream)),
+                None,
+            ),
+            RoutePhase::Dispatching => (
+                TaskStatus::Working,
+                Some(format!("being sent to upstream {}", r.upstream)),
+                None,
+            ),
+            RoutePhase::Routed => (
+                TaskStatus::Working,
+                Some(format!("running at upstream {}", r.upstream)),
+                None,
+            ),
+            RoutePhase::CancelRequested => (
+                TaskStatus::Working,
+                Some(format!(
+                    "cancel requested ({}); waiting for upstream {} to confirm",
+                    r.cancel_reason.as_deref().unwrap_or("by the caller"),
+                    r.upstream
+                )),
+                None,
+            ),
+            RoutePhase::ReconciliationRequired => {
+                let reason = r.reason.clone().unwrap_or_default();
+                (
+                    TaskStatus::Failed,
+                    Some("reconciliation required: the upstream's outcome is unknown; not sent again".into()),
+                    Some(error_outcome(
+                        wire::RECONCILIATION_REQUIRED,
+                        format!(
+                            "what upstream {} did with this task is unknown ({reason}); it was not sent again",
+                            r.upstream
+                        ),
+                        Some(json!({"phase": r.phase.as_str(), "upstream": r.upstream})),
+                    )),
+                )
+            }
+        };
+        TaskRecord {
+            id: TaskId::of_route(&r.id),
+            status,
+            status_message: message,
+            created_ms: r.created_ms,
+            updated_ms: r.updated_ms,
+            expires_ms: r.expires_ms,
+            poll_interval_ms: r.poll_interval_ms,
+            outcome,
+            cancel_requested: r.phase == RoutePhase::CancelRequested,
+        }
+    }
+
+    async fn owned(&self, id: &str, owner: &Digest) -> Result<RouteRecord, RouteError> {
+        let id = RouteId::parse(id).ok_or(RouteError::UnknownTask)?;
+        self.store
+            .get_route(&id, owner)
+            .await?
+            .ok_or(RouteError::UnknownTask)
+    }
+
+    /// Whether the route may be asked of its upstream now: its upstream task
+    /// is known and its session is the upstream's current one. `Err` is the
+    /// reason it never may again.
+    fn reachable(&self, r: &RouteRecord) -> Result<Option<Routable>, String> {
+        let (Some(_), Some(session)) = (&r.upstream_task_id, &r.session) else {
+            return Ok(None);
+        };
+        match self.upstreams.routable_named(&r.capability) {
+            Ok(now) if &now.session != session => Err(
+                "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into(),
+            ),
+            Ok(now) if now.source_digest != r.source_digest.0 => Err(
+                "the upstream's configuration or the capability changed since dispatch".into(),
+            ),
+            Ok(now) => Ok(Some(now)),
+            Err(why) if self.upstreams.session_is(&r.upstream, session) => Err(format!(
+                "the capability cannot be routed any more: {why}"
+            )),
+            Err(_) => Err(
+                "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into(),
+            ),
+        }
+    }
+
+    async fn reconcile(&self, r: &RouteRecord, reason: String) -> Result<TaskRecord, RouteError> {
+        tracing::warn!(route = %r.id, upstream = %r.upstream, "route {} needs reconciliation: {reason}", r.id);
+        self.store
+            .advance_route(
+                &r.id,
+                &[
+                    RoutePhase::Routed,
+                    RoutePhase::CancelRequested,
+                    RoutePhase::ReconciliationRequired,
+                ],
+                RouteChange::Reconcile { reason },
+            )
+            .await?;
+        self.current_view(&r.id).await
+    }
+
+    /// `tasks/get` for a route.
+    pub async fn get(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<TaskRecord, RouteError> {
+        authorize(caller, &[auth::SCOPE_TASKS_READ])?;
+        let r = self.owned(id, owner).await?;
+        if !matches!(
+            r.phase,
+            RoutePhase::Routed | RoutePhase::CancelRequested | RoutePhase::ReconciliationRequired
+        ) {
+            return Ok(self.view(&r));
+        }
+        let routable = match self.reachable(&r) {
+            Ok(Some(now)) => now,
+            Ok(None) => return Ok(self.view(&r)),
+            Err(reason) if r.phase == RoutePhase::ReconciliationRequired => {
+                let _ = reason;
+                return Ok(self.view(&r));
+            }
+            Err(reason) => return self.reconcile(&r, reason).await,
+        };
+        let now = self.now();
+        // An eager poller is answered from the store: the upstream is asked
+        // about once per poll interval.
+        {
+            let mut polled = lock(&self.polled);
+            if let Some(last) = polled.get(&r.id)
+                && now < last + r.poll_interval_ms
+            {
+                return Ok(self.view(&r));
+            }
+            if polled.len() >= crate::store::MAX_ROUTES as usize {
+                polled.clear();
+            }
+            polled.insert(r.id.clone(), now);
+        }
+        let upstream_id = r.upstream_task_id.clone().unwrap_or_default();
+        let session = r.session.clone().unwrap_or_default();
+        let timeout = MAX_POLL_TIMEOUT.min(routable.timeout);
+        // Past the deadline the task is cancelled (intent first), once.
+        let mut r = r;
+        if now >= r.deadline_ms && r.phase == RoutePhase::Routed {
+            if let Advanced::Changed(after) = self
+                .store
+                .advance_route(
+                    &r.id,
+                    &[RoutePhase::Routed],
+                    RouteChange::CancelRequested {
+                        reason: "the submission's deadline passed".into(),
+                    },
+                )
+                .await?
+            {
+                r = after;
+            }
+        }
+        if r.phase == RoutePhase::CancelRequested
+            && !r.cancel_acknowledged
+            && r.cancel_attempts < MAX_CANCEL_ATTEMPTS
+        {
+            self.forward_cancel(&r, &routable, timeout).await?;
+        }
+        match self
+            .upstreams
+            .get_task(&r.upstream, &session, &upstream_id, timeout)
+            .await
+        {
+            Err(PollFailure::SessionChanged) => {
+                self.reconcile(&r, "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into()).await
+            }
+            Err(PollFailure::Error { code, message }) => {
+                self.reconcile(
+                    &r,
+                    format!(
+                        "the upstream answered tasks/get for its task with an error ({code}: {})",
+                        cut(&message, 200)
+                    ),
+                )
+                .await
+            }
+            Err(PollFailure::Failed(f)) => {
+                let why = match f {
+                    Failure::NotSent(w) | Failure::Unknown(w) => w,
+                };
+                let mut view = self.view(&r);
+                view.status_message = Some(format!(
+                    "{}; the last poll of the upstream failed: {}",
+                    view.status_message.unwrap_or_default(),
+                    cut(&why, 200)
+                ));
+                Ok(view)
+            }
+            Ok(task) => {
+                if let Some(echo) = &task.echo
+                    && echo.get("publicTaskId").and_then(Value::as_str) != Some(r.id.as_str())
+                {
+                    return self
+                        .reconcile(&r, "the upstream's tasks/get answer names another public task".into())
+                        .await;
+                }
+                let change = match task.status.as_str() {
+                    "completed" => Some(self.completed(
+                        &r,
+                        task.result.clone().unwrap_or(json!({})),
+                        task.result
+                            .as_ref()
+                            .and_then(|v| serde_json::to_vec(v).ok())
+                            .map(|v| v.len() as u64)
+                            .unwrap_or(0),
+                        Some(&upstream_id),
+                    )),
+                    "failed" => {
+                        let error = task.error.clone().unwrap_or(json!({}));
+                        let message = error
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .map(|m| cut(m, 512))
+                            .unwrap_or_else(|| "the upstream task failed".into());
+                        Some(RouteChange::Terminal {
+                            status: TaskStatus::Failed,
+                            outcome: Some(error_outcome(
+                                wire::UPSTREAM_ERROR,
+                                format!("the upstream task failed: {message}"),
+                                Some(json!({"upstreamCode": error.get("code"), "upstreamMessage": message})),
+                            )),
+                            decider: Decider::Provider,
+                            reason: None,
+                        })
+                    }
+                    "cancelled" => Some(RouteChange::Terminal {
+                        status: TaskStatus::Cancelled,
+                        outcome: None,
+                        decider: Decider::Provider,
+                        reason: Some(format!("cancelled at upstream {}", r.upstream)),
+                    }),
+                    "working" | "input_required" => None,
+                    other => {
+                        return self
+                            .reconcile(&r, format!("the upstream reports an unknown status {:?}", cut(other, 32)))
+                            .await;
+                    }
+                };
+                match change {
+                    Some(change) => {
+                        self.store
+                            .advance_route(
+                                &r.id,
+                                &[RoutePhase::Routed, RoutePhase::CancelRequested],
+                                change,
+                            )
+                            .await?;
+                        self.current_view(&r.id).await
+                    }
+                    None => {
+                        let mut view = self.view(&r);
+                        if let Some(m) = task.status_message {
+                            view.status_message = Some(format!(
+                                "{}: {}",
+                                view.status_message.unwrap_or_default(),
+                                cut(&m, MAX_STATUS_MESSAGE)
+                            ));
+                        }
+                        if let Some(p) = task.poll_interval_ms {
+                            view.poll_interval_ms = view.poll_interval_ms.max(p.min(60_000) as i64);
+                        }
+                        Ok(view)
+                    }
+                }
+            }
+        }
+    }
+
+    async fn forward_cancel(
+        &self,
+        r: &RouteRecord,
+        routable: &Routable,
+        timeout: Duration,
+    ) -> Result<(), RouteError> {
+        let (Some(upstream_id), Some(session)) = (&r.upstream_task_id, &r.session) else {
+            return Ok(());
+        };
+        let acknowledged = match self
+            .upstreams
+            .cancel_task(&routable.upstream, session, upstream_id, timeout)
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(route = %r.id, upstream = %r.upstream, "a cancel of route {} was not acknowledged: {e:?}", r.id);
+                false
+            }
+        };
+        self.store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::CancelRequested],
+                RouteChange::CancelForwarded { acknowledged },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// `tasks/cancel` for a route: the intent is committed, then forwarded
+    /// when the upstream task is known on the current session.
+    pub async fn cancel(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<(), RouteError> {
+        authorize(caller, &[auth::SCOPE_TASKS_CANCEL])?;
+        let r = self.owned(id, owner).await?;
+        if !matches!(
+            r.phase,
+            RoutePhase::Prepared | RoutePhase::Dispatching | RoutePhase::Routed
+        ) {
+            return Ok(());
+        }
+        let after = self
+            .store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::Prepared, RoutePhase::Dispatching, RoutePhase::Routed],
+                RouteChange::CancelRequested {
+                    reason: "requested by the caller".into(),
+                },
+            )
+            .await?;
+        let Advanced::Changed(r) = after else {
+            return Ok(());
+        };
+        match self.reachable(&r) {
+            Ok(Some(routable)) => {
+                let timeout = MAX_POLL_TIMEOUT.min(routable.timeout);
+                self.forward_cancel(&r, &routable, timeout).await
+            }
+            // Not sent yet, or sent on a session that is gone: the intent
+            // stands and the next poll says what became of the route.
+            Ok(None) | Err(_) => Ok(()),
+        }
+    }
+
+    /// `tasks/update` for a route: always refused (an owned route), or
+    /// unknown.
+    pub async fn update(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<(), RouteError> {
+        authorize(caller, &[auth::SCOPE_TASKS_CANCEL])?;
+        self.owned(id, owner).await?;
+        Err(RouteError::UpdateUnsupported)
+    }
+
+    /// Waits for dispatches in flight (at a stop).
+    pub async fn finish(&self) {
+        self.dispatches.close();
+        self.dispatches.wait().await;
+    }
+}
+
+fn authorize(caller: &Caller, needed: &[&'static str]) -> Result<(), RouteError> {
+    let missing = caller.missing(needed);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(RouteError::Forbidden {
+        missing: missing.iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+/// What is wrong with a provider's echo of the envelope, if anything.
+fn echo_problem(echo: Option<&Value>, envelope: &Value) -> Option<String> {
+    let Some(echo) = echo else {
+        return Some("did not echo the execution envelope (dev.taskgate/taskExecution)".into());
+    };
+    if echo.get("publicTaskId") != envelope.get("publicTaskId") {
+        return Some("its echo names another public task ID".into());
+    }
+    if echo.get("requestDigest") != envelope.get("requestDigest") {
+        return Some("its echo carries another request digest".into());
+    }
+    if echo.get("bindingDigest") != envelope.get("bindingDigest")
+        || echo.get("binding") != envelope.get("binding")
+    {
+        return Some("its echo carries another submission binding".into());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_echo_must_match_in_every_identity() {
+        let envelope = json!({"publicTaskId": "tgr-1", "requestDigest": "r", "bindingDigest": "b", "binding": {"k": 1}});
+        assert_eq!(echo_problem(Some(&envelope), &envelope), None);
+        assert!(echo_problem(None, &envelope).is_some());
+        for (key, value) in [
+            ("publicTaskId", json!("tgr-2")),
+            ("requestDigest", json!("x")),
+            ("bindingDigest", json!("x")),
+            ("binding", json!({"k": 2})),
+        ] {
+            let mut echo = envelope.clone();
+            echo[key] = value;
+            assert!(echo_problem(Some(&echo), &envelope).is_some(), "{key}");
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! Durable routes to Tasks-capable upstreams, against the real daemon and a
+//! real upstream process (tests/interop/upstream_tasks.py, in the mode each
+//! case needs): a submission is routed once and found again by its key and
+//! its public ID; every refusal names its rule and sends nothing; an
+//! answer that was lost, or one taskgate cannot trust, leaves the route in
+//! reconciliation and nothing is sent again; a new upstream session (the
+//! upstream restarted, or taskgate did) is never asked about an old task;
+//! a cancel is retried once; a poll past the deadline cancels.
+//! Each case counts what reached the upstream from its own message log.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::upstream::*;
+use common::*;
+use serde_json::{Value, json};
+use sha2::Digest as _;
+use taskgate::client::{Client, ClientError};
+
+const SETTLE: Duration = Duration::from_secs(60);
+const TASKS_SERVER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/interop/upstream_tasks.py"
+);
+
+/// One upstream_tasks.py behind a wrapper that records its pid and gives
+/// it its logs.
+struct Upstream {
+    alias: String,
+    effects: PathBuf,
+    messages: PathBuf,
+    out: PathBuf,
+}
+
+impl Upstream {
+    fn table(place: &Place, alias: &str, mode: &str, env: &[(&str, &str)], extra: &str) -> (Upstream, String) {
+        let effects = place.out.join(format!("{alias}.effects"));
+        let messages = place.out.join(format!("{alias}.messages"));
+        let mut script = String::from("#!/bin/sh\n");
+        script += &format!("echo $$ > {}/{alias}.pid\n", place.out.display());
+        script += &format!("export UPSTREAM_TASKS_EFFECT_LOG='{}'\n", effects.display());
+        script += &format!("export UPSTREAM_TASKS_MESSAGE_LOG='{}'\n", messages.display());
+        for (k, v) in env {
+            script += &format!("export {k}='{v}'\n");
+        }
+        script += &format!("exec /usr/bin/python3 {TASKS_SERVER} {mode} stdio\n");
+        let wrapper = place.bin.join(format!("{alias}.sh"));
+        std::fs::write(&wrapper, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let table = format!(
+            "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/sh\", \"{}\"]\nread_paths = [\"{}\", \"{INTEROP}\"]\nwrite_paths = [\"{}\"]\neffect = \"idempotent_write\"\n{extra}\n",
+            wrapper.display(),
+            place.bin.display(),
+            place.out.display()
+        );
+        (
+            Upstream {
+                alias: alias.into(),
+                effects,
+                messages,
+                out: place.out.clone(),
+            },
+            table,
+        )
+    }
+
+    /// Effect lines (tool runs) recorded so far.
+    fn effects(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.effects)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Messages of `method` the upstream received so far.
+    fn received(&self, method: &str) -> Vec<Value> {
+        std::fs::read_to_string(&self.messages)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|m| m["method"] == method)
+            .collect()
+    }
+
+    fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.out.join(format!("{}.pid", self.alias)))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+/// The daemon with its configuration, its upstreams ready and pinned.
+struct Setup {
+    _root: tempfile::TempDir,
+    cfg: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+    daemon: Option<Daemon>,
+}
+
+impl Setup {
+    fn start(root: tempfile::TempDir, sections: &str, pin: &[&str]) -> Setup {
+        let state = state_dir(root.path());
+        let cfg = write_config(root.path(), sections, &[]);
+        let log = root.path().join("taskgate.log");
+        let daemon = Daemon::start(&cfg, &state, &log);
+        let s = Setup {
+            _root: root,
+            cfg,
+            state,
+            log,
+            daemon: Some(daemon),
+        };
+        for alias in pin {
+            wait_upstream(&s.state, alias, SETTLE, is_ready);
+            let out = s.admin(&["upstream", "pin", alias]);
+            assert!(out.status.success(), "{out:?}");
+        }
+        if !pin.is_empty() {
+            let out = s.admin(&["reload"]);
+            assert!(out.status.success(), "{out:?}");
+            for alias in pin {
+                wait_upstream(&s.state, alias, SETTLE, |u| {
+                    is_ready(u) && u["tools_withheld"] == 0 && u["tools_unpinned"] == 0
+                });
+            }
+        }
+        s
+    }
+
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().unwrap()
+    }
+
+    fn admin(&self, head: &[&str]) -> std::process::Output {
+        let (c, s) = (self.cfg.to_string_lossy(), self.state.to_string_lossy());
+        let mut args: Vec<&str> = head.to_vec();
+        args.extend(["--config", &c, "--state-dir", &s]);
+        taskgate(&args, &[])
+    }
+
+    fn restart(&mut self) {
+        let old = self.daemon.take().unwrap();
+        assert!(old.stop().success());
+        self.daemon = Some(Daemon::start(&self.cfg, &self.state, &self.log));
+    }
+
+    fn client(&self) -> Client {
+        self.daemon().client(true)
+    }
+
+    fn call(&self, tool: &str, args: Value) -> Result<Value, ClientError> {
+        runtime().block_on(self.client().call_tool(tool, args, None))
+    }
+
+    fn get(&self, id: &str) -> Result<Value, ClientError> {
+        runtime().block_on(self.client().get_task(id))
+    }
+
+    fn cancel(&self, id: &str) -> Result<Value, ClientError> {
+        runtime().block_on(self.client().cancel_task(id))
+    }
+
+    fn describe(&self) -> Value {
+        let r = self.call("taskgate_describe", json!({})).unwrap();
+        r["structuredContent"].clone()
+    }
+
+    fn lease(&self, capability: &str, effects: &[&str], ttl_ms: Option<u64>) -> Result<Value, ClientError> {
+        let mut args = json!({"capabilities": [capability], "effects": effects});
+        if let Some(t) = ttl_ms {
+            args["ttlMs"] = json!(t);
+        }
+        self.call("taskgate_lease", args)
+            .map(|r| r["structuredContent"].clone())
+    }
+
+    /// A lease on `capability` and a valid submission of `arguments` under
+    /// `key`, due in `deadline`.
+    fn submission(&self, capability: &str, key: &str, arguments: &Value, deadline: Duration) -> Value {
+        let described = self.describe();
+        let cap = described["capabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == capability)
+            .unwrap_or_else(|| panic!("{capability} not routable: {described}"))
+            .clone();
+        let lease = self
+            .lease(capability, &[cap["effect"].as_str().unwrap(), "non_idempotent_write"], None)
+            .unwrap();
+        submission_for(&lease, &cap, key, arguments, deadline)
+    }
+
+    fn submit(&self, submission: &Value, arguments: &Value) -> Result<Value, ClientError> {
+        self.call(
+            "taskgate_submit",
+            json!({"submission": submission, "arguments": arguments}),
+        )
+    }
+
+    /// Polls until the task is terminal, at its poll interval.
+    fn wait(&self, id: &str) -> Value {
+        let start = Instant::now();
+        loop {
+            let t = self.get(id).unwrap();
+            if matches!(t["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+                return t;
+            }
+            assert!(start.elapsed() < SETTLE, "{id} never ended: {t}");
+            let ms = t["pollIntervalMs"].as_u64().unwrap_or(100);
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn canonical_digest(v: &Value) -> String {
+    let bytes = serde_jcs::to_vec(v).unwrap();
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn submission_for(lease: &Value, cap: &Value, key: &str, arguments: &Value, deadline: Duration) -> Value {
+    json!({
+        "schema": "taskgate.task-submission/1",
+        "leaseId": lease["leaseId"],
+        "capability": cap["name"],
+        "logicalTaskId": format!("logical-{key}"),
+        "attempt": 1,
+        "correlationId": format!("corr-{key}"),
+        "idempotencyKey": key,
+        "inputDigest": canonical_digest(arguments),
+        "acceptancePolicyDigest": "a".repeat(64),
+        "artifactScopeDigest": "b".repeat(64),
+        "providerInterfaceVersion": cap["schemaDigest"],
+        "deadlineUnixMs": now_ms() + deadline.as_millis() as i64,
+        "retentionMs": 3_600_000,
+        "limits": {"runtimeMs": 30_000, "artifactBytes": 1024, "outputBytes": 65_536},
+        "permittedEffect": "non_idempotent_write",
+        "cleanupRequired": true,
+    })
+}
+
+fn error_of(r: Result<Value, ClientError>) -> (String, Value) {
+    match r {
+        Err(ClientError::Rpc { error, .. }) => (
+            error["data"]["name"].as_str().unwrap_or_default().to_string(),
+            error,
+        ),
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+fn failed_name(task: &Value) -> String {
+    task["error"]["data"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "echo", &[("UPSTREAM_TASKS_WORK_MS", "300")], "");
+    let s = Setup::start(root, &table, &["up"]);
+
+    let described = s.describe();
+    let cap = &described["capabilities"][0];
+    assert_eq!(cap["name"], "up.work", "{described}");
+    assert_eq!(cap["effect"], "idempotent_write");
+    assert_eq!(cap["taskCeiling"], "non_idempotent_write");
+    assert!(cap["schemaDigest"].as_str().unwrap().starts_with("sha256:"));
+
+    let args = json!({"value": "hello"});
+    let sub = s.submission("up.work", "key-1", &args, Duration::from_secs(600));
+    let handle = s.submit(&sub, &args).unwrap();
+    let id = task_id(&handle);
+    assert!(id.starts_with("tgr-"), "{handle}");
+    let done = s.wait(&id);
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(text(&done["result"]), "done hello", "{done}");
+    let meta = &done["result"]["_meta"]["dev.taskgate/route"];
+    assert_eq!(meta["providerCompleted"], true, "{done}");
+    assert_eq!(meta["verified"], false);
+    assert!(meta["policyAccepted"].is_null());
+
+    // One effect, carrying the envelope with the public ID.
+    let effects = up.effects();
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0]["envelope"]["publicTaskId"], id.as_str());
+
+    // The same key and submission: the same task, nothing sent again.
+    let again = s.submit(&sub, &args).unwrap();
+    assert_eq!(task_id(&again), id);
+    assert_eq!(up.effects().len(), 1);
+    assert_eq!(up.received("tools/call").len(), 1);
+
+    // The same key with other input: a conflict, nothing sent.
+    let other = json!({"value": "other"});
+    let mut changed = sub.clone();
+    changed["inputDigest"] = json!(canonical_digest(&other));
+    let (name, _) = error_of(s.submit(&changed, &other));
+    assert_eq!(name, "TG_TASK_IDEMPOTENCY_CONFLICT");
+    assert_eq!(up.received("tools/call").len(), 1);
+
+    // tasks/update is refused for a route; an unknown route ID is unknown.
+    let (name, _) = error_of(runtime().block_on(s.client().request(
+        "tasks/update",
+        json!({"taskId": id, "inputResponses": {}}),
+        Some(&id),
+        None,
+    )));
+    assert_eq!(name, "TG_TASK_UPDATE_UNSUPPORTED_DURABLE");
+    let unknown = format!("tgr-{}", "0".repeat(32));
+    assert_eq!(error_of(s.get(&unknown)).0, "TG_TASK_NOT_FOUND");
+
+    // The operator sees the route, and never its arguments.
+    let out = s.admin(&["routes", "show", &id]);
+    assert!(out.status.success(), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("terminal") && shown.contains("up.work"), "{shown}");
+    assert!(!shown.contains("hello"), "arguments leaked: {shown}");
+}
+
+#[test]
+fn every_refusal_names_its_rule_and_sends_nothing() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "echo", &[], "");
+    let (_, unpinned) = Upstream::table(&place, "raw", "echo", &[], "");
+    let s = Setup::start(root, &format!("{table}{unpinned}"), &["up"]);
+    wait_upstream(&s.state, "raw", SETTLE, is_ready);
+    let args = json!({"value": "x"});
+    let good = s.submission("up.work", "k", &args, Duration::from_secs(600));
+    let check = |sub: &Value, args: &Value| -> String {
+        let (name, error) = error_of(s.submit(sub, args));
+        format!("{name}/{}", error["data"]["check"].as_str().unwrap_or(""))
+    };
+    let with = |key: &str, value: Value| {
+        let mut v = good.clone();
+        v[key] = value;
+        v
+    };
+    assert_eq!(check(&with("schema", json!("taskgate.task-submission/2")), &args), "TG_ROUTE_REFUSED/schema");
+    assert_eq!(check(&with("leaseId", json!("tgl-unknown")), &args), "TG_ROUTE_REFUSED/lease");
+    assert_eq!(check(&with("capability", json!("raw.work")), &args), "TG_ROUTE_REFUSED/capability");
+    assert_eq!(check(&with("providerInterfaceVersion", json!("sha256:00")), &args), "TG_ROUTE_REFUSED/provider_interface");
+    assert_eq!(check(&with("permittedEffect", json!("idempotent_write")), &args), "TG_ROUTE_REFUSED/effect");
+    assert_eq!(check(&with("attempt", json!(2)), &args), "TG_ROUTE_REFUSED/bounds");
+    assert_eq!(check(&with("cleanupRequired", json!(false)), &args), "TG_ROUTE_REFUSED/bounds");
+    assert_eq!(check(&with("inputDigest", json!("0".repeat(64))), &args), "TG_ROUTE_REFUSED/input_digest");
+    assert_eq!(check(&good, &json!({"value": 7})), "TG_ROUTE_REFUSED/input_digest");
+    let wrong_type = json!({"value": 7});
+    assert_eq!(
+        check(&with("inputDigest", json!(canonical_digest(&wrong_type))), &wrong_type),
+        "TG_INVALID_ARGUMENTS/arguments"
+    );
+    // 64 KiB of canonical input passes the bound; one byte more does not.
+    let big = |n: usize| json!({"value": "x".repeat(n)});
+    let over = big(64 * 1024 - 11);
+    assert_eq!(serde_jcs::to_vec(&over).unwrap().len(), 64 * 1024 + 1);
+    assert_eq!(check(&with("inputDigest", json!(canonical_digest(&over))), &over), "TG_ROUTE_REFUSED/bounds");
+    // A lease without the conservative effect is refused as it is asked for.
+    let (name, error) = error_of(s.lease("up.work", &["idempotent_write"], None));
+    assert_eq!((name.as_str(), &error["data"]["check"]), ("TG_ROUTE_REFUSED", &json!("effect")));
+    let (name, _) = error_of(s.lease("raw.work", &["idempotent_write", "non_idempotent_write"], None));
+    assert_eq!(name, "TG_ROUTE_REFUSED");
+    // A submission without Tasks negotiated is refused.
+    let plain = s.daemon().client(false);
+    let r = runtime().block_on(plain.call_tool(
+        "taskgate_submit",
+        json!({"submission": good, "arguments": args}),
+        None,
+    ));
+    assert_eq!(error_of(r).0, "TG_TASKS_REQUIRED");
+    assert!(up.received("tools/call").is_empty(), "something was sent");
+    // The input of exactly 64 KiB goes through.
+    let at = big(64 * 1024 - 12);
+    assert_eq!(serde_jcs::to_vec(&at).unwrap().len(), 64 * 1024);
+    let sub = s.submission("up.work", "big", &at, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &at).unwrap());
+    assert_eq!(s.wait(&id)["status"], "completed");
+}
+
+#[test]
+fn a_lost_answer_leaves_the_route_in_reconciliation_and_nothing_is_sent_again() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "lost", &[], "");
+    let s = Setup::start(root, &table, &["up"]);
+    let args = json!({"value": "once"});
+    let sub = s.submission("up.work", "lost-1", &args, Duration::from_secs(600));
+    let handle = s.submit(&sub, &args).unwrap();
+    let id = task_id(&handle);
+    let t = s.get(&id).unwrap();
+    assert_eq!(t["status"], "failed", "{t}");
+    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    assert_eq!(up.effects().len(), 1, "exactly one upstream effect");
+    // The supervisor connects again; the same submission gets the same
+    // task and is not sent again.
+    wait_upstream(&s.state, "up", SETTLE, is_ready);
+    let again = s.submit(&sub, &args).unwrap();
+    assert_eq!(task_id(&again), id);
+    assert_eq!(s.get(&id).unwrap()["status"], "failed");
+    assert_eq!(up.received("tools/call").len(), 1, "sent again");
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("reconciliation_required"), "{shown}");
+}
+
+#[test]
+fn an_echo_that_does_not_match_is_never_taken_for_success() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (wrong, t1) = Upstream::table(&place, "wrong", "wrongid", &[], "");
+    let (none, t2) = Upstream::table(&place, "none", "noecho", &[], "");
+    let (sync, t3) = Upstream::table(&place, "sync", "sync", &[], "");
+    let s = Setup::start(root, &format!("{t1}{t2}{t3}"), &["wrong", "none", "sync"]);
+    for (up, cap) in [(&wrong, "wrong.work"), (&none, "none.work")] {
+        let args = json!({"value": "v"});
+        let sub = s.submission(cap, cap, &args, Duration::from_secs(600));
+        let id = task_id(&s.submit(&sub, &args).unwrap());
+        let t = s.get(&id).unwrap();
+        assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{cap}: {t}");
+        assert_eq!(up.received("tools/call").len(), 1);
+        assert!(up.received("tasks/get").is_empty(), "{cap} was polled");
+    }
+    // A synchronous answer with the right echo completes at once.
+    let args = json!({"value": "now"});
+    let sub = s.submission("sync.work", "sync", &args, Duration::from_secs(600));
+    let handle = s.submit(&sub, &args).unwrap();
+    let t = s.get(&task_id(&handle)).unwrap();
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(sync.effects().len(), 1);
+}
+
+#[test]
+fn a_new_upstream_session_is_never_asked_about_an_old_task() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "forever", &[], "");
+    let mut s = Setup::start(root, &table, &["up"]);
+    let args = json!({"value": "long"});
+    let sub = s.submission("up.work", "drift", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    let t = s.get(&id).unwrap();
+    assert_eq!(t["status"], "working", "{t}");
+    let before = wait_upstream(&s.state, "up", SETTLE, is_ready);
+    // The provider restarts: a new session.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.pid()), nix::sys::signal::Signal::SIGKILL).unwrap();
+    wait_upstream(&s.state, "up", SETTLE, |u| {
+        is_ready(u) && u["session"] != before["session"]
+    });
+    let gets_before = up.received("tasks/get").len();
+    std::thread::sleep(Duration::from_millis(t["pollIntervalMs"].as_u64().unwrap_or(1000)));
+    let t = s.get(&id).unwrap();
+    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    assert_eq!(up.received("tasks/get").len(), gets_before, "the new session was asked about the old task");
+
+    // The same after a taskgate restart: a route that was routed is never
+    // polled on the new session.
+    let sub = s.submission("up.work", "restart", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    assert_eq!(s.get(&id).unwrap()["status"], "working");
+    // A lease that expires across the restart stays expired.
+    let lease = s.lease("up.work", &["idempotent_write", "non_idempotent_write"], Some(1500)).unwrap();
+    s.restart();
+    wait_upstream(&s.state, "up", SETTLE, is_ready);
+    let gets_before = up.received("tasks/get").len();
+    let t = s.get(&id).unwrap();
+    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    assert_eq!(up.received("tasks/get").len(), gets_before);
+    while now_ms() <= lease["expiresAtUnixMs"].as_i64().unwrap() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let described = s.describe();
+    let mut late = submission_for(&lease, &described["capabilities"][0], "late", &args, Duration::from_secs(600));
+    late["leaseId"] = lease["leaseId"].clone();
+    let (name, error) = error_of(s.submit(&late, &args));
+    assert_eq!((name.as_str(), &error["data"]["check"]), ("TG_ROUTE_REFUSED", &json!("lease")));
+}
+
+#[test]
+fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (hang, t1) = Upstream::table(&place, "hang", "hangcancel", &[("UPSTREAM_TASKS_WORK_MS", "600000")], "request_timeout_secs = 2");
+    let (late, t2) = Upstream::table(&place, "late", "forever", &[], "");
+    let s = Setup::start(root, &format!("{t1}{t2}"), &["hang", "late"]);
+    let args = json!({"value": "c"});
+    let sub = s.submission("hang.work", "cancel", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    s.cancel(&id).unwrap();
+    assert_eq!(hang.received("tasks/cancel").len(), 1);
+    let t = s.get(&id).unwrap();
+    assert_eq!(t["status"], "working", "{t}");
+    assert!(t["statusMessage"].as_str().unwrap().contains("cancel requested"), "{t}");
+    // The next poll retries once; later polls do not.
+    assert_eq!(hang.received("tasks/cancel").len(), 2);
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(t["pollIntervalMs"].as_u64().unwrap_or(1000)));
+        s.get(&id).unwrap();
+    }
+    assert_eq!(hang.received("tasks/cancel").len(), 2);
+
+    // A poll past the deadline sends the deadline's cancel.
+    let sub = s.submission("late.work", "deadline", &args, Duration::from_secs(2));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    assert_eq!(s.get(&id).unwrap()["status"], "working");
+    std::thread::sleep(Duration::from_millis(2500));
+    let t = s.wait(&id);
+    assert_eq!(t["status"], "cancelled", "{t}");
+    assert_eq!(late.received("tasks/cancel").len(), 1);
+}
+
+#[test]
+fn routes_through_taskgate_to_another_taskgate() {
+    // The upstream is taskgate itself over stdio, with a command tool that
+    // runs only as a task: it echoes the envelope as a provider must.
+    let root = private_dir();
+    let inner_state = root.path().join("inner-state");
+    std::fs::create_dir_all(&inner_state).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&inner_state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let inner_cfg = root.path().join("inner.toml");
+    std::fs::write(
+        &inner_cfg,
+        config_text("", &[Tool::new("shout").script("printf LOUD").effect("idempotent_write").task("required")]),
+    )
+    .unwrap();
+    let bin = env!("CARGO_BIN_EXE_taskgate");
+    let table = format!(
+        "[[upstream]]\nalias = \"inner\"\ncommand = [\"{bin}\", \"serve\", \"--stdio\", \"--config\", \"{}\", \"--state-dir\", \"{}\"]\nsandbox = \"unconfined\"\neffect = \"idempotent_write\"\n",
+        inner_cfg.display(),
+        inner_state.display()
+    );
+    let s = Setup::start(root, &table, &["inner"]);
+    let args = json!({});
+    let sub = s.submission("inner.shout", "nested", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    let t = s.wait(&id);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(text(&t["result"]), "LOUD");
+    let _ = Path::new("");
+}
