@@ -129,6 +129,16 @@ pub enum Command {
     /// help), so scripts and tests read them rather than copy numbers.
     #[command(name = "wire-codes", hide = true)]
     WireCodes(WireCodesArgs),
+    /// Internal: the harmless worker that qualifies the durable route. Reads
+    /// one bounded JSON request on stdin, writes its result and manifest as
+    /// new files in one directory under --root, prints one JSON line (see
+    /// verify/worker.rs).
+    #[command(name = "qualification-worker", hide = true)]
+    QualificationWorker {
+        /// The directory the run's output directory is created in.
+        #[arg(long, value_name = "DIR")]
+        root: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

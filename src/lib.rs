@@ -25,4 +25,5 @@ pub mod tasks;
 pub mod testhooks;
 pub mod tools;
 pub mod upstream;
+pub mod verify;
 pub mod wire;

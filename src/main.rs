@@ -228,6 +228,10 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Token(args) => token(&args),
         Command::Upstream(args) => upstream::upstream(&args),
         Command::WireCodes(args) => wire_codes(args.json),
+        Command::QualificationWorker { root } => {
+            taskgate::verify::run_worker(&root, std::io::stdin().lock(), std::io::stdout().lock())
+                .map_err(Refusal::from)
+        }
         Command::Call(_)
         | Command::Task(_)
         | Command::Status(_)

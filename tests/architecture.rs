@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["main", "cli"],
     &[
-        "service", "startup", "backup", "bench", "client", "logging", "admin",
+        "service", "startup", "backup", "bench", "client", "logging", "admin", "verify",
     ],
     &["http", "mcp"],
     &["tasks", "parts", "upstream"],
@@ -60,7 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "main",
         &[
             "admin", "auth", "backup", "bench", "cli", "client", "config", "exit", "logging",
-            "service", "startup", "tools", "upstream", "wire",
+            "service", "startup", "tools", "upstream", "verify", "wire",
         ],
     ),
     ("cli", &["config"]),
@@ -109,6 +109,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // default listen address.
     ("client", &["config", "exit", "wire"]),
     ("logging", &["config", "events"]),
+    // The qualification worker's refusals carry their exit class.
+    ("verify", &["exit"]),
     ("http", &["auth", "config", "exit", "mcp", "tasks", "wire"]),
     (
         "mcp",
