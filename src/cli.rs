@@ -96,6 +96,12 @@ pub enum Command {
     /// permission denied or the answer was not understood; 78 the pins
     /// file is invalid; 74 it could not be written.
     Upstream(UpstreamArgs),
+    /// The daemon's durable routes to upstream tasks: each one's phase
+    /// (prepared, dispatching, routed, cancel_requested,
+    /// reconciliation_required, terminal), upstream, session and, when
+    /// it needs reconciliation, why. Never a route's arguments: taskgate
+    /// does not keep them.
+    Routes(RoutesArgs),
     /// Manage the static API tokens of [auth] tokens_file: create one (its
     /// secret is printed once and never stored), list them, revoke one.
     ///
@@ -355,6 +361,40 @@ pub enum UpstreamAction {
     /// named) in upstream-pins.toml beside the configuration file; apply
     /// with `taskgate reload`.
     Pin(UpstreamPinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RoutesArgs {
+    #[command(subcommand)]
+    pub action: RoutesAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RoutesAction {
+    /// Unexpired routes, newest first (at most 500): ID, phase, what the
+    /// caller reads, capability, and the reason of one that needs
+    /// reconciliation.
+    List(RoutesListArgs),
+    /// One route: every phase field, its digests and its submission
+    /// binding (identifiers and digests, no argument values).
+    Show(RoutesShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RoutesListArgs {
+    /// Only routes that are not terminal.
+    #[arg(long)]
+    pub open: bool,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RoutesShowArgs {
+    /// The route's public task ID (tgr-…).
+    pub id: String,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
 }
 
 #[derive(Debug, Args)]

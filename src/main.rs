@@ -26,6 +26,8 @@ mod man;
 mod operator;
 #[path = "main/report.rs"]
 mod report;
+#[path = "main/routes.rs"]
+mod routes;
 #[path = "main/tokens.rs"]
 mod tokens;
 #[path = "main/upstream.rs"]
@@ -227,6 +229,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         }
         Command::Token(args) => token(&args),
         Command::Upstream(args) => upstream::upstream(&args),
+        Command::Routes(args) => routes::routes(&args),
         Command::WireCodes(args) => wire_codes(args.json),
         Command::QualificationWorker { root } => {
             taskgate::verify::run_worker(&root, std::io::stdin().lock(), std::io::stdout().lock())

@@ -35,13 +35,22 @@ struct Upstream {
 }
 
 impl Upstream {
-    fn table(place: &Place, alias: &str, mode: &str, env: &[(&str, &str)], extra: &str) -> (Upstream, String) {
+    fn table(
+        place: &Place,
+        alias: &str,
+        mode: &str,
+        env: &[(&str, &str)],
+        extra: &str,
+    ) -> (Upstream, String) {
         let effects = place.out.join(format!("{alias}.effects"));
         let messages = place.out.join(format!("{alias}.messages"));
         let mut script = String::from("#!/bin/sh\n");
         script += &format!("echo $$ > {}/{alias}.pid\n", place.out.display());
         script += &format!("export UPSTREAM_TASKS_EFFECT_LOG='{}'\n", effects.display());
-        script += &format!("export UPSTREAM_TASKS_MESSAGE_LOG='{}'\n", messages.display());
+        script += &format!(
+            "export UPSTREAM_TASKS_MESSAGE_LOG='{}'\n",
+            messages.display()
+        );
         for (k, v) in env {
             script += &format!("export {k}='{v}'\n");
         }
@@ -128,7 +137,7 @@ impl Setup {
             assert!(out.status.success(), "{out:?}");
             for alias in pin {
                 wait_upstream(&s.state, alias, SETTLE, |u| {
-                    is_ready(u) && u["tools_withheld"] == 0 && u["tools_unpinned"] == 0
+                    is_ready(u) && u["withheld"] == 0 && u["unpinned"] == 0
                 });
             }
         }
@@ -173,7 +182,12 @@ impl Setup {
         r["structuredContent"].clone()
     }
 
-    fn lease(&self, capability: &str, effects: &[&str], ttl_ms: Option<u64>) -> Result<Value, ClientError> {
+    fn lease(
+        &self,
+        capability: &str,
+        effects: &[&str],
+        ttl_ms: Option<u64>,
+    ) -> Result<Value, ClientError> {
         let mut args = json!({"capabilities": [capability], "effects": effects});
         if let Some(t) = ttl_ms {
             args["ttlMs"] = json!(t);
@@ -184,7 +198,13 @@ impl Setup {
 
     /// A lease on `capability` and a valid submission of `arguments` under
     /// `key`, due in `deadline`.
-    fn submission(&self, capability: &str, key: &str, arguments: &Value, deadline: Duration) -> Value {
+    fn submission(
+        &self,
+        capability: &str,
+        key: &str,
+        arguments: &Value,
+        deadline: Duration,
+    ) -> Value {
         let described = self.describe();
         let cap = described["capabilities"]
             .as_array()
@@ -194,7 +214,11 @@ impl Setup {
             .unwrap_or_else(|| panic!("{capability} not routable: {described}"))
             .clone();
         let lease = self
-            .lease(capability, &[cap["effect"].as_str().unwrap(), "non_idempotent_write"], None)
+            .lease(
+                capability,
+                &[cap["effect"].as_str().unwrap(), "non_idempotent_write"],
+                None,
+            )
             .unwrap();
         submission_for(&lease, &cap, key, arguments, deadline)
     }
@@ -211,7 +235,10 @@ impl Setup {
         let start = Instant::now();
         loop {
             let t = self.get(id).unwrap();
-            if matches!(t["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+            if matches!(
+                t["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            ) {
                 return t;
             }
             assert!(start.elapsed() < SETTLE, "{id} never ended: {t}");
@@ -236,7 +263,13 @@ fn canonical_digest(v: &Value) -> String {
         .collect()
 }
 
-fn submission_for(lease: &Value, cap: &Value, key: &str, arguments: &Value, deadline: Duration) -> Value {
+fn submission_for(
+    lease: &Value,
+    cap: &Value,
+    key: &str,
+    arguments: &Value,
+    deadline: Duration,
+) -> Value {
     json!({
         "schema": "taskgate.task-submission/1",
         "leaseId": lease["leaseId"],
@@ -260,7 +293,10 @@ fn submission_for(lease: &Value, cap: &Value, key: &str, arguments: &Value, dead
 fn error_of(r: Result<Value, ClientError>) -> (String, Value) {
     match r {
         Err(ClientError::Rpc { error, .. }) => (
-            error["data"]["name"].as_str().unwrap_or_default().to_string(),
+            error["data"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
             error,
         ),
         other => panic!("expected a JSON-RPC error, got {other:?}"),
@@ -279,7 +315,13 @@ fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
     prereq::require_tool("python3");
     let root = private_dir();
     let place = Place::new(root.path());
-    let (up, table) = Upstream::table(&place, "up", "echo", &[("UPSTREAM_TASKS_WORK_MS", "300")], "");
+    let (up, table) = Upstream::table(
+        &place,
+        "up",
+        "echo",
+        &[("UPSTREAM_TASKS_WORK_MS", "300")],
+        "",
+    );
     let s = Setup::start(root, &table, &["up"]);
 
     let described = s.describe();
@@ -336,7 +378,10 @@ fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
     let out = s.admin(&["routes", "show", &id]);
     assert!(out.status.success(), "{out:?}");
     let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(shown.contains("terminal") && shown.contains("up.work"), "{shown}");
+    assert!(
+        shown.contains("terminal") && shown.contains("up.work"),
+        "{shown}"
+    );
     assert!(!shown.contains("hello"), "arguments leaked: {shown}");
 }
 
@@ -360,29 +405,69 @@ fn every_refusal_names_its_rule_and_sends_nothing() {
         v[key] = value;
         v
     };
-    assert_eq!(check(&with("schema", json!("taskgate.task-submission/2")), &args), "TG_ROUTE_REFUSED/schema");
-    assert_eq!(check(&with("leaseId", json!("tgl-unknown")), &args), "TG_ROUTE_REFUSED/lease");
-    assert_eq!(check(&with("capability", json!("raw.work")), &args), "TG_ROUTE_REFUSED/capability");
-    assert_eq!(check(&with("providerInterfaceVersion", json!("sha256:00")), &args), "TG_ROUTE_REFUSED/provider_interface");
-    assert_eq!(check(&with("permittedEffect", json!("idempotent_write")), &args), "TG_ROUTE_REFUSED/effect");
-    assert_eq!(check(&with("attempt", json!(2)), &args), "TG_ROUTE_REFUSED/bounds");
-    assert_eq!(check(&with("cleanupRequired", json!(false)), &args), "TG_ROUTE_REFUSED/bounds");
-    assert_eq!(check(&with("inputDigest", json!("0".repeat(64))), &args), "TG_ROUTE_REFUSED/input_digest");
-    assert_eq!(check(&good, &json!({"value": 7})), "TG_ROUTE_REFUSED/input_digest");
+    assert_eq!(
+        check(&with("schema", json!("taskgate.task-submission/2")), &args),
+        "TG_ROUTE_REFUSED/schema"
+    );
+    assert_eq!(
+        check(&with("leaseId", json!("tgl-unknown")), &args),
+        "TG_ROUTE_REFUSED/lease"
+    );
+    assert_eq!(
+        check(&with("capability", json!("raw.work")), &args),
+        "TG_ROUTE_REFUSED/capability"
+    );
+    assert_eq!(
+        check(&with("providerInterfaceVersion", json!("sha256:00")), &args),
+        "TG_ROUTE_REFUSED/provider_interface"
+    );
+    assert_eq!(
+        check(&with("permittedEffect", json!("idempotent_write")), &args),
+        "TG_ROUTE_REFUSED/effect"
+    );
+    assert_eq!(
+        check(&with("attempt", json!(2)), &args),
+        "TG_ROUTE_REFUSED/bounds"
+    );
+    assert_eq!(
+        check(&with("cleanupRequired", json!(false)), &args),
+        "TG_ROUTE_REFUSED/bounds"
+    );
+    assert_eq!(
+        check(&with("inputDigest", json!("0".repeat(64))), &args),
+        "TG_ROUTE_REFUSED/input_digest"
+    );
+    assert_eq!(
+        check(&good, &json!({"value": 7})),
+        "TG_ROUTE_REFUSED/input_digest"
+    );
     let wrong_type = json!({"value": 7});
     assert_eq!(
-        check(&with("inputDigest", json!(canonical_digest(&wrong_type))), &wrong_type),
+        check(
+            &with("inputDigest", json!(canonical_digest(&wrong_type))),
+            &wrong_type
+        ),
         "TG_INVALID_ARGUMENTS/arguments"
     );
     // 64 KiB of canonical input passes the bound; one byte more does not.
     let big = |n: usize| json!({"value": "x".repeat(n)});
     let over = big(64 * 1024 - 11);
     assert_eq!(serde_jcs::to_vec(&over).unwrap().len(), 64 * 1024 + 1);
-    assert_eq!(check(&with("inputDigest", json!(canonical_digest(&over))), &over), "TG_ROUTE_REFUSED/bounds");
+    assert_eq!(
+        check(&with("inputDigest", json!(canonical_digest(&over))), &over),
+        "TG_ROUTE_REFUSED/bounds"
+    );
     // A lease without the conservative effect is refused as it is asked for.
     let (name, error) = error_of(s.lease("up.work", &["idempotent_write"], None));
-    assert_eq!((name.as_str(), &error["data"]["check"]), ("TG_ROUTE_REFUSED", &json!("effect")));
-    let (name, _) = error_of(s.lease("raw.work", &["idempotent_write", "non_idempotent_write"], None));
+    assert_eq!(
+        (name.as_str(), &error["data"]["check"]),
+        ("TG_ROUTE_REFUSED", &json!("effect"))
+    );
+    let (name, _) = error_of(s.lease(
+        "raw.work",
+        &["idempotent_write", "non_idempotent_write"],
+        None,
+    ));
     assert_eq!(name, "TG_ROUTE_REFUSED");
     // A submission without Tasks negotiated is refused.
     let plain = s.daemon().client(false);
@@ -393,12 +478,36 @@ fn every_refusal_names_its_rule_and_sends_nothing() {
     ));
     assert_eq!(error_of(r).0, "TG_TASKS_REQUIRED");
     assert!(up.received("tools/call").is_empty(), "something was sent");
-    // The input of exactly 64 KiB goes through.
+    // An input of exactly 64 KiB is sent; its output ("done " and the
+    // input) is over 64 KiB: the provider completed, the output is not
+    // accepted.
     let at = big(64 * 1024 - 12);
     assert_eq!(serde_jcs::to_vec(&at).unwrap().len(), 64 * 1024);
-    let sub = s.submission("up.work", "big", &at, Duration::from_secs(600));
+    let sub = s.submission("up.work", "big-in", &at, Duration::from_secs(600));
     let id = task_id(&s.submit(&sub, &at).unwrap());
-    assert_eq!(s.wait(&id)["status"], "completed");
+    let t = s.wait(&id);
+    assert_eq!(failed_name(&t), "TG_UPSTREAM_RESPONSE_TOO_LARGE", "{t}");
+    assert_eq!(t["error"]["data"]["providerCompleted"], true, "{t}");
+    assert_eq!(t["error"]["data"]["accepted"], false, "{t}");
+    assert_eq!(up.effects().len(), 1);
+    // An output of exactly 64 KiB is accepted, one byte more is not.
+    let around = serde_json::to_vec(
+        &json!({"content": [{"type": "text", "text": "done "}], "isError": false}),
+    )
+    .unwrap()
+    .len();
+    for (key, extra, accepted) in [("out-at", 0, true), ("out-over", 1, false)] {
+        let v = json!({"value": "y".repeat(64 * 1024 - around + extra)});
+        let sub = s.submission("up.work", key, &v, Duration::from_secs(600));
+        let id = task_id(&s.submit(&sub, &v).unwrap());
+        let t = s.wait(&id);
+        assert_eq!(
+            t["status"] == "completed",
+            accepted,
+            "{key}: {}",
+            t["status"]
+        );
+    }
 }
 
 #[test]
@@ -442,7 +551,11 @@ fn an_echo_that_does_not_match_is_never_taken_for_success() {
         let sub = s.submission(cap, cap, &args, Duration::from_secs(600));
         let id = task_id(&s.submit(&sub, &args).unwrap());
         let t = s.get(&id).unwrap();
-        assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{cap}: {t}");
+        assert_eq!(
+            failed_name(&t),
+            "TG_TASK_RECONCILIATION_REQUIRED",
+            "{cap}: {t}"
+        );
         assert_eq!(up.received("tools/call").len(), 1);
         assert!(up.received("tasks/get").is_empty(), "{cap} was polled");
     }
@@ -469,15 +582,25 @@ fn a_new_upstream_session_is_never_asked_about_an_old_task() {
     assert_eq!(t["status"], "working", "{t}");
     let before = wait_upstream(&s.state, "up", SETTLE, is_ready);
     // The provider restarts: a new session.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.pid()), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     wait_upstream(&s.state, "up", SETTLE, |u| {
         is_ready(u) && u["session"] != before["session"]
     });
     let gets_before = up.received("tasks/get").len();
-    std::thread::sleep(Duration::from_millis(t["pollIntervalMs"].as_u64().unwrap_or(1000)));
+    std::thread::sleep(Duration::from_millis(
+        t["pollIntervalMs"].as_u64().unwrap_or(1000),
+    ));
     let t = s.get(&id).unwrap();
     assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
-    assert_eq!(up.received("tasks/get").len(), gets_before, "the new session was asked about the old task");
+    assert_eq!(
+        up.received("tasks/get").len(),
+        gets_before,
+        "the new session was asked about the old task"
+    );
 
     // The same after a taskgate restart: a route that was routed is never
     // polled on the new session.
@@ -485,7 +608,13 @@ fn a_new_upstream_session_is_never_asked_about_an_old_task() {
     let id = task_id(&s.submit(&sub, &args).unwrap());
     assert_eq!(s.get(&id).unwrap()["status"], "working");
     // A lease that expires across the restart stays expired.
-    let lease = s.lease("up.work", &["idempotent_write", "non_idempotent_write"], Some(1500)).unwrap();
+    let lease = s
+        .lease(
+            "up.work",
+            &["idempotent_write", "non_idempotent_write"],
+            Some(1500),
+        )
+        .unwrap();
     s.restart();
     wait_upstream(&s.state, "up", SETTLE, is_ready);
     let gets_before = up.received("tasks/get").len();
@@ -496,10 +625,19 @@ fn a_new_upstream_session_is_never_asked_about_an_old_task() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let described = s.describe();
-    let mut late = submission_for(&lease, &described["capabilities"][0], "late", &args, Duration::from_secs(600));
+    let mut late = submission_for(
+        &lease,
+        &described["capabilities"][0],
+        "late",
+        &args,
+        Duration::from_secs(600),
+    );
     late["leaseId"] = lease["leaseId"].clone();
     let (name, error) = error_of(s.submit(&late, &args));
-    assert_eq!((name.as_str(), &error["data"]["check"]), ("TG_ROUTE_REFUSED", &json!("lease")));
+    assert_eq!(
+        (name.as_str(), &error["data"]["check"]),
+        ("TG_ROUTE_REFUSED", &json!("lease"))
+    );
 }
 
 #[test]
@@ -507,7 +645,13 @@ fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
     prereq::require_tool("python3");
     let root = private_dir();
     let place = Place::new(root.path());
-    let (hang, t1) = Upstream::table(&place, "hang", "hangcancel", &[("UPSTREAM_TASKS_WORK_MS", "600000")], "request_timeout_secs = 2");
+    let (hang, t1) = Upstream::table(
+        &place,
+        "hang",
+        "hangcancel",
+        &[("UPSTREAM_TASKS_WORK_MS", "600000")],
+        "request_timeout_secs = 2",
+    );
     let (late, t2) = Upstream::table(&place, "late", "forever", &[], "");
     let s = Setup::start(root, &format!("{t1}{t2}"), &["hang", "late"]);
     let args = json!({"value": "c"});
@@ -517,11 +661,19 @@ fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
     assert_eq!(hang.received("tasks/cancel").len(), 1);
     let t = s.get(&id).unwrap();
     assert_eq!(t["status"], "working", "{t}");
-    assert!(t["statusMessage"].as_str().unwrap().contains("cancel requested"), "{t}");
+    assert!(
+        t["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("cancel requested"),
+        "{t}"
+    );
     // The next poll retries once; later polls do not.
     assert_eq!(hang.received("tasks/cancel").len(), 2);
     for _ in 0..2 {
-        std::thread::sleep(Duration::from_millis(t["pollIntervalMs"].as_u64().unwrap_or(1000)));
+        std::thread::sleep(Duration::from_millis(
+            t["pollIntervalMs"].as_u64().unwrap_or(1000),
+        ));
         s.get(&id).unwrap();
     }
     assert_eq!(hang.received("tasks/cancel").len(), 2);
@@ -548,7 +700,13 @@ fn routes_through_taskgate_to_another_taskgate() {
     let inner_cfg = root.path().join("inner.toml");
     std::fs::write(
         &inner_cfg,
-        config_text("", &[Tool::new("shout").script("printf LOUD").effect("idempotent_write").task("required")]),
+        config_text(
+            "",
+            &[Tool::new("shout")
+                .script("printf LOUD")
+                .effect("idempotent_write")
+                .task("required")],
+        ),
     )
     .unwrap();
     let bin = env!("CARGO_BIN_EXE_taskgate");

@@ -304,6 +304,29 @@ pub fn upstreams(
     }
 }
 
+/// The durable routes (the nonterminal ones when `open`), or the one `id`
+/// names.
+pub fn routes(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    id: Option<&str>,
+    open: bool,
+) -> Result<Vec<super::RouteStatus>, Refusal> {
+    let target = locate(overrides, socket)?;
+    let request = Request::Routes {
+        id: id.map(str::to_string),
+        open,
+    };
+    match ask(&target, &request, Some(STATUS_TIMEOUT))? {
+        Answer::Routes { routes } => Ok(routes),
+        Answer::Error(e) => Err(Refusal::new(e.class(), e.message)),
+        _ => Err(Refusal::new(
+            ExitClass::Protocol,
+            "the daemon answered something else than its routes",
+        )),
+    }
+}
+
 /// A socket found from `$RUNTIME_DIRECTORY` may belong to the daemon of
 /// another state directory: say so rather than report on the wrong one.
 fn check_same_dir(target: &Target, served: &Path) -> Result<(), Refusal> {
@@ -447,6 +470,18 @@ pub fn render(s: &Status) -> Vec<String> {
             line.push_str(&format!("; last error: {e}"));
         }
         lines.push(line);
+    }
+    if let Some(r) = &s.routes {
+        lines.push(format!(
+            "routes           {} unexpired: {} prepared, {} dispatching, {} routed, {} cancel requested, {} need reconciliation, {} terminal",
+            r.total(),
+            r.prepared,
+            r.dispatching,
+            r.routed,
+            r.cancel_requested,
+            r.reconciliation_required,
+            r.terminal
+        ));
     }
     if let Some(c) = &s.confinement {
         lines.extend(c.lines());

@@ -166,6 +166,14 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         alias: Option<String>,
     },
+    /// Durable routes, newest first (only the nonterminal ones when
+    /// `open`), or the one route `id` names.
+    Routes {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default)]
+        open: bool,
+    },
 }
 
 /// One answer line.
@@ -178,6 +186,9 @@ pub enum Answer {
     /// A struct variant: an internally tagged enum cannot carry a bare list.
     Upstreams {
         upstreams: Vec<crate::upstream::UpstreamStatus>,
+    },
+    Routes {
+        routes: Vec<RouteStatus>,
     },
     Error(AdminError),
 }
@@ -265,6 +276,53 @@ pub struct Status {
     /// older than this field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<crate::upstream::UpstreamStatus>,
+    /// Unexpired durable routes by phase; absent when none are held or
+    /// the store could not count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<crate::store::RouteCounts>,
+}
+
+/// Routes an operator listing holds at most.
+pub const MAX_LISTED_ROUTES: u32 = 500;
+
+/// A durable route as the operator sees it: where it stands and why, never
+/// its arguments (taskgate does not keep them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    pub id: String,
+    /// The first 8 hex digits of the caller's identity digest.
+    pub owner: String,
+    pub upstream: String,
+    pub capability: String,
+    pub phase: String,
+    /// What the caller reads: working, completed, failed or cancelled.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
+    pub cancel_attempts: i64,
+    pub cancel_acknowledged: bool,
+    /// provider or broker, once terminal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    pub schema_digest: String,
+    pub request_digest: String,
+    pub binding_digest: String,
+    /// RFC 3339, UTC.
+    pub created: String,
+    pub updated: String,
+    pub deadline: String,
+    pub expires: String,
+    /// The submission binding (identifiers and digests only); in `show`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<serde_json::Value>,
 }
 
 /// A durable part as `status` shows it.

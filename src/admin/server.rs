@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 
 use super::{
     ANSWER_WRITE_TIMEOUT, AdminError, AdminKey, Answer, Fallbacks, MAX_CONNECTIONS,
-    MAX_REQUEST_BYTES, PartStatus, Queue, REQUEST_READ_TIMEOUT, ReloadReply, Request, SnapshotDone,
-    Status, TaskCounts,
+    MAX_LISTED_ROUTES, MAX_REQUEST_BYTES, PartStatus, Queue, REQUEST_READ_TIMEOUT, ReloadReply,
+    Request, RouteStatus, SnapshotDone, Status, TaskCounts,
 };
 use crate::backup::{self, BackupError};
 use crate::config::Config;
@@ -26,6 +26,7 @@ use crate::exit::{Classify, ExitClass};
 use crate::http::BoundedSessions;
 use crate::parts::{self, Parts};
 use crate::state_dir::{self, LifetimeLock};
+use crate::store::RoutePhase;
 use crate::tasks::TaskService;
 use crate::upstream::Upstreams;
 
@@ -441,6 +442,7 @@ async fn serve(
                     Answer::Upstreams { upstreams: one }
                 }
             }
+            (_, Ok(Request::Routes { id, open })) => routes(&ctx, id, open).await,
             (_, Err(e)) => Answer::Error(AdminError::new(
                 ExitClass::Protocol,
                 format!("malformed request: {e}"),
@@ -581,6 +583,87 @@ async fn status(ctx: &Context) -> Status {
             })
             .collect(),
         upstreams: ctx.upstreams.status(false),
+        routes: match store.disabled_reason() {
+            Some(_) => None,
+            None => match tokio::time::timeout(STATS_LIMIT, store.route_counts()).await {
+                Ok(Ok(c)) if c.total() > 0 => Some(c),
+                _ => None,
+            },
+        },
+    }
+}
+
+fn ms_rfc3339(ms: i64) -> String {
+    rfc3339(SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+/// A route as the operator sees it; `binding` only for one route.
+fn route_status(r: &crate::store::RouteRecord, binding: bool) -> RouteStatus {
+    let status = match r.phase {
+        RoutePhase::Terminal => r.status.map(|s| s.as_str()).unwrap_or("failed"),
+        RoutePhase::ReconciliationRequired => "failed",
+        _ => "working",
+    };
+    RouteStatus {
+        id: r.id.to_string(),
+        owner: r.owner.to_hex()[..8].to_string(),
+        upstream: r.upstream.clone(),
+        capability: r.capability.clone(),
+        phase: r.phase.as_str().to_string(),
+        status: status.to_string(),
+        reason: r.reason.clone(),
+        session: r.session.clone(),
+        coordinator: r.coordinator.clone(),
+        upstream_task_id: r.upstream_task_id.clone(),
+        cancel_reason: r.cancel_reason.clone(),
+        cancel_attempts: r.cancel_attempts,
+        cancel_acknowledged: r.cancel_acknowledged,
+        decided_by: r.decider.map(|d| d.as_str().to_string()),
+        schema_digest: r.schema_digest.clone(),
+        request_digest: r.request_digest.to_hex(),
+        binding_digest: r.binding_digest.to_hex(),
+        created: ms_rfc3339(r.created_ms),
+        updated: ms_rfc3339(r.updated_ms),
+        deadline: ms_rfc3339(r.deadline_ms),
+        expires: ms_rfc3339(r.expires_ms),
+        binding: binding.then(|| r.binding_json()),
+    }
+}
+
+/// The durable routes, or the one `id` names.
+async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
+    let store = ctx.svc.store();
+    let unavailable = |e: crate::store::StoreError| {
+        Answer::Error(AdminError::new(
+            ExitClass::CallFailed,
+            format!("the store could not read the routes: {e}"),
+        ))
+    };
+    match id {
+        Some(id) => {
+            let Some(parsed) = crate::store::RouteId::parse(&id) else {
+                return Answer::Error(AdminError::new(
+                    ExitClass::Usage,
+                    format!("{id:?} is not a route ID (tgr- and 32 hex digits)"),
+                ));
+            };
+            match store.route(&parsed).await {
+                Ok(Some(r)) => Answer::Routes {
+                    routes: vec![route_status(&r, true)],
+                },
+                Ok(None) => Answer::Error(AdminError::new(
+                    ExitClass::CallFailed,
+                    format!("no unexpired route {id}"),
+                )),
+                Err(e) => unavailable(e),
+            }
+        }
+        None => match store.list_routes(MAX_LISTED_ROUTES, open).await {
+            Ok(all) => Answer::Routes {
+                routes: all.iter().map(|r| route_status(r, false)).collect(),
+            },
+            Err(e) => unavailable(e),
+        },
     }
 }
 

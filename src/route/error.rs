@@ -101,9 +101,9 @@ impl RouteError {
                 StoreError::Busy { .. } => wire::STORE_BUSY,
                 StoreError::RouteCapacity { .. } => wire::ROUTE_CAPACITY,
                 StoreError::Capacity(_) => wire::STORE_CAPACITY,
-                StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped => {
-                    wire::STORE_UNAVAILABLE
-                }
+                StoreError::Disabled { .. }
+                | StoreError::Uncertain { .. }
+                | StoreError::Stopped => wire::STORE_UNAVAILABLE,
                 _ => wire::INTERNAL,
             },
             RouteError::Internal(_) => wire::INTERNAL,

@@ -90,7 +90,11 @@ impl LeaseRequest {
                 format!("a lease names 1-{MAX_LEASE_CAPABILITIES} capabilities"),
             ));
         }
-        if let Some(unknown) = r.effects.iter().find(|e| !EFFECT_NAMES.contains(&e.as_str())) {
+        if let Some(unknown) = r
+            .effects
+            .iter()
+            .find(|e| !EFFECT_NAMES.contains(&e.as_str()))
+        {
             return Err(RouteError::refused(
                 Check::Effect,
                 format!(

@@ -215,7 +215,9 @@ impl Router {
                 if !negotiated {
                     return Err(RouteError::TasksRequired);
                 }
-                self.submit(&args, caller, owner).await.map(MetaAnswer::Task)
+                self.submit(&args, caller, owner)
+                    .await
+                    .map(MetaAnswer::Task)
             }
             other => Err(RouteError::Internal(format!("{other} is not a meta-tool"))),
         }
@@ -337,7 +339,10 @@ impl Router {
                 format!("{}'s input schema is not usable", routable.name),
             )
         })?;
-        if let Some(e) = validator.iter_errors(&Value::Object(arguments.clone())).next() {
+        if let Some(e) = validator
+            .iter_errors(&Value::Object(arguments.clone()))
+            .next()
+        {
             return Err(RouteError::refused(
                 Check::Arguments,
                 format!(
@@ -380,9 +385,9 @@ impl Router {
         // The dispatch runs on its own task: a caller who goes away does not
         // stop it between two of its commits.
         let router = self.clone();
-        let handle = self.dispatches.spawn(async move {
-            router.dispatch(record, routable, arguments, binding).await
-        });
+        let handle = self
+            .dispatches
+            .spawn(async move { router.dispatch(record, routable, arguments, binding).await });
         match handle.await {
             Ok(r) => r,
             Err(e) => Err(RouteError::Internal(format!("a dispatch failed: {e}"))),
@@ -464,18 +469,22 @@ impl Router {
                     poll_interval_ms: poll_interval_ms.unwrap_or(0).min(60_000) as i64,
                 },
             },
-            Ok(Answer::Result { value, echo, bytes }) => match echo_problem(echo.as_ref(), &envelope)
-            {
-                Some(problem) => RouteChange::Reconcile {
-                    reason: format!("the upstream answered at once but {problem}"),
-                },
-                None => self.completed(&record, value, bytes as u64, None),
-            },
+            Ok(Answer::Result { value, echo, bytes }) => {
+                match echo_problem(echo.as_ref(), &envelope) {
+                    Some(problem) => RouteChange::Reconcile {
+                        reason: format!("the upstream answered at once but {problem}"),
+                    },
+                    None => self.completed(&record, value, bytes as u64, None),
+                }
+            }
             Ok(Answer::Error { code, message }) => RouteChange::Terminal {
                 status: TaskStatus::Failed,
                 outcome: Some(error_outcome(
                     wire::UPSTREAM_ERROR,
-                    format!("upstream {} refused the submission: {message}", record.upstream),
+                    format!(
+                        "upstream {} refused the submission: {message}",
+                        record.upstream
+                    ),
                     Some(json!({"upstreamCode": code, "upstreamMessage": message})),
                 )),
                 decider: Decider::Provider,
@@ -575,7 +584,10 @@ impl Router {
             ),
             RoutePhase::Prepared => (
                 TaskStatus::Working,
-                Some(format!("submitted; not yet sent to upstream {}", r.upstream)),
+                Some(format!(
+                    "submitted; not yet sent to upstream {}",
+                    r.upstream
+                )),
                 None,
             ),
             RoutePhase::Dispatching => (
@@ -675,7 +687,12 @@ impl Router {
     }
 
     /// `tasks/get` for a route.
-    pub async fn get(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<TaskRecord, RouteError> {
+    pub async fn get(
+        &self,
+        id: &str,
+        caller: &Caller,
+        owner: &Digest,
+    ) -> Result<TaskRecord, RouteError> {
         authorize(caller, &[auth::SCOPE_TASKS_READ])?;
         let r = self.owned(id, owner).await?;
         if !matches!(
@@ -876,7 +893,12 @@ impl Router {
 
     /// `tasks/cancel` for a route: the intent is committed, then forwarded
     /// when the upstream task is known on the current session.
-    pub async fn cancel(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<(), RouteError> {
+    pub async fn cancel(
+        &self,
+        id: &str,
+        caller: &Caller,
+        owner: &Digest,
+    ) -> Result<(), RouteError> {
         authorize(caller, &[auth::SCOPE_TASKS_CANCEL])?;
         let r = self.owned(id, owner).await?;
         if !matches!(
@@ -889,7 +911,11 @@ impl Router {
             .store
             .advance_route(
                 &r.id,
-                &[RoutePhase::Prepared, RoutePhase::Dispatching, RoutePhase::Routed],
+                &[
+                    RoutePhase::Prepared,
+                    RoutePhase::Dispatching,
+                    RoutePhase::Routed,
+                ],
                 RouteChange::CancelRequested {
                     reason: "requested by the caller".into(),
                 },
@@ -911,7 +937,12 @@ impl Router {
 
     /// `tasks/update` for a route: always refused (an owned route), or
     /// unknown.
-    pub async fn update(&self, id: &str, caller: &Caller, owner: &Digest) -> Result<(), RouteError> {
+    pub async fn update(
+        &self,
+        id: &str,
+        caller: &Caller,
+        owner: &Digest,
+    ) -> Result<(), RouteError> {
         authorize(caller, &[auth::SCOPE_TASKS_CANCEL])?;
         self.owned(id, owner).await?;
         Err(RouteError::UpdateUnsupported)

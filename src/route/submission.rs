@@ -180,9 +180,7 @@ impl Submission {
             ));
         }
         if ahead > MAX_RETENTION_MS {
-            return Err(bounds(
-                "deadlineUnixMs lies more than one hour ahead",
-            ));
+            return Err(bounds("deadlineUnixMs lies more than one hour ahead"));
         }
         if self.permitted_effect != CONSERVATIVE_EFFECT {
             return Err(RouteError::refused(
@@ -301,15 +299,30 @@ mod tests {
         let cases: Vec<(&str, Box<dyn Fn(&mut Submission)>)> = vec![
             ("attempt 2", Box::new(|s| s.attempt = 2)),
             ("no cleanup", Box::new(|s| s.cleanup_required = false)),
-            ("runtime", Box::new(|s| s.limits.runtime_ms = MAX_RUNTIME_MS + 1)),
-            ("artifacts", Box::new(|s| s.limits.artifact_bytes = MAX_ARTIFACT_BYTES + 1)),
-            ("output", Box::new(|s| s.limits.output_bytes = MAX_IO_BYTES + 1)),
-            ("retention", Box::new(|s| s.retention_ms = MAX_RETENTION_MS + 1)),
+            (
+                "runtime",
+                Box::new(|s| s.limits.runtime_ms = MAX_RUNTIME_MS + 1),
+            ),
+            (
+                "artifacts",
+                Box::new(|s| s.limits.artifact_bytes = MAX_ARTIFACT_BYTES + 1),
+            ),
+            (
+                "output",
+                Box::new(|s| s.limits.output_bytes = MAX_IO_BYTES + 1),
+            ),
+            (
+                "retention",
+                Box::new(|s| s.retention_ms = MAX_RETENTION_MS + 1),
+            ),
             ("past deadline", Box::new(move |s| s.deadline_unix_ms = now)),
-            ("beyond retention", Box::new(move |s| {
-                s.retention_ms = 1000;
-                s.deadline_unix_ms = now + 1001;
-            })),
+            (
+                "beyond retention",
+                Box::new(move |s| {
+                    s.retention_ms = 1000;
+                    s.deadline_unix_ms = now + 1001;
+                }),
+            ),
         ];
         for (what, change) in cases {
             let mut s = valid(now);
@@ -337,7 +350,10 @@ mod tests {
             m
         };
         let at = fill(MAX_IO_BYTES as usize - 8);
-        assert_eq!(canonical(&Value::Object(at.clone())).len() as u64, MAX_IO_BYTES);
+        assert_eq!(
+            canonical(&Value::Object(at.clone())).len() as u64,
+            MAX_IO_BYTES
+        );
         let mut s = valid(now);
         s.input_digest = input_digest(&at);
         assert!(s.check(&at, now).is_ok());

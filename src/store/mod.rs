@@ -45,9 +45,9 @@ pub use clock::{Clock, ManualClock};
 pub use migrate::SCHEMA_VERSION;
 pub use open::{CheckReport, OpenReport, check_identified, check_read_only};
 pub use routes::{
-    Advanced, Decider, LeaseRecord, MAX_LEASES, MAX_LEASES_PER_OWNER, MAX_ROUTES, MAX_ROUTES_PER_OWNER,
-    NewRoute, Prepared, ROUTE_SWEEP_ON_SUBMIT, RouteChange, RouteCounts, RouteId, RoutePhase,
-    RouteRecord,
+    Advanced, Decider, LeaseRecord, MAX_LEASES, MAX_LEASES_PER_OWNER, MAX_ROUTES,
+    MAX_ROUTES_PER_OWNER, NewRoute, Prepared, ROUTE_SWEEP_ON_SUBMIT, RouteChange, RouteCounts,
+    RouteId, RoutePhase, RouteRecord,
 };
 pub use tasks::{Created, ErrorBody, NewTask, Outcome, TaskId, TaskRecord, TaskStatus};
 
@@ -201,7 +201,9 @@ pub enum StoreError {
 /// Errors that refuse opening the store (startup steps 4–7).
 fn route_capacity(limit: u64, per_caller: bool) -> String {
     if per_caller {
-        format!("this caller already holds {limit} unexpired routes or leases; wait until some expire")
+        format!(
+            "this caller already holds {limit} unexpired routes or leases; wait until some expire"
+        )
     } else {
         format!("{limit} route or lease records are held in all; wait until some expire")
     }

@@ -243,7 +243,9 @@ pub enum RouteChange {
     },
     /// One more cancel was forwarded (or tried), and whether the upstream
     /// acknowledged it.
-    CancelForwarded { acknowledged: bool },
+    CancelForwarded {
+        acknowledged: bool,
+    },
 }
 
 impl RouteChange {
@@ -590,9 +592,8 @@ fn find_unexpired(
     id: &RouteId,
     now: i64,
 ) -> rusqlite::Result<Option<RouteRecord>> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {COLUMNS} FROM routes WHERE id = ?1 AND expires_ms > ?2")
-    });
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {COLUMNS} FROM routes WHERE id = ?1 AND expires_ms > ?2"));
     conn.prepare_cached(&SQL)?
         .query_row(params![id.as_str(), now], decode_row)
         .optional()
@@ -852,8 +853,9 @@ fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
 
 /// Routes by phase, unexpired ones only.
 fn counts(conn: &Connection, now: i64) -> rusqlite::Result<RouteCounts> {
-    let mut stmt = conn
-        .prepare_cached("SELECT phase, count(*) FROM routes WHERE expires_ms > ?1 GROUP BY phase")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT phase, count(*) FROM routes WHERE expires_ms > ?1 GROUP BY phase",
+    )?;
     let mut rows = stmt.query(params![now])?;
     let mut counts = RouteCounts::default();
     while let Some(row) = rows.next()? {

@@ -39,11 +39,11 @@ use tracing::Instrument;
 use crate::artifacts::Artifacts;
 use crate::auth::{self, Caller};
 use crate::config::{Effect, TaskMode, TaskSettings};
+use crate::route::{self, MetaAnswer, Router};
 use crate::store::{
     CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId,
     TaskRecord, TaskStatus,
 };
-use crate::route::{self, MetaAnswer, Router};
 use crate::tools::{Lookup, Registry, RunError, Runner, ToolSpec};
 
 pub use artifact_read::ARTIFACT_READ_TOOL;
@@ -506,7 +506,13 @@ impl TaskService {
             && let Some(router) = self.router()
         {
             return match router
-                .call(&call.tool, call.arguments, &call.caller, owner, call.negotiated)
+                .call(
+                    &call.tool,
+                    call.arguments,
+                    &call.caller,
+                    owner,
+                    call.negotiated,
+                )
                 .await
                 .map_err(TaskError::Route)?
             {

@@ -106,7 +106,10 @@ pub enum PollFailure {
     SessionChanged,
     Failed(Failure),
     /// The upstream answered with a JSON-RPC error (an unknown task, say).
-    Error { code: i64, message: String },
+    Error {
+        code: i64,
+        message: String,
+    },
 }
 
 fn source_digest(shared: &Shared, cap_digest: &str, session: &Session) -> [u8; 32] {
@@ -233,7 +236,9 @@ impl Upstreams {
             ));
         };
         let Some(shared) = self.shared_of(alias) else {
-            return Err(format!("no upstream is configured under the alias {alias:?}"));
+            return Err(format!(
+                "no upstream is configured under the alias {alias:?}"
+            ));
         };
         routable_of(&shared, name)
     }
@@ -396,7 +401,11 @@ async fn send(
     timeout: Duration,
 ) -> Result<Result<ServerResult, (i64, String)>, Failure> {
     let options = PeerRequestOptions::with_timeout(timeout).with_meta(meta);
-    let handle = match session.peer.send_request_with_option(request, options).await {
+    let handle = match session
+        .peer
+        .send_request_with_option(request, options)
+        .await
+    {
         Ok(h) => h,
         // The transport refused to take it: it never left.
         Err(e) => {
