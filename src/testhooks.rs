@@ -31,6 +31,13 @@ pub const CRASH_AFTER_ARTIFACT_TEMP: &str = "artifact-temp-written";
 /// is committed.
 pub const CRASH_AFTER_ARTIFACT_RENAME: &str = "artifact-renamed";
 
+/// A durable route's prepared phase is committed; nothing is dispatched.
+pub const CRASH_ROUTE_PREPARED: &str = "route-prepared";
+/// Its dispatching phase (session) is committed; nothing is sent yet.
+pub const CRASH_ROUTE_DISPATCHING: &str = "route-dispatching";
+/// The upstream answered the submission; nothing of it is committed.
+pub const CRASH_ROUTE_ANSWERED: &str = "route-answered";
+
 pub const fn compiled_in() -> bool {
     cfg!(any(debug_assertions, feature = "test-hooks"))
 }

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
         "service", "startup", "backup", "bench", "client", "logging", "admin", "verify",
     ],
     &["http", "mcp"],
-    &["tasks", "parts", "upstream"],
+    &["tasks", "parts", "upstream", "route"],
     &[
         "tools",
         "store",
@@ -41,6 +41,11 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("bench", "client"),
     // The HTTP application hosts the MCP handler.
     ("http", "mcp"),
+    // The task service hands durable routes (their meta-tools and `tgr-`
+    // task IDs) to the router.
+    ("tasks", "route"),
+    // A route is sent, polled and cancelled on an upstream's session.
+    ("route", "upstream"),
     // The store reaches its fault hooks (tests only; no-ops in release).
     ("store", "testhooks"),
     // Artifacts live in the state directory and are keyed by task ID.
@@ -67,8 +72,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "service",
         &[
-            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "startup",
-            "store", "tasks", "tools", "upstream",
+            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "route",
+            "startup", "store", "tasks", "tools", "upstream",
         ],
     ),
     (
@@ -80,6 +85,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "http",
             "parts",
             "state_dir",
+            "store",
             "tasks",
             "tools",
             "upstream",
@@ -114,11 +120,35 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("http", &["auth", "config", "exit", "mcp", "tasks", "wire"]),
     (
         "mcp",
-        &["auth", "config", "store", "tasks", "tools", "wire"],
+        &[
+            "auth", "config", "store", "tasks", "tools", "upstream", "wire",
+        ],
     ),
     (
         "tasks",
-        &["artifacts", "auth", "config", "store", "tools", "wire"],
+        &[
+            "artifacts",
+            "auth",
+            "config",
+            "route",
+            "store",
+            "tools",
+            "wire",
+        ],
+    ),
+    // Durable routes: their records in the store, the upstreams' sessions,
+    // the caller's scopes.
+    (
+        "route",
+        &[
+            "auth",
+            "config",
+            "store",
+            "testhooks",
+            "tools",
+            "upstream",
+            "wire",
+        ],
     ),
     (
         "parts",

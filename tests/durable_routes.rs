@@ -161,6 +161,28 @@ impl Setup {
         self.daemon = Some(Daemon::start(&self.cfg, &self.state, &self.log));
     }
 
+    /// Restarts the daemon with the crash point `at` armed.
+    fn restart_crashing_at(&mut self, at: &str) {
+        let old = self.daemon.take().unwrap();
+        assert!(old.stop().success());
+        self.daemon = Some(
+            Daemon::builder()
+                .config(&self.cfg)
+                .state_dir(&self.state)
+                .log(&self.log)
+                .env(taskgate::testhooks::CRASH_AT_ENV, at)
+                .start(),
+        );
+    }
+
+    /// Waits for the daemon to die (at its crash point) and starts it again.
+    fn recover_from_crash(&mut self) {
+        let mut crashed = self.daemon.take().unwrap();
+        let status = crashed.wait_exit(SETTLE);
+        assert!(!status.success(), "{status:?}");
+        self.daemon = Some(Daemon::start(&self.cfg, &self.state, &self.log));
+    }
+
     fn client(&self) -> Client {
         self.daemon().client(true)
     }
@@ -723,4 +745,76 @@ fn routes_through_taskgate_to_another_taskgate() {
     assert_eq!(t["status"], "completed", "{t}");
     assert_eq!(text(&t["result"]), "LOUD");
     let _ = Path::new("");
+}
+
+#[test]
+fn a_crash_at_each_dispatch_step_is_recovered_without_a_second_send() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "forever", &[], "");
+    let mut s = Setup::start(root, &table, &["up"]);
+    let args = json!({"value": "crash"});
+    // (crash point, what the caller reads after the restart, effects the
+    // upstream recorded from that submission)
+    let cases = [
+        (
+            taskgate::testhooks::CRASH_ROUTE_PREPARED,
+            "TG_ROUTE_NOT_DISPATCHED",
+            0,
+        ),
+        (
+            taskgate::testhooks::CRASH_ROUTE_DISPATCHING,
+            "TG_TASK_RECONCILIATION_REQUIRED",
+            0,
+        ),
+        (
+            taskgate::testhooks::CRASH_ROUTE_ANSWERED,
+            "TG_TASK_RECONCILIATION_REQUIRED",
+            1,
+        ),
+    ];
+    for (at, reads, effects) in cases {
+        let sub = s.submission("up.work", at, &args, Duration::from_secs(600));
+        let calls_before = up.received("tools/call").len();
+        let effects_before = up.effects().len();
+        s.restart_crashing_at(at);
+        wait_upstream(&s.state, "up", SETTLE, is_ready);
+        // The answer is lost with the process.
+        let lost = s.submit(&sub, &args);
+        assert!(lost.is_err(), "{at}: answered {lost:?}");
+        s.recover_from_crash();
+        wait_upstream(&s.state, "up", SETTLE, is_ready);
+        // The caller recovers by the same key: the same route, never sent
+        // again.
+        let handle = s.submit(&sub, &args).unwrap();
+        let t = s.get(&task_id(&handle)).unwrap();
+        assert_eq!(failed_name(&t), reads, "{at}: {t}");
+        assert_eq!(up.effects().len() - effects_before, effects, "{at}");
+        assert_eq!(
+            up.received("tools/call").len() - calls_before,
+            effects,
+            "{at}"
+        );
+    }
+    // Killed once routed: the route keeps its upstream ID and is never asked
+    // about on the new session.
+    let sub = s.submission("up.work", "killed", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    assert_eq!(s.get(&id).unwrap()["status"], "working");
+    s.daemon.take().unwrap().kill();
+    s.daemon = Some(Daemon::start(&s.cfg, &s.state, &s.log));
+    wait_upstream(&s.state, "up", SETTLE, is_ready);
+    let gets = up.received("tasks/get").len();
+    let t = s.get(&id).unwrap();
+    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    assert_eq!(up.received("tasks/get").len(), gets);
+    let out = s.admin(&["routes", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        listed.contains(&id) && listed.contains("reconciliation"),
+        "{listed}"
+    );
+    let status = admin_status(&s.state);
+    assert_eq!(status["routes"]["reconciliation_required"], 3, "{status}");
 }

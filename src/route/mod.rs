@@ -35,7 +35,7 @@ use crate::store::{
 };
 use crate::tools::{Shown, ToolSpec};
 use crate::upstream::{Answer, Failure, PollFailure, Routable, Upstreams};
-use crate::wire;
+use crate::{testhooks, wire};
 
 pub use error::{Check, RouteError};
 pub use lease::{DEFAULT_LEASE_MS, LEASE_PREFIX, Lease, MAX_LEASE_MS};
@@ -384,6 +384,7 @@ impl Router {
         tracing::info!(route = %record.id, upstream = %record.upstream, capability = %record.capability, "route {} prepared for {}", record.id, record.capability);
         // The dispatch runs on its own task: a caller who goes away does not
         // stop it between two of its commits.
+        testhooks::crash_point(testhooks::CRASH_ROUTE_PREPARED);
         let router = self.clone();
         let handle = self
             .dispatches
@@ -428,6 +429,7 @@ impl Router {
         if !matches!(dispatching, Advanced::Changed(_)) {
             return self.current_view(&id).await;
         }
+        testhooks::crash_point(testhooks::CRASH_ROUTE_DISPATCHING);
         let envelope = json!({
             "publicTaskId": id.as_str(),
             "requestDigest": record.request_digest.to_hex(),
@@ -439,6 +441,7 @@ impl Router {
             .upstreams
             .submit(&current, arguments, envelope.clone(), timeout)
             .await;
+        testhooks::crash_point(testhooks::CRASH_ROUTE_ANSWERED);
         let from = [RoutePhase::Dispatching, RoutePhase::CancelRequested];
         let change = match answer {
             Err(Failure::NotSent(why)) => {
@@ -730,8 +733,9 @@ impl Router {
         let timeout = MAX_POLL_TIMEOUT.min(routable.timeout);
         // Past the deadline the task is cancelled (intent first), once.
         let mut r = r;
-        if now >= r.deadline_ms && r.phase == RoutePhase::Routed {
-            if let Advanced::Changed(after) = self
+        if now >= r.deadline_ms
+            && r.phase == RoutePhase::Routed
+            && let Advanced::Changed(after) = self
                 .store
                 .advance_route(
                     &r.id,
@@ -741,9 +745,8 @@ impl Router {
                     },
                 )
                 .await?
-            {
-                r = after;
-            }
+        {
+            r = after;
         }
         if r.phase == RoutePhase::CancelRequested
             && !r.cancel_acknowledged

@@ -296,7 +296,8 @@ mod tests {
     #[test]
     fn every_bound_one_past_is_refused() {
         let now = 1_000_000;
-        let cases: Vec<(&str, Box<dyn Fn(&mut Submission)>)> = vec![
+        type Change = Box<dyn Fn(&mut Submission)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("attempt 2", Box::new(|s| s.attempt = 2)),
             ("no cleanup", Box::new(|s| s.cleanup_required = false)),
             (

@@ -1,0 +1,348 @@
+//! The routes kind of the store on real SQLite files, on a manual clock:
+//! its bounds, its idempotency, its sweep, its phase changes and its
+//! restart recovery (what a crash at each phase boundary leaves).
+
+mod common;
+
+use common::*;
+use taskgate::store::{
+    Advanced, Clock, Decider, Digest, MAX_ROUTES, MAX_ROUTES_PER_OWNER, ManualClock, NewRoute,
+    Outcome, Prepared, RouteChange, RouteId, RoutePhase, RouteRecord, Store, StoreError,
+    StoreOptions, TaskStatus,
+};
+
+const EPOCH_MS: i64 = 1_767_225_600_000;
+
+fn open(dir: &std::path::Path) -> (Store, ManualClock) {
+    open_with(dir, |_| {})
+}
+
+fn open_with(dir: &std::path::Path, f: impl FnOnce(&mut StoreOptions)) -> (Store, ManualClock) {
+    let (clock, hand) = Clock::manual(EPOCH_MS);
+    let mut o = StoreOptions::new(dir.join("tasks.db"));
+    o.clock = clock;
+    f(&mut o);
+    (Store::open(o).unwrap().0, hand)
+}
+
+fn caller(n: u32) -> Digest {
+    Digest::of(format!("caller-{n}").as_bytes())
+}
+
+fn route(owner: Digest, key: &str, retention_ms: i64) -> NewRoute {
+    NewRoute {
+        owner,
+        idempotency: Digest::of(key.as_bytes()),
+        binding: format!("{{\"idempotencyKey\":\"{key}\"}}").into_bytes(),
+        request_digest: Digest::of(b"request"),
+        upstream: "up".into(),
+        capability: "up.work".into(),
+        schema_digest: "sha256:00".into(),
+        source_digest: Digest::of(b"source"),
+        deadline_ms: EPOCH_MS + retention_ms / 2,
+        expires_ms: EPOCH_MS + retention_ms,
+        poll_interval_ms: 1000,
+    }
+}
+
+async fn prepared(store: &Store, new: NewRoute) -> RouteRecord {
+    match store.prepare_route(new).await.unwrap() {
+        Prepared::New(r) => r,
+        other => panic!("not new: {other:?}"),
+    }
+}
+
+#[test]
+fn routes_are_bounded_in_all_and_per_caller() {
+    let root = private_dir();
+    let (store, _) = open(root.path());
+    runtime().block_on(async {
+        // 256 for one caller; the 257th is refused for that caller only.
+        for i in 0..MAX_ROUTES_PER_OWNER {
+            prepared(&store, route(caller(0), &format!("k{i}"), 600_000)).await;
+        }
+        let e = store
+            .prepare_route(route(caller(0), "k-over", 600_000))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            StoreError::RouteCapacity {
+                limit: MAX_ROUTES_PER_OWNER,
+                per_caller: true
+            }
+        );
+        // Other callers fill the rest up to 4,096; the 4,097th is refused.
+        let mut n = MAX_ROUTES_PER_OWNER;
+        let mut who = 1;
+        while n < MAX_ROUTES {
+            for i in 0..MAX_ROUTES_PER_OWNER.min(MAX_ROUTES - n) {
+                prepared(&store, route(caller(who), &format!("k{i}"), 600_000)).await;
+                n += 1;
+            }
+            who += 1;
+        }
+        let e = store
+            .prepare_route(route(caller(9999), "k", 600_000))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            StoreError::RouteCapacity {
+                limit: MAX_ROUTES,
+                per_caller: false
+            }
+        );
+        // The same key and binding again is no new route, even at the bound.
+        let again = store
+            .prepare_route(route(caller(0), "k0", 600_000))
+            .await
+            .unwrap();
+        assert!(matches!(again, Prepared::Existing(_)));
+    });
+}
+
+#[test]
+fn a_submission_sweeps_at_most_128_expired_routes_oldest_first() {
+    let root = private_dir();
+    // The timed sweep is held, so that only the submission's own sweep
+    // deletes anything.
+    let hold = root.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
+    let (store, hand) = open_with(root.path(), |o| o.hold_sweep_file = Some(hold.clone()));
+    runtime().block_on(async {
+        let mut old = Vec::new();
+        for i in 0..200 {
+            // Expiring one millisecond apart, oldest first.
+            let mut r = route(caller(i % 8), &format!("old{i}"), 60_000);
+            r.expires_ms += i as i64;
+            old.push(prepared(&store, r).await);
+        }
+        hand.advance(std::time::Duration::from_secs(120));
+        // Expired routes are not readable, by ID or by key.
+        assert_eq!(
+            store.get_route(&old[0].id, &old[0].owner).await.unwrap(),
+            None
+        );
+        prepared(&store, route(caller(100), "fresh", 600_000)).await;
+        let left: Vec<bool> = {
+            let c = rusqlite::Connection::open(root.path().join("tasks.db")).unwrap();
+            old.iter()
+                .map(|r| {
+                    c.query_row(
+                        "SELECT count(*) FROM routes WHERE id = ?1",
+                        [r.id.as_str()],
+                        |row| row.get::<_, i64>(0),
+                    )
+                    .unwrap()
+                        == 1
+                })
+                .collect()
+        };
+        let gone = left.iter().filter(|l| !**l).count();
+        assert_eq!(gone, 128, "{gone} swept");
+        assert!(left[..gone].iter().all(|l| !l), "not oldest first");
+        assert!(left[gone..].iter().all(|l| *l));
+    });
+}
+
+#[test]
+fn idempotency_is_per_caller_and_bound_to_the_binding() {
+    let root = private_dir();
+    let (store, _) = open(root.path());
+    runtime().block_on(async {
+        let a = prepared(&store, route(caller(1), "key", 600_000)).await;
+        let same = store
+            .prepare_route(route(caller(1), "key", 600_000))
+            .await
+            .unwrap();
+        assert_eq!(same, Prepared::Existing(a.clone()));
+        let mut changed = route(caller(1), "key", 600_000);
+        changed.binding = b"{\"idempotencyKey\":\"key\",\"inputDigest\":\"other\"}".to_vec();
+        assert_eq!(
+            store.prepare_route(changed).await.unwrap_err(),
+            StoreError::Conflict
+        );
+        // Another caller's key is its own, and another caller's route
+        // reads exactly like an unknown one.
+        let b = prepared(&store, route(caller(2), "key", 600_000)).await;
+        assert_ne!(a.id, b.id);
+        assert_eq!(store.get_route(&a.id, &caller(2)).await.unwrap(), None);
+        let unknown = RouteId::parse(&format!("tgr-{}", "0".repeat(32))).unwrap();
+        assert_eq!(store.get_route(&unknown, &caller(2)).await.unwrap(), None);
+        // The raw key is not stored: only its digest (and the binding the
+        // caller wrote, which names it).
+        let c = rusqlite::Connection::open(root.path().join("tasks.db")).unwrap();
+        let idem: Vec<u8> = c
+            .query_row(
+                "SELECT idempotency FROM routes WHERE id = ?1",
+                [a.id.as_str()],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(idem.len(), 32);
+    });
+}
+
+#[test]
+fn the_upstream_task_id_is_written_once_and_a_cancel_intent_survives_it() {
+    let root = private_dir();
+    let (store, _) = open(root.path());
+    runtime().block_on(async {
+        let r = prepared(&store, route(caller(1), "k", 600_000)).await;
+        let dispatching = RouteChange::Dispatching {
+            coordinator: "c1".into(),
+            session: "s1".into(),
+        };
+        store
+            .advance_route(&r.id, &[RoutePhase::Prepared], dispatching)
+            .await
+            .unwrap();
+        // The caller cancels while the submission is in flight.
+        let Advanced::Changed(c) = store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::Dispatching],
+                RouteChange::CancelRequested {
+                    reason: "requested by the caller".into(),
+                },
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("not changed")
+        };
+        assert_eq!(c.phase, RoutePhase::CancelRequested);
+        let routed = |id: &str| RouteChange::Routed {
+            upstream_task_id: id.into(),
+            poll_interval_ms: 5000,
+        };
+        let Advanced::Changed(after) = store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::Dispatching, RoutePhase::CancelRequested],
+                routed("up-1"),
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("not changed")
+        };
+        assert_eq!(
+            after.phase,
+            RoutePhase::CancelRequested,
+            "the intent was lost"
+        );
+        assert_eq!(after.upstream_task_id.as_deref(), Some("up-1"));
+        assert_eq!(after.poll_interval_ms, 5000);
+        // A second upstream ID is refused by the schema itself.
+        let e = store
+            .advance_route(&r.id, &[RoutePhase::CancelRequested], routed("up-2"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("written once"), "{e}");
+        let now = store.get_route(&r.id, &caller(1)).await.unwrap().unwrap();
+        assert_eq!(now.upstream_task_id.as_deref(), Some("up-1"));
+        // A change from a phase the route is not in changes nothing.
+        let unchanged = store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::Prepared],
+                RouteChange::Reconcile { reason: "x".into() },
+            )
+            .await
+            .unwrap();
+        assert!(matches!(unchanged, Advanced::Unchanged(_)));
+    });
+}
+
+#[test]
+fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
+    let root = private_dir();
+    let dir = root.path().to_path_buf();
+    let (prepared_id, dispatching_id, routed_id, terminal_id) = {
+        let (store, _) = open(&dir);
+        runtime().block_on(async {
+            let p = prepared(&store, route(caller(1), "p", 600_000)).await;
+            let d = prepared(&store, route(caller(1), "d", 600_000)).await;
+            let r = prepared(&store, route(caller(1), "r", 600_000)).await;
+            let t = prepared(&store, route(caller(1), "t", 600_000)).await;
+            for id in [&d.id, &r.id, &t.id] {
+                store
+                    .advance_route(
+                        id,
+                        &[RoutePhase::Prepared],
+                        RouteChange::Dispatching {
+                            coordinator: "c1".into(),
+                            session: "s1".into(),
+                        },
+                    )
+                    .await
+                    .unwrap();
+            }
+            store
+                .advance_route(
+                    &r.id,
+                    &[RoutePhase::Dispatching],
+                    RouteChange::Routed {
+                        upstream_task_id: "up-1".into(),
+                        poll_interval_ms: 0,
+                    },
+                )
+                .await
+                .unwrap();
+            let done = Outcome::Result(serde_json::json!({"content": [], "isError": false}));
+            store
+                .advance_route(
+                    &t.id,
+                    &[RoutePhase::Dispatching],
+                    RouteChange::Terminal {
+                        status: TaskStatus::Completed,
+                        outcome: Some(done),
+                        decider: Decider::Provider,
+                        reason: None,
+                    },
+                )
+                .await
+                .unwrap();
+            // No clean stop: the process is gone.
+            (p.id, d.id, r.id, t.id)
+        })
+    };
+    let (store, _) = open(&dir);
+    runtime().block_on(async {
+        let get = |id: RouteId| {
+            let store = store.clone();
+            async move { store.get_route(&id, &caller(1)).await.unwrap().unwrap() }
+        };
+        let p = get(prepared_id).await;
+        assert_eq!(p.phase, RoutePhase::Terminal);
+        assert_eq!(p.decider, Some(Decider::Broker));
+        assert_eq!(p.status, Some(TaskStatus::Failed));
+        match &p.outcome {
+            Some(Outcome::Error(e)) => {
+                assert_eq!(e.code, taskgate::wire::ROUTE_NOT_DISPATCHED.code)
+            }
+            other => panic!("{other:?}"),
+        }
+        let d = get(dispatching_id).await;
+        assert_eq!(d.phase, RoutePhase::ReconciliationRequired);
+        assert!(d.reason.unwrap().contains("unknown"));
+        let r = get(routed_id).await;
+        assert_eq!(r.phase, RoutePhase::Routed);
+        assert_eq!(r.session.as_deref(), Some("s1"));
+        assert_eq!(r.upstream_task_id.as_deref(), Some("up-1"));
+        let t = get(terminal_id).await;
+        assert_eq!(t.phase, RoutePhase::Terminal);
+        assert_eq!(t.status, Some(TaskStatus::Completed));
+        let counts = store.route_counts().await.unwrap();
+        assert_eq!(
+            (
+                counts.terminal,
+                counts.reconciliation_required,
+                counts.routed
+            ),
+            (2, 1, 1)
+        );
+    });
+}
