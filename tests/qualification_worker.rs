@@ -19,18 +19,18 @@ fn input() -> Map<String, Value> {
     m
 }
 
-fn identity(public_task_id: &str) -> Identity {
+fn identity(correlation_id: &str) -> Identity {
     Identity {
-        public_task_id: public_task_id.into(),
+        correlation_id: correlation_id.into(),
         logical_task_id: "logical-7".into(),
         attempt: 3,
         input_digest: verify::input_digest(&input()),
     }
 }
 
-fn request(public_task_id: &str, output: &str, fault: &str) -> Vec<u8> {
+fn request(correlation_id: &str, output: &str, fault: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
-        "identity": identity(public_task_id),
+        "identity": identity(correlation_id),
         "input": input(),
         "output": output,
         "fault": fault,
@@ -107,7 +107,7 @@ fn a_fault_run_that_exits_zero_is_still_rejected() {
     assert_eq!(
         verify::check(root.path(), "run-1", &expected),
         Err(Finding::IdentityChanged {
-            field: "publicTaskId".into()
+            field: "correlationId".into()
         })
     );
 }

@@ -340,8 +340,8 @@ fn failed_with(finding: Finding, removed: Removed) -> CleanupError {
 
 /// The first field of `found` that differs from `expected`.
 fn same_identity(found: &Identity, expected: &Identity) -> Result<(), Finding> {
-    let field = if found.public_task_id != expected.public_task_id {
-        "publicTaskId"
+    let field = if found.correlation_id != expected.correlation_id {
+        "correlationId"
     } else if found.logical_task_id != expected.logical_task_id {
         "logicalTaskId"
     } else if found.attempt != expected.attempt {
@@ -551,8 +551,8 @@ mod tests {
         m
     }
 
-    fn expected(public_task_id: &str) -> Expected {
-        Expected::for_input(test_identity(public_task_id, &input()), &input())
+    fn expected(correlation_id: &str) -> Expected {
+        Expected::for_input(test_identity(correlation_id, &input()), &input())
     }
 
     /// A root with one good run of `task-1` under `run`.
@@ -564,8 +564,8 @@ mod tests {
         (base, root)
     }
 
-    fn work(root: &Path, public_task_id: &str, output: &str, fault: &str) {
-        let body = request(public_task_id, Value::Object(input()), output, fault);
+    fn work(root: &Path, correlation_id: &str, output: &str, fault: &str) {
+        let body = request(correlation_id, Value::Object(input()), output, fault);
         run_worker(root, &body[..], Vec::new()).unwrap();
     }
 
@@ -694,7 +694,7 @@ mod tests {
         assert_eq!(
             check(&root, "run", &expected("task-1")),
             Err(Finding::IdentityChanged {
-                field: "publicTaskId".into()
+                field: "correlationId".into()
             })
         );
     }
@@ -729,7 +729,7 @@ mod tests {
         assert_eq!(
             check(&root, "faulty", &expected("task-1")),
             Err(Finding::IdentityChanged {
-                field: "publicTaskId".into()
+                field: "correlationId".into()
             })
         );
         // Another attempt, or result.json's own identity, are caught too.

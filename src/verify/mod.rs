@@ -53,7 +53,7 @@ pub const MAX_ID_BYTES: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Identity {
-    pub public_task_id: String,
+    pub correlation_id: String,
     pub logical_task_id: String,
     pub attempt: u32,
     /// sha256 of the input's RFC 8785 canonical form, 64 lowercase hex

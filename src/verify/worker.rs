@@ -5,7 +5,7 @@
 //! The request:
 //!
 //! ```json
-//! {"identity": {"publicTaskId": "…", "logicalTaskId": "…", "attempt": 1,
+//! {"identity": {"correlationId": "…", "logicalTaskId": "…", "attempt": 1,
 //!               "inputDigest": "<sha256 of the input's RFC 8785 form>"},
 //!  "input": {"name": " value ", "n": 3},
 //!  "output": "run-1",
@@ -23,7 +23,7 @@
 //! and ends the run.
 //!
 //! `fault` makes the worker misbehave on purpose: `change-identity` writes
-//! the manifest under another `publicTaskId` and still succeeds, so a
+//! the manifest under another `correlationId` and still succeeds, so a
 //! verifier that trusted the exit status would accept a run that is not
 //! the one asked for; `escape` asks for an output outside the root through
 //! the worker's own checks, which refuse it.
@@ -59,7 +59,7 @@ pub const MAX_WRITE_BYTES: u64 = 8 * 1024 * 1024;
 /// The output the `escape` fault asks for.
 const ESCAPE_OUTPUT: &str = "../escape";
 /// What the `change-identity` fault appends to the manifest's
-/// `publicTaskId`.
+/// `correlationId`.
 const CHANGED_SUFFIX: &str = "-changed";
 
 /// How a run is told to misbehave, for qualifying what judges it.
@@ -69,7 +69,7 @@ pub enum Fault {
     /// Behave.
     #[default]
     None,
-    /// Write the manifest under another `publicTaskId`, and exit 0.
+    /// Write the manifest under another `correlationId`, and exit 0.
     ChangeIdentity,
     /// Ask for an output outside the root (refused by the worker).
     Escape,
@@ -180,7 +180,7 @@ fn run_bounded(
     let result_digest = sha256_hex(&result);
     let mut identity = request.identity.clone();
     if fault == Fault::ChangeIdentity {
-        identity.public_task_id.push_str(CHANGED_SUFFIX);
+        identity.correlation_id.push_str(CHANGED_SUFFIX);
     }
     let manifest = Manifest {
         identity,
@@ -238,7 +238,7 @@ fn read_request(stdin: impl Read) -> Result<Request, WorkerError> {
 
 fn check_identity(identity: &Identity) -> Result<(), WorkerError> {
     for (field, id) in [
-        ("publicTaskId", &identity.public_task_id),
+        ("correlationId", &identity.correlation_id),
         ("logicalTaskId", &identity.logical_task_id),
     ] {
         if id.is_empty() || id.len() > MAX_ID_BYTES {
@@ -381,15 +381,15 @@ fn io_error(path: &str, e: Errno) -> WorkerError {
     }
 }
 
-/// A request for `input` under `public_task_id`, with the right digest,
+/// A request for `input` under `correlation_id`, with the right digest,
 /// for tests here and in `artifacts`.
 #[cfg(test)]
-pub(super) fn request(public_task_id: &str, input: Value, output: &str, fault: &str) -> Vec<u8> {
+pub(super) fn request(correlation_id: &str, input: Value, output: &str, fault: &str) -> Vec<u8> {
     let Value::Object(members) = &input else {
         panic!("input must be an object");
     };
     serde_json::to_vec(&serde_json::json!({
-        "identity": test_identity(public_task_id, members),
+        "identity": test_identity(correlation_id, members),
         "input": input,
         "output": output,
         "fault": fault,
@@ -398,9 +398,9 @@ pub(super) fn request(public_task_id: &str, input: Value, output: &str, fault: &
 }
 
 #[cfg(test)]
-pub(super) fn test_identity(public_task_id: &str, input: &Map<String, Value>) -> Identity {
+pub(super) fn test_identity(correlation_id: &str, input: &Map<String, Value>) -> Identity {
     Identity {
-        public_task_id: public_task_id.to_string(),
+        correlation_id: correlation_id.to_string(),
         logical_task_id: "logical-1".to_string(),
         attempt: 1,
         input_digest: input_digest(input),
@@ -447,7 +447,7 @@ mod tests {
             unreachable!()
         };
         let expected = format!(
-            r#"{{"identity":{{"attempt":1,"inputDigest":"{}","logicalTaskId":"logical-1","publicTaskId":"task-1"}},"normalized":{{"count":3,"name":"Ada Lovelace","none":null,"ok":true}}}}"#,
+            r#"{{"identity":{{"attempt":1,"correlationId":"task-1","inputDigest":"{}","logicalTaskId":"logical-1"}},"normalized":{{"count":3,"name":"Ada Lovelace","none":null,"ok":true}}}}"#,
             input_digest(&input)
         );
         assert_eq!(String::from_utf8(result.clone()).unwrap(), expected);
@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(manifest["files"][0]["bytes"], result.len());
         assert_eq!(manifest["files"][0]["sha256"], sha256_hex(&result));
         assert_eq!(manifest["resultDigest"], sha256_hex(&result));
-        assert_eq!(manifest["identity"]["publicTaskId"], "task-1");
+        assert_eq!(manifest["identity"]["correlationId"], "task-1");
         let written =
             result.len() as u64 + std::fs::metadata(dir.join("manifest.json")).unwrap().len();
         assert_eq!(
@@ -537,7 +537,7 @@ mod tests {
             .unwrap_err();
             assert!(matches!(e, WorkerError::Input { .. }), "{i}: {e}");
         }
-        let body = br#"{"identity":{"publicTaskId":"t","logicalTaskId":"l","attempt":1,"inputDigest":"0000000000000000000000000000000000000000000000000000000000000000"},"input":[1],"output":"arr"}"#;
+        let body = br#"{"identity":{"correlationId":"t","logicalTaskId":"l","attempt":1,"inputDigest":"0000000000000000000000000000000000000000000000000000000000000000"},"input":[1],"output":"arr"}"#;
         assert!(matches!(
             run(root.path(), body),
             Err(WorkerError::Input { .. })
@@ -694,7 +694,7 @@ mod tests {
     }
 
     #[test]
-    fn the_change_identity_fault_succeeds_under_another_public_task_id() {
+    fn the_change_identity_fault_succeeds_under_another_correlation_id() {
         let root = tempfile::tempdir().unwrap();
         run(
             root.path(),
@@ -704,7 +704,7 @@ mod tests {
         let manifest: Value =
             serde_json::from_slice(&std::fs::read(root.path().join("run/manifest.json")).unwrap())
                 .unwrap();
-        assert_eq!(manifest["identity"]["publicTaskId"], "task-1-changed");
+        assert_eq!(manifest["identity"]["correlationId"], "task-1-changed");
     }
 
     #[test]
