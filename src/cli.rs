@@ -102,6 +102,17 @@ pub enum Command {
     /// it needs reconciliation, why. Never a route's arguments: taskgate
     /// does not keep them.
     Routes(RoutesArgs),
+    /// Qualify a capability of this host end to end, with nothing but this
+    /// binary. --durable-tasks runs the durable route against an embedded
+    /// qualification provider (this binary serving MCP over stdio, its task
+    /// tool a bounded JSON worker run as a separate process): a discarded
+    /// acknowledgement recovered by the same key and task ID after the
+    /// router's store is reopened on the same provider session, one worker
+    /// effect checked by an independent verifier, refusals, tampered and
+    /// escaping artifacts, cleanup, the update refusal and the deadline's
+    /// cancel. Prints the structured result as JSON on stdout and a summary
+    /// on stderr; exits 0 only when the result is PASS (1 otherwise).
+    Verify(VerifyArgs),
     /// Manage the static API tokens of [auth] tokens_file: create one (its
     /// secret is printed once and never stored), list them, revoke one.
     ///
@@ -361,6 +372,18 @@ pub enum UpstreamAction {
     /// named) in upstream-pins.toml beside the configuration file; apply
     /// with `taskgate reload`.
     Pin(UpstreamPinArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Qualify durable routes to upstream tasks (the only qualification
+    /// there is; it must be named).
+    #[arg(long, required = true)]
+    pub durable_tasks: bool,
+    /// Keep the temporary directory (its path is in the result) to
+    /// investigate a failure; it is removed otherwise.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 #[derive(Debug, Args)]

@@ -230,6 +230,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Token(args) => token(&args),
         Command::Upstream(args) => upstream::upstream(&args),
         Command::Routes(args) => routes::routes(&args),
+        Command::Verify(args) => verify(&args),
         Command::WireCodes(args) => wire_codes(args.json),
         Command::QualificationWorker { root } => {
             taskgate::verify::run_worker(&root, std::io::stdin().lock(), std::io::stdout().lock())
@@ -240,6 +241,27 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         | Command::Status(_)
         | Command::Reload(_)
         | Command::ExecTool(_) => Ok(()),
+    }
+}
+
+/// `taskgate verify --durable-tasks`: the structured result on stdout, the
+/// summary on stderr; a FAIL is a failed call (1).
+fn verify(args: &taskgate::cli::VerifyArgs) -> Result<(), Refusal> {
+    // The summary is what stderr is for here: the parts' own progress is
+    // shown only when asked for with TASKGATE_LOG.
+    if std::env::var_os(taskgate::config::ENV_LOG).is_none() {
+        let _ = logging::apply_filter("warn");
+    }
+    let report = taskgate::verify::durable::run(args.keep).map_err(Refusal::from)?;
+    out(serde_json::to_string_pretty(&report).unwrap_or_default())?;
+    eprint!("{}", report.summary());
+    if report.passed() {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            taskgate::exit::ExitClass::CallFailed,
+            "the durable-tasks qualification did not pass; the failed checks and their evidence are in the result on stdout",
+        ))
     }
 }
 

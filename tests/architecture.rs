@@ -115,8 +115,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // default listen address.
     ("client", &["config", "exit", "wire"]),
     ("logging", &["config", "events"]),
-    // The qualification worker's refusals carry their exit class.
-    ("verify", &["exit"]),
+    // The qualification worker's refusals carry their exit class; the
+    // durable-tasks qualification drives a router (store, upstreams,
+    // routes) in process as the local caller.
+    (
+        "verify",
+        &[
+            "auth", "config", "exit", "route", "store", "tasks", "tools", "upstream",
+        ],
+    ),
     ("http", &["auth", "config", "exit", "mcp", "tasks", "wire"]),
     (
         "mcp",

@@ -29,6 +29,7 @@
 //! is bounded by a named constant.
 
 pub mod artifacts;
+pub mod durable;
 pub mod worker;
 
 use serde::{Deserialize, Serialize};
