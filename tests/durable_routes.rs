@@ -112,6 +112,8 @@ struct Setup {
     state: PathBuf,
     log: PathBuf,
     daemon: Option<Daemon>,
+    /// The bearer token requests carry, if any.
+    token: std::cell::RefCell<Option<String>>,
 }
 
 impl Setup {
@@ -126,6 +128,7 @@ impl Setup {
             state,
             log,
             daemon: Some(daemon),
+            token: std::cell::RefCell::new(None),
         };
         for alias in pin {
             wait_upstream(&s.state, alias, SETTLE, is_ready);
@@ -184,7 +187,14 @@ impl Setup {
     }
 
     fn client(&self) -> Client {
-        self.daemon().client(true)
+        self.daemon()
+            .client(true)
+            .with_token(self.token.borrow().clone())
+    }
+
+    /// Requests from now on carry `token`.
+    fn acting_as(&self, token: Option<&str>) {
+        *self.token.borrow_mut() = token.map(str::to_string);
     }
 
     fn call(&self, tool: &str, args: Value) -> Result<Value, ClientError> {
@@ -817,4 +827,96 @@ fn a_crash_at_each_dispatch_step_is_recovered_without_a_second_send() {
     );
     let status = admin_status(&s.state);
     assert_eq!(status["routes"]["reconciliation_required"], 3, "{status}");
+}
+
+/// A static secret of the shape taskgate issues, distinct per `seed`, and
+/// its `[[token]]` entry.
+fn token_entry(id: &str, seed: char, tenant: &str, scopes: &[&str]) -> (String, String) {
+    let secret = format!("tgk_{}", seed.to_string().repeat(43));
+    let hash: String = sha2::Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
+    (
+        secret,
+        format!(
+            "[[token]]\nid = {id:?}\nhash = \"sha256:{hash}\"\ntenant = {tenant:?}\nsubject = \"{id}@{tenant}\"\nscopes = [{}]\n\n",
+            scopes.join(", ")
+        ),
+    )
+}
+
+#[test]
+fn another_callers_route_reads_like_an_unknown_one_and_the_effect_scopes_are_enforced() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "forever", &[], "");
+    let all = [
+        "tools:call",
+        "tasks:read",
+        "tasks:cancel",
+        "taskgate:effect:idempotent-write",
+        "taskgate:effect:non-idempotent-write",
+    ];
+    let (alice, a) = token_entry("alice", 'a', "acme", &all);
+    let (bob, b) = token_entry("bob", 'b', "other", &all);
+    let (carol, c) = token_entry("carol", 'c', "acme", &all[..4]);
+    let tokens = root.path().join("tokens.toml");
+    std::fs::write(&tokens, format!("{a}{b}{c}")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let auth = format!(
+        "[auth]\ntokens_file = \"{}\"\nlocal_owner = \"never\"\n",
+        tokens.display()
+    );
+    let s = Setup::start(root, &format!("{auth}{table}"), &["up"]);
+    let args = json!({"value": "mine"});
+
+    s.acting_as(Some(&alice));
+    let sub = s.submission("up.work", "shared-key", &args, Duration::from_secs(600));
+    let alices = task_id(&s.submit(&sub, &args).unwrap());
+
+    // Bob: Alice's route and an unknown one answer alike, to reads and
+    // cancels; her lease is not his; the same key is his own.
+    s.acting_as(Some(&bob));
+    let unknown = format!("tgr-{}", "0".repeat(32));
+    let (hers, hers_error) = error_of(s.get(&alices));
+    let (none, none_error) = error_of(s.get(&unknown));
+    assert_eq!(hers, "TG_TASK_NOT_FOUND");
+    assert_eq!(
+        (hers_error["code"].clone(), hers_error["message"].clone()),
+        (none_error["code"].clone(), none_error["message"].clone())
+    );
+    assert_eq!(error_of(s.cancel(&alices)).0, "TG_TASK_NOT_FOUND");
+    assert!(up.received("tasks/cancel").is_empty());
+    let (name, error) = error_of(s.submit(&sub, &args));
+    assert_eq!(
+        (name.as_str(), &error["data"]["check"]),
+        ("TG_ROUTE_REFUSED", &json!("lease"))
+    );
+    let his_sub = s.submission("up.work", "shared-key", &args, Duration::from_secs(600));
+    let his = task_id(&s.submit(&his_sub, &args).unwrap());
+    assert_ne!(his, alices);
+
+    // Carol may write idempotently only: a durable submission is a
+    // non-idempotent write whatever the capability's effect.
+    s.acting_as(Some(&carol));
+    let carols = s.submission("up.work", "carol", &args, Duration::from_secs(600));
+    let (name, error) = error_of(s.submit(&carols, &args));
+    assert_eq!(name, "TG_FORBIDDEN", "{error}");
+    assert_eq!(
+        error["data"]["missingScopes"],
+        json!(["taskgate:effect:non-idempotent-write"])
+    );
+    assert_eq!(
+        up.received("tools/call").len(),
+        2,
+        "Carol's submission was sent"
+    );
+
+    // Alice still reads hers.
+    s.acting_as(Some(&alice));
+    assert_eq!(s.get(&alices).unwrap()["status"], "working");
 }

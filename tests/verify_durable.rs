@@ -73,8 +73,14 @@ fn the_qualification_passes_names_every_check_and_leaves_nothing_behind() {
         "{fault:#}"
     );
     // The human summary is on stderr, one line per check and the verdict.
-    assert!(stderr.contains("durable-tasks qualification: PASS"), "{stderr}");
-    assert_eq!(stderr.lines().filter(|l| l.starts_with("pass  ")).count(), checks.len());
+    assert!(
+        stderr.contains("durable-tasks qualification: PASS"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("pass  ")).count(),
+        checks.len()
+    );
     // Nothing left in its temporary directory.
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
