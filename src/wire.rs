@@ -170,7 +170,7 @@ registry! {
         "what the upstream did with this task is unknown (a lost answer, a restart, a changed connection or a reply taskgate could not trust); it was not sent again; check the upstream before submitting anew (the operator sees the reason with taskgate routes show)");
     /// A submission, lease or describe request taskgate refused.
     ROUTE_REFUSED = (-32075, "TG_ROUTE_REFUSED",
-        "taskgate refused this durable submission before sending anything; data.check names the rule (schema, lease, capability, effect, bounds, input digest) and the message what to change");
+        "taskgate refused this durable submission before sending anything; data.check names the rule (schema, lease, capability, provider_interface, effect, bounds, input_digest; arguments are TG_INVALID_ARGUMENTS) and the message what to change");
     /// A routed submission taskgate ended itself without sending it.
     ROUTE_NOT_DISPATCHED = (-32076, "TG_ROUTE_NOT_DISPATCHED",
         "taskgate ended this routed task before sending it to the upstream (it stopped, or the upstream's connection changed first); nothing reached the upstream; submit again with a new idempotency key");

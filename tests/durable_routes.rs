@@ -406,6 +406,29 @@ fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
     let unknown = format!("tgr-{}", "0".repeat(32));
     assert_eq!(error_of(s.get(&unknown)).0, "TG_TASK_NOT_FOUND");
 
+    // Found again by its key after its lease expired and its deadline
+    // passed: recovery lasts as long as the route is retained.
+    let described = s.describe();
+    let short = s
+        .lease(
+            "up.work",
+            &["idempotent_write", "non_idempotent_write"],
+            Some(1000),
+        )
+        .unwrap();
+    let quick_args = json!({"value": "quick"});
+    let quick = submission_for(
+        &short,
+        &described["capabilities"][0],
+        "key-short",
+        &quick_args,
+        Duration::from_millis(1500),
+    );
+    let quick_id = task_id(&s.submit(&quick, &quick_args).unwrap());
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(task_id(&s.submit(&quick, &quick_args).unwrap()), quick_id);
+    assert_eq!(up.received("tools/call").len(), 2);
+
     // The operator sees the route, and never its arguments.
     let out = s.admin(&["routes", "show", &id]);
     assert!(out.status.success(), "{out:?}");
@@ -691,24 +714,33 @@ fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
     let id = task_id(&s.submit(&sub, &args).unwrap());
     s.cancel(&id).unwrap();
     assert_eq!(hang.received("tasks/cancel").len(), 1);
-    let t = s.get(&id).unwrap();
-    assert_eq!(t["status"], "working", "{t}");
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
-        t["statusMessage"]
-            .as_str()
-            .unwrap()
-            .contains("cancel requested"),
-        "{t}"
+        shown.contains("cancel_requested") && shown.contains("1 forwarded, not acknowledged"),
+        "{shown}"
     );
-    // The next poll retries once; later polls do not.
+    // The next poll retries once; unacknowledged again, the route needs
+    // reconciliation, and later polls send nothing more.
+    let t = s.get(&id).unwrap();
     assert_eq!(hang.received("tasks/cancel").len(), 2);
+    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    let gets = hang.received("tasks/get").len();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(
             t["pollIntervalMs"].as_u64().unwrap_or(1000),
         ));
-        s.get(&id).unwrap();
+        assert_eq!(
+            failed_name(&s.get(&id).unwrap()),
+            "TG_TASK_RECONCILIATION_REQUIRED"
+        );
     }
     assert_eq!(hang.received("tasks/cancel").len(), 2);
+    assert_eq!(
+        hang.received("tasks/get").len(),
+        gets,
+        "a route in reconciliation was polled"
+    );
 
     // A poll past the deadline sends the deadline's cancel.
     let sub = s.submission("late.work", "deadline", &args, Duration::from_secs(2));
@@ -884,11 +916,12 @@ fn another_callers_route_reads_like_an_unknown_one_and_the_effect_scopes_are_enf
     let unknown = format!("tgr-{}", "0".repeat(32));
     let (hers, hers_error) = error_of(s.get(&alices));
     let (none, none_error) = error_of(s.get(&unknown));
-    assert_eq!(hers, "TG_TASK_NOT_FOUND");
     assert_eq!(
-        (hers_error["code"].clone(), hers_error["message"].clone()),
-        (none_error["code"].clone(), none_error["message"].clone())
+        (hers.as_str(), none.as_str()),
+        ("TG_TASK_NOT_FOUND", "TG_TASK_NOT_FOUND")
     );
+    // The whole error, byte for byte.
+    assert_eq!(hers_error, none_error);
     assert_eq!(error_of(s.cancel(&alices)).0, "TG_TASK_NOT_FOUND");
     assert!(up.received("tasks/cancel").is_empty());
     let (name, error) = error_of(s.submit(&sub, &args));

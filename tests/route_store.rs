@@ -260,13 +260,46 @@ fn the_upstream_task_id_is_written_once_and_a_cancel_intent_survives_it() {
 fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
     let root = private_dir();
     let dir = root.path().to_path_buf();
-    let (prepared_id, dispatching_id, routed_id, terminal_id) = {
+    let (
+        prepared_id,
+        dispatching_id,
+        routed_id,
+        terminal_id,
+        cancelled_prepared,
+        cancelled_dispatching,
+    ) = {
         let (store, _) = open(&dir);
         runtime().block_on(async {
             let p = prepared(&store, route(caller(1), "p", 600_000)).await;
             let d = prepared(&store, route(caller(1), "d", 600_000)).await;
             let r = prepared(&store, route(caller(1), "r", 600_000)).await;
             let t = prepared(&store, route(caller(1), "t", 600_000)).await;
+            // Cancelled before it was sent, and while it was being sent.
+            let cp = prepared(&store, route(caller(1), "cp", 600_000)).await;
+            let cd = prepared(&store, route(caller(1), "cd", 600_000)).await;
+            store
+                .advance_route(
+                    &cd.id,
+                    &[RoutePhase::Prepared],
+                    RouteChange::Dispatching {
+                        coordinator: "c1".into(),
+                        session: "s1".into(),
+                    },
+                )
+                .await
+                .unwrap();
+            for id in [&cp.id, &cd.id] {
+                store
+                    .advance_route(
+                        id,
+                        &[RoutePhase::Prepared, RoutePhase::Dispatching],
+                        RouteChange::CancelRequested {
+                            reason: "requested by the caller".into(),
+                        },
+                    )
+                    .await
+                    .unwrap();
+            }
             for id in [&d.id, &r.id, &t.id] {
                 store
                     .advance_route(
@@ -305,8 +338,10 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
                 )
                 .await
                 .unwrap();
-            // No clean stop: the process is gone.
-            (p.id, d.id, r.id, t.id)
+            // Recovery runs at every opening, after a clean stop as after
+            // a crash: what was in flight ends the same way.
+            store.shutdown().await.unwrap();
+            (p.id, d.id, r.id, t.id, cp.id, cd.id)
         })
     };
     let (store, _) = open(&dir);
@@ -335,6 +370,17 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
         let t = get(terminal_id).await;
         assert_eq!(t.phase, RoutePhase::Terminal);
         assert_eq!(t.status, Some(TaskStatus::Completed));
+        let cp = get(cancelled_prepared).await;
+        assert_eq!(
+            (cp.phase, cp.status, cp.decider),
+            (
+                RoutePhase::Terminal,
+                Some(TaskStatus::Cancelled),
+                Some(Decider::Broker)
+            )
+        );
+        let cd = get(cancelled_dispatching).await;
+        assert_eq!(cd.phase, RoutePhase::ReconciliationRequired);
         let counts = store.route_counts().await.unwrap();
         assert_eq!(
             (
@@ -342,7 +388,7 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
                 counts.reconciliation_required,
                 counts.routed
             ),
-            (2, 1, 1)
+            (3, 2, 1)
         );
     });
 }

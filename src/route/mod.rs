@@ -297,6 +297,23 @@ impl Router {
                 ));
             }
         };
+        // A submission seen before is answered by its route, whatever has
+        // changed since: the same binding gets the same task, another one a
+        // conflict, and nothing is sent either way.
+        submission.check_input(&arguments)?;
+        let binding = submission.binding();
+        let binding_bytes = submission::canonical(&binding);
+        let idempotency = Digest::of_parts(&[
+            b"taskgate-idempotency",
+            submission.idempotency_key.as_bytes(),
+        ]);
+        if let Some(existing) = self.store.find_route_by_key(&owner, &idempotency).await? {
+            return if existing.binding_digest == Digest::of(&binding_bytes) {
+                Ok(self.view(&existing))
+            } else {
+                Err(RouteError::IdempotencyConflict)
+            };
+        }
         let now = self.now();
         submission.check(&arguments, now)?;
         let stored = self
@@ -354,17 +371,12 @@ impl Router {
             ));
         }
         let source = Digest(routable.source_digest);
-        let binding = submission.binding(&routable.upstream, &routable.remote, &source);
-        let binding_bytes = submission::canonical(&binding);
         let request = submission::request_digest(&routable.remote, &arguments);
         let prepared = self
             .store
             .prepare_route(NewRoute {
                 owner,
-                idempotency: Digest::of_parts(&[
-                    b"taskgate-idempotency",
-                    submission.idempotency_key.as_bytes(),
-                ]),
+                idempotency,
                 binding: binding_bytes,
                 request_digest: request,
                 upstream: routable.upstream.clone(),
@@ -513,9 +525,31 @@ impl Router {
             decider: Decider::Broker,
             reason: Some(format!("not dispatched: {why}")),
         };
-        self.store
+        let done = self
+            .store
             .advance_route(id, &[RoutePhase::Prepared, RoutePhase::Dispatching], change)
             .await?;
+        // The caller cancelled while it was being sent, and it never was:
+        // it ends cancelled.
+        if let Advanced::Unchanged(r) = done
+            && r.phase == RoutePhase::CancelRequested
+            && r.upstream_task_id.is_none()
+        {
+            self.store
+                .advance_route(
+                    id,
+                    &[RoutePhase::CancelRequested],
+                    RouteChange::Terminal {
+                        status: TaskStatus::Cancelled,
+                        outcome: None,
+                        decider: Decider::Broker,
+                        reason: Some(format!(
+                            "cancelled before it was sent; nothing reached the upstream ({why})"
+                        )),
+                    },
+                )
+                .await?;
+        }
         self.current_view(id).await
     }
 
@@ -603,6 +637,15 @@ impl Router {
                 Some(format!("running at upstream {}", r.upstream)),
                 None,
             ),
+            RoutePhase::CancelRequested if r.cancel_attempts > 0 && !r.cancel_acknowledged => (
+                TaskStatus::Working,
+                Some(format!(
+                    "cancel requested ({}); upstream {} did not acknowledge it, so whether the task stops is unknown (reconciliation may be required); it is sent once more at the next poll",
+                    r.cancel_reason.as_deref().unwrap_or("by the caller"),
+                    r.upstream
+                )),
+                None,
+            ),
             RoutePhase::CancelRequested => (
                 TaskStatus::Working,
                 Some(format!(
@@ -678,11 +721,7 @@ impl Router {
         self.store
             .advance_route(
                 &r.id,
-                &[
-                    RoutePhase::Routed,
-                    RoutePhase::CancelRequested,
-                    RoutePhase::ReconciliationRequired,
-                ],
+                &[RoutePhase::Routed, RoutePhase::CancelRequested],
                 RouteChange::Reconcile { reason },
             )
             .await?;
@@ -698,19 +737,15 @@ impl Router {
     ) -> Result<TaskRecord, RouteError> {
         authorize(caller, &[auth::SCOPE_TASKS_READ])?;
         let r = self.owned(id, owner).await?;
-        if !matches!(
-            r.phase,
-            RoutePhase::Routed | RoutePhase::CancelRequested | RoutePhase::ReconciliationRequired
-        ) {
+        // A route in reconciliation is final for its caller: it is never
+        // asked about again (an answer now could contradict what the caller
+        // was told); the operator resolves it.
+        if !matches!(r.phase, RoutePhase::Routed | RoutePhase::CancelRequested) {
             return Ok(self.view(&r));
         }
         let routable = match self.reachable(&r) {
             Ok(Some(now)) => now,
             Ok(None) => return Ok(self.view(&r)),
-            Err(reason) if r.phase == RoutePhase::ReconciliationRequired => {
-                let _ = reason;
-                return Ok(self.view(&r));
-            }
             Err(reason) => return self.reconcile(&r, reason).await,
         };
         let now = self.now();
@@ -753,6 +788,13 @@ impl Router {
             && r.cancel_attempts < MAX_CANCEL_ATTEMPTS
         {
             self.forward_cancel(&r, &routable, timeout).await?;
+            match self.store.route(&r.id).await? {
+                Some(now) if now.phase == RoutePhase::ReconciliationRequired => {
+                    return Ok(self.view(&now));
+                }
+                Some(now) => r = now,
+                None => return Err(RouteError::UnknownTask),
+            }
         }
         match self
             .upstreams
@@ -884,13 +926,29 @@ impl Router {
                 false
             }
         };
-        self.store
+        let after = self
+            .store
             .advance_route(
                 &r.id,
                 &[RoutePhase::CancelRequested],
                 RouteChange::CancelForwarded { acknowledged },
             )
             .await?;
+        // The retry was not acknowledged either: whether the task stopped
+        // is unknown, and the route says so from now on.
+        if let Advanced::Changed(after) = after
+            && !after.cancel_acknowledged
+            && after.cancel_attempts >= MAX_CANCEL_ATTEMPTS
+        {
+            self.reconcile(
+                &after,
+                format!(
+                    "the upstream did not acknowledge the cancel ({} attempts); whether the task stopped is unknown",
+                    after.cancel_attempts
+                ),
+            )
+            .await?;
+        }
         Ok(())
     }
 

@@ -190,6 +190,12 @@ impl Submission {
                 ),
             ));
         }
+        self.check_input(arguments)
+    }
+
+    /// The input's bound and its digest: checked first, even for a
+    /// submission that finds its route again by its key.
+    pub fn check_input(&self, arguments: &Map<String, Value>) -> Result<(), RouteError> {
         let size = canonical(&Value::Object(arguments.clone())).len() as u64;
         if size > MAX_IO_BYTES {
             return Err(bounds(format!(
@@ -206,17 +212,18 @@ impl Submission {
     }
 
     /// The binding committed with the route and sent in the execution
-    /// envelope: every identity of the submission and of what it was bound
-    /// to, and no argument value.
-    pub fn binding(&self, upstream: &str, remote: &str, source_digest: &Digest) -> Value {
+    /// envelope: the submission's every identity and declaration, and no
+    /// argument value. It is made of the submission alone, so that a
+    /// caller who lost the answer finds the route again by the same key
+    /// and submission whatever has changed since (the lease expired, the
+    /// deadline passed, the upstream disconnected); what the route was
+    /// bound to upstream is kept beside it (its source digest).
+    pub fn binding(&self) -> Value {
         json!({
             "schema": self.schema,
             "leaseId": self.lease_id,
             "capability": self.capability,
-            "upstream": upstream,
-            "tool": remote,
             "providerInterfaceVersion": self.provider_interface_version,
-            "sourceDigest": source_digest.to_hex(),
             "logicalTaskId": self.logical_task_id,
             "attempt": self.attempt,
             "correlationId": self.correlation_id,

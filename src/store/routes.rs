@@ -615,8 +615,9 @@ fn count(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Re
 }
 
 /// Restart recovery. A prepared route was never sent: it ends as taskgate's
-/// own rejection. A dispatching one may or may not have reached the
-/// upstream: it needs reconciliation and is never sent again. Routed and
+/// own rejection (cancelled, if its caller cancelled it). A dispatching one
+/// (also one cancelled while it was being sent) may or may not have reached
+/// the upstream: it needs reconciliation and is never sent again. Routed and
 /// cancel_requested routes keep their upstream session: it is no longer
 /// current, which the router sees at the next poll.
 fn recover(conn: &Connection, now: i64) -> rusqlite::Result<()> {
@@ -636,7 +637,15 @@ fn recover(conn: &Connection, now: i64) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE routes SET phase = 'reconciliation_required',
             reason = 'taskgate stopped while the submission was in flight; whether the upstream created a task is unknown', updated_ms = :now
-         WHERE phase = 'dispatching'",
+         WHERE phase = 'dispatching'
+            OR (phase = 'cancel_requested' AND upstream_task_id IS NULL AND session IS NOT NULL)",
+        named_params! { ":now": now },
+    )?;
+    // Cancelled before it was ever sent.
+    conn.execute(
+        "UPDATE routes SET phase = 'terminal', status = 'cancelled', outcome = NULL, decider = 'broker',
+            reason = 'cancelled before it was sent; nothing reached the upstream', updated_ms = :now
+         WHERE phase = 'cancel_requested' AND upstream_task_id IS NULL AND session IS NULL",
         named_params! { ":now": now },
     )?;
     Ok(())
@@ -938,6 +947,28 @@ impl Store {
         let (id, owner) = (id.clone(), *owner);
         self.read_route("reading a route", move |cx| {
             Ok(find_owned(cx.conn, &id, &owner, cx.now)?)
+        })
+        .await
+    }
+
+    /// The caller's unexpired route submitted under `idempotency`.
+    pub async fn find_route_by_key(
+        &self,
+        owner: &Digest,
+        idempotency: &Digest,
+    ) -> Result<Option<RouteRecord>, StoreError> {
+        let (owner, idempotency) = (*owner, *idempotency);
+        self.read_route("reading a route by its key", move |cx| {
+            Ok(cx
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM routes WHERE owner = ?1 AND idempotency = ?2 AND expires_ms > ?3"
+                ))?
+                .query_row(
+                    params![&owner.0[..], &idempotency.0[..], cx.now],
+                    decode_row,
+                )
+                .optional()?)
         })
         .await
     }
