@@ -17,7 +17,8 @@ pub const STALL_FILE_ENV: &str = "TASKGATE_TEST_STALL_FILE";
 pub const BUSY_FILE_ENV: &str = "TASKGATE_TEST_BUSY_FILE";
 /// While this file exists, the store deletes no expired row (neither the
 /// timed sweep nor the one a creating batch does), so a test can be sure an
-/// expired row is still there when its request arrives.
+/// expired row is still there when its request arrives. A route
+/// submission's own bounded sweep of expired routes is not held.
 pub const HOLD_SWEEP_FILE_ENV: &str = "TASKGATE_TEST_HOLD_SWEEP_FILE";
 /// Names a crash point at which the process aborts (SIGABRT, no cleanup).
 pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
