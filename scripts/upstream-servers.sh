@@ -3,6 +3,7 @@
 # to as a client.
 #
 #   scripts/upstream-servers.sh fastmcp stdio | fastmcp http PORT
+#   scripts/upstream-servers.sh fastmcp-tasks stdio
 #   scripts/upstream-servers.sh ts stdio      | ts http PORT
 #   scripts/upstream-servers.sh hostile MODE stdio | hostile MODE http PORT
 #   scripts/upstream-servers.sh tasks MODE stdio | tasks MODE http PORT
@@ -10,7 +11,10 @@
 #
 # fastmcp runs tests/interop/upstream_fastmcp.py with the FastMCP of
 # fastmcp-tasks 4.1.4 (PyPI), in the venv target/interop-fastmcp that
-# scripts/interop-fastmcp.sh also uses. ts runs tests/interop/upstream_ts.mjs
+# scripts/interop-fastmcp.sh also uses; fastmcp-tasks runs
+# tests/interop/upstream_fastmcp_tasks.py (a durable-route provider: one
+# Tasks tool that echoes taskgate's execution envelope) in the same venv.
+# ts runs tests/interop/upstream_ts.mjs
 # with @modelcontextprotocol/sdk and zod at pinned versions (npm registry),
 # installed under target/upstream-ts. hostile runs
 # tests/interop/upstream_hostile.py and tasks runs
@@ -101,6 +105,12 @@ case "${1:-}" in
     exec 9>&-
     exec "$venv/bin/python" "$root/tests/interop/upstream_fastmcp.py" "$@"
     ;;
+  fastmcp-tasks)
+    shift
+    install_fastmcp
+    exec 9>&-
+    exec "$venv/bin/python" "$root/tests/interop/upstream_fastmcp_tasks.py" "$@"
+    ;;
   ts)
     shift
     install_ts
@@ -116,7 +126,7 @@ case "${1:-}" in
     exec python3 "$root/tests/interop/upstream_tasks.py" "$@"
     ;;
   *)
-    echo "usage: $0 install | fastmcp ARGS... | ts ARGS... | hostile MODE ARGS... | tasks MODE ARGS..." >&2
+    echo "usage: $0 install | fastmcp ARGS... | fastmcp-tasks stdio | ts ARGS... | hostile MODE ARGS... | tasks MODE ARGS..." >&2
     exit 2
     ;;
 esac
