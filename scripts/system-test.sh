@@ -105,6 +105,7 @@ CHECKS=(
   backup-refuses-bad-destination-before-stopping
   restore-refuses-tampered-snapshot
   status-over-admin-socket
+  verify-durable-tasks-under-the-unit
   online-snapshot-restores
   restore-refusal-after-stop-restarts-service
   journal-err-shows-refused-start
@@ -1227,6 +1228,40 @@ check_admin_status() {
   INFO="serving, socket 600 taskgate in /run/taskgate, nobody refused (76)"
 }
 run_check status-over-admin-socket check_admin_status
+
+# `taskgate verify --durable-tasks` as the package's user inside the
+# packaged unit's own sandbox: a oneshot unit made from the installed one
+# (same user, same hardening; its own ExecStart, no state or runtime
+# directory of the daemon's), so the embedded provider, its worker and the
+# qualification's temporary directory (in the unit's private /tmp) meet the
+# daemon's restrictions. It must exit 0 with a PASS result.
+check_verify_durable() {
+  local frag unit="$rootfs/etc/systemd/system/tg-verify.service" journal
+  frag=$(unit_prop FragmentPath)
+  [ -n "$frag" ] && [ -f "$rootfs$frag" ] || { WHY="the installed unit's file is not found ($frag)"; return 1; }
+  sed -e 's/^Type=.*/Type=oneshot/' \
+    -e 's|^ExecStart=.*|ExecStart=/usr/bin/taskgate verify --durable-tasks|' \
+    -e '/^ExecStartPre=/d; /^ExecReload=/d; /^WatchdogSec=/d; /^NotifyAccess=/d; /^Restart/d' \
+    -e '/^StateDirectory/d; /^RuntimeDirectory/d; /^TimeoutStopSec=/d; /^StartLimit/d' \
+    -e '/^\[Install\]/,$d' \
+    -e 's/^Description=.*/Description=taskgate durable-tasks qualification (system test)/' \
+    "$rootfs$frag" >"$unit" || { WHY="cannot write the qualification's unit"; return 1; }
+  printf 'TimeoutStartSec=180\n' >>"$unit"
+  run_cx systemctl daemon-reload
+  local CX_TIMEOUT=200
+  run_cx systemctl start tg-verify.service
+  local rc=$RC
+  journal=$(cx journalctl -u tg-verify.service --no-pager -o cat)
+  printf '%s\n' "$journal" >>"$log"
+  rm -f "$unit"
+  cx systemctl daemon-reload
+  [ "$rc" -eq 0 ] || { WHY="the qualification unit failed (exit $rc): $(oneline "$(grep -E '^(FAIL|durable-tasks|taskgate)' <<<"$journal")")"; return 1; }
+  grep -q '"result": "PASS"' <<<"$journal" || { WHY="no PASS result in its output: $(oneline "$journal")"; return 1; }
+  grep -q '^durable-tasks qualification: PASS' <<<"$journal" || { WHY="no PASS summary on its stderr: $(oneline "$journal")"; return 1; }
+  ! grep -q '^FAIL ' <<<"$journal" || { WHY="a check failed: $(oneline "$(grep '^FAIL ' <<<"$journal")")"; return 1; }
+  INFO="$(grep '^durable-tasks qualification: ' <<<"$journal"), as taskgate under the unit's sandbox"
+}
+run_check verify-durable-tasks-under-the-unit check_verify_durable
 
 check_online_snapshot() {
   local pid_before id snap=/var/backups/taskgate/online-1
