@@ -488,7 +488,10 @@ fn an_online_snapshot_taken_while_a_task_runs_and_creates_go_on_restores_and_che
         "{text}"
     );
     assert!(
-        text.contains("copy verified: schema 2, integrity ok"),
+        text.contains(&format!(
+            "copy verified: schema {}, integrity ok",
+            taskgate::store::SCHEMA_VERSION
+        )),
         "{text}"
     );
     assert!(created >= 5);

@@ -93,9 +93,18 @@ fn v1_fixture_migrates_with_rows_intact() {
             .await
             .unwrap();
         assert!(matches!(again, Created::Existing(ref r) if r.id == id(4)), "{again:?}");
+        // The routes kind came with the migration, empty.
+        assert_eq!(store.route_counts().await.unwrap().total(), 0);
         store.shutdown().await.unwrap();
     });
     assert_eq!(schema_of(&db), (SCHEMA_VERSION, true, 4));
+    let c = rusqlite::Connection::open(&db).unwrap();
+    for table in ["routes", "leases"] {
+        let n: i64 = c
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 0, "{table}");
+    }
 }
 
 #[test]

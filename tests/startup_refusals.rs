@@ -133,7 +133,8 @@ fn a_valid_store_passes_check() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("schema 2") && stdout.contains("6 tasks retained"),
+        stdout.contains(&format!("schema {}", taskgate::store::SCHEMA_VERSION))
+            && stdout.contains("6 tasks retained"),
         "{stdout}"
     );
 }

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 
 use super::Upstreams;
 use super::source::{Session, Shared, State};
-use super::tool::PinState;
+use super::tool::{Capability, PinState};
 use crate::config::Effect;
 
 /// The `_meta` key of the execution envelope sent with a submission and
@@ -112,7 +112,7 @@ pub enum PollFailure {
     },
 }
 
-fn source_digest(shared: &Shared, cap_digest: &str, session: &Session) -> [u8; 32] {
+fn source_digest(shared: &Shared, cap: &Capability, session: &Session) -> [u8; 32] {
     use sha2::Digest as _;
     let config = shared.config();
     let mut h = sha2::Sha256::new();
@@ -121,7 +121,8 @@ fn source_digest(shared: &Shared, cap_digest: &str, session: &Session) -> [u8; 3
         format!("{:?}", config.transport).as_bytes(),
         format!("{:?}", config.limits).as_bytes(),
         config.alias.as_bytes(),
-        cap_digest.as_bytes(),
+        cap.digest.as_bytes(),
+        format!("{:?} {:?}", cap.effect, cap.task).as_bytes(),
         session.version.as_bytes(),
         session.server.as_deref().unwrap_or("").as_bytes(),
     ] {
@@ -182,7 +183,7 @@ fn routable_of(shared: &Arc<Shared>, name: &str) -> Result<Routable, String> {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string(),
-        source_digest: source_digest(shared, &cap.digest, &session),
+        source_digest: source_digest(shared, cap, &session),
         session: session.id.clone(),
         timeout: shared.config().limits.request_timeout,
     })
