@@ -11,13 +11,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::route::*;
 use common::upstream::*;
 use common::*;
 use serde_json::{Value, json};
-use sha2::Digest as _;
-use taskgate::client::{Client, ClientError};
 
 const SETTLE: Duration = Duration::from_secs(60);
 const TASKS_SERVER: &str = concat!(
@@ -105,243 +104,6 @@ impl Upstream {
     }
 }
 
-/// The daemon with its configuration, its upstreams ready and pinned.
-struct Setup {
-    _root: tempfile::TempDir,
-    cfg: PathBuf,
-    state: PathBuf,
-    log: PathBuf,
-    daemon: Option<Daemon>,
-    /// The bearer token requests carry, if any.
-    token: std::cell::RefCell<Option<String>>,
-}
-
-impl Setup {
-    fn start(root: tempfile::TempDir, sections: &str, pin: &[&str]) -> Setup {
-        let state = state_dir(root.path());
-        let cfg = write_config(root.path(), sections, &[]);
-        let log = root.path().join("taskgate.log");
-        let daemon = Daemon::start(&cfg, &state, &log);
-        let s = Setup {
-            _root: root,
-            cfg,
-            state,
-            log,
-            daemon: Some(daemon),
-            token: std::cell::RefCell::new(None),
-        };
-        for alias in pin {
-            wait_upstream(&s.state, alias, SETTLE, is_ready);
-            let out = s.admin(&["upstream", "pin", alias]);
-            assert!(out.status.success(), "{out:?}");
-        }
-        if !pin.is_empty() {
-            let out = s.admin(&["reload"]);
-            assert!(out.status.success(), "{out:?}");
-            for alias in pin {
-                wait_upstream(&s.state, alias, SETTLE, |u| {
-                    is_ready(u) && u["withheld"] == 0 && u["unpinned"] == 0
-                });
-            }
-        }
-        s
-    }
-
-    fn daemon(&self) -> &Daemon {
-        self.daemon.as_ref().unwrap()
-    }
-
-    fn admin(&self, head: &[&str]) -> std::process::Output {
-        let (c, s) = (self.cfg.to_string_lossy(), self.state.to_string_lossy());
-        let mut args: Vec<&str> = head.to_vec();
-        args.extend(["--config", &c, "--state-dir", &s]);
-        taskgate(&args, &[])
-    }
-
-    fn restart(&mut self) {
-        let old = self.daemon.take().unwrap();
-        assert!(old.stop().success());
-        self.daemon = Some(Daemon::start(&self.cfg, &self.state, &self.log));
-    }
-
-    /// Restarts the daemon with the crash point `at` armed.
-    fn restart_crashing_at(&mut self, at: &str) {
-        let old = self.daemon.take().unwrap();
-        assert!(old.stop().success());
-        self.daemon = Some(
-            Daemon::builder()
-                .config(&self.cfg)
-                .state_dir(&self.state)
-                .log(&self.log)
-                .env(taskgate::testhooks::CRASH_AT_ENV, at)
-                .start(),
-        );
-    }
-
-    /// Waits for the daemon to die (at its crash point) and starts it again.
-    fn recover_from_crash(&mut self) {
-        let mut crashed = self.daemon.take().unwrap();
-        let status = crashed.wait_exit(SETTLE);
-        assert!(!status.success(), "{status:?}");
-        self.daemon = Some(Daemon::start(&self.cfg, &self.state, &self.log));
-    }
-
-    fn client(&self) -> Client {
-        self.daemon()
-            .client(true)
-            .with_token(self.token.borrow().clone())
-    }
-
-    /// Requests from now on carry `token`.
-    fn acting_as(&self, token: Option<&str>) {
-        *self.token.borrow_mut() = token.map(str::to_string);
-    }
-
-    fn call(&self, tool: &str, args: Value) -> Result<Value, ClientError> {
-        runtime().block_on(self.client().call_tool(tool, args, None))
-    }
-
-    fn get(&self, id: &str) -> Result<Value, ClientError> {
-        runtime().block_on(self.client().get_task(id))
-    }
-
-    fn cancel(&self, id: &str) -> Result<Value, ClientError> {
-        runtime().block_on(self.client().cancel_task(id))
-    }
-
-    fn describe(&self) -> Value {
-        let r = self.call("taskgate_describe", json!({})).unwrap();
-        r["structuredContent"].clone()
-    }
-
-    fn lease(
-        &self,
-        capability: &str,
-        effects: &[&str],
-        ttl_ms: Option<u64>,
-    ) -> Result<Value, ClientError> {
-        let mut args = json!({"capabilities": [capability], "effects": effects});
-        if let Some(t) = ttl_ms {
-            args["ttlMs"] = json!(t);
-        }
-        self.call("taskgate_lease", args)
-            .map(|r| r["structuredContent"].clone())
-    }
-
-    /// A lease on `capability` and a valid submission of `arguments` under
-    /// `key`, due in `deadline`.
-    fn submission(
-        &self,
-        capability: &str,
-        key: &str,
-        arguments: &Value,
-        deadline: Duration,
-    ) -> Value {
-        let described = self.describe();
-        let cap = described["capabilities"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == capability)
-            .unwrap_or_else(|| panic!("{capability} not routable: {described}"))
-            .clone();
-        let lease = self
-            .lease(
-                capability,
-                &[cap["effect"].as_str().unwrap(), "non_idempotent_write"],
-                None,
-            )
-            .unwrap();
-        submission_for(&lease, &cap, key, arguments, deadline)
-    }
-
-    fn submit(&self, submission: &Value, arguments: &Value) -> Result<Value, ClientError> {
-        self.call(
-            "taskgate_submit",
-            json!({"submission": submission, "arguments": arguments}),
-        )
-    }
-
-    /// Polls until the task is terminal, at its poll interval.
-    fn wait(&self, id: &str) -> Value {
-        let start = Instant::now();
-        loop {
-            let t = self.get(id).unwrap();
-            if matches!(
-                t["status"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            ) {
-                return t;
-            }
-            assert!(start.elapsed() < SETTLE, "{id} never ended: {t}");
-            let ms = t["pollIntervalMs"].as_u64().unwrap_or(100);
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn canonical_digest(v: &Value) -> String {
-    let bytes = serde_jcs::to_vec(v).unwrap();
-    sha2::Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn submission_for(
-    lease: &Value,
-    cap: &Value,
-    key: &str,
-    arguments: &Value,
-    deadline: Duration,
-) -> Value {
-    json!({
-        "schema": "taskgate.task-submission/1",
-        "leaseId": lease["leaseId"],
-        "capability": cap["name"],
-        "logicalTaskId": format!("logical-{key}"),
-        "attempt": 1,
-        "correlationId": format!("corr-{key}"),
-        "idempotencyKey": key,
-        "inputDigest": canonical_digest(arguments),
-        "acceptancePolicyDigest": "a".repeat(64),
-        "artifactScopeDigest": "b".repeat(64),
-        "providerInterfaceVersion": cap["schemaDigest"],
-        "deadlineUnixMs": now_ms() + deadline.as_millis() as i64,
-        "retentionMs": 3_600_000,
-        "limits": {"runtimeMs": 30_000, "artifactBytes": 1024, "outputBytes": 65_536},
-        "permittedEffect": "non_idempotent_write",
-        "cleanupRequired": true,
-    })
-}
-
-fn error_of(r: Result<Value, ClientError>) -> (String, Value) {
-    match r {
-        Err(ClientError::Rpc { error, .. }) => (
-            error["data"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            error,
-        ),
-        other => panic!("expected a JSON-RPC error, got {other:?}"),
-    }
-}
-
-fn failed_name(task: &Value) -> String {
-    task["error"]["data"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[test]
 fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
     prereq::require_tool("python3");
@@ -354,7 +116,7 @@ fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
         &[("UPSTREAM_TASKS_WORK_MS", "300")],
         "",
     );
-    let s = Setup::start(root, &table, &["up"]);
+    let s = Setup::start(root, &table, &["up"], SETTLE);
 
     let described = s.describe();
     let cap = &described["capabilities"][0];
@@ -447,7 +209,7 @@ fn every_refusal_names_its_rule_and_sends_nothing() {
     let place = Place::new(root.path());
     let (up, table) = Upstream::table(&place, "up", "echo", &[], "");
     let (_, unpinned) = Upstream::table(&place, "raw", "echo", &[], "");
-    let s = Setup::start(root, &format!("{table}{unpinned}"), &["up"]);
+    let s = Setup::start(root, &format!("{table}{unpinned}"), &["up"], SETTLE);
     wait_upstream(&s.state, "raw", SETTLE, is_ready);
     let args = json!({"value": "x"});
     let good = s.submission("up.work", "k", &args, Duration::from_secs(600));
@@ -571,7 +333,7 @@ fn a_lost_answer_leaves_the_route_in_reconciliation_and_nothing_is_sent_again() 
     let root = private_dir();
     let place = Place::new(root.path());
     let (up, table) = Upstream::table(&place, "up", "lost", &[], "");
-    let s = Setup::start(root, &table, &["up"]);
+    let s = Setup::start(root, &table, &["up"], SETTLE);
     let args = json!({"value": "once"});
     let sub = s.submission("up.work", "lost-1", &args, Duration::from_secs(600));
     let handle = s.submit(&sub, &args).unwrap();
@@ -600,7 +362,12 @@ fn an_echo_that_does_not_match_is_never_taken_for_success() {
     let (wrong, t1) = Upstream::table(&place, "wrong", "wrongid", &[], "");
     let (none, t2) = Upstream::table(&place, "none", "noecho", &[], "");
     let (sync, t3) = Upstream::table(&place, "sync", "sync", &[], "");
-    let s = Setup::start(root, &format!("{t1}{t2}{t3}"), &["wrong", "none", "sync"]);
+    let s = Setup::start(
+        root,
+        &format!("{t1}{t2}{t3}"),
+        &["wrong", "none", "sync"],
+        SETTLE,
+    );
     for (up, cap) in [(&wrong, "wrong.work"), (&none, "none.work")] {
         let args = json!({"value": "v"});
         let sub = s.submission(cap, cap, &args, Duration::from_secs(600));
@@ -629,7 +396,7 @@ fn a_new_upstream_session_is_never_asked_about_an_old_task() {
     let root = private_dir();
     let place = Place::new(root.path());
     let (up, table) = Upstream::table(&place, "up", "forever", &[], "");
-    let mut s = Setup::start(root, &table, &["up"]);
+    let mut s = Setup::start(root, &table, &["up"], SETTLE);
     let args = json!({"value": "long"});
     let sub = s.submission("up.work", "drift", &args, Duration::from_secs(600));
     let id = task_id(&s.submit(&sub, &args).unwrap());
@@ -708,7 +475,7 @@ fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
         "request_timeout_secs = 2",
     );
     let (late, t2) = Upstream::table(&place, "late", "forever", &[], "");
-    let s = Setup::start(root, &format!("{t1}{t2}"), &["hang", "late"]);
+    let s = Setup::start(root, &format!("{t1}{t2}"), &["hang", "late"], SETTLE);
     let args = json!({"value": "c"});
     let sub = s.submission("hang.work", "cancel", &args, Duration::from_secs(600));
     let id = task_id(&s.submit(&sub, &args).unwrap());
@@ -779,7 +546,7 @@ fn routes_through_taskgate_to_another_taskgate() {
         inner_cfg.display(),
         inner_state.display()
     );
-    let s = Setup::start(root, &table, &["inner"]);
+    let s = Setup::start(root, &table, &["inner"], SETTLE);
     let args = json!({});
     let sub = s.submission("inner.shout", "nested", &args, Duration::from_secs(600));
     let id = task_id(&s.submit(&sub, &args).unwrap());
@@ -795,7 +562,7 @@ fn a_crash_at_each_dispatch_step_is_recovered_without_a_second_send() {
     let root = private_dir();
     let place = Place::new(root.path());
     let (up, table) = Upstream::table(&place, "up", "forever", &[], "");
-    let mut s = Setup::start(root, &table, &["up"]);
+    let mut s = Setup::start(root, &table, &["up"], SETTLE);
     let args = json!({"value": "crash"});
     // (crash point, what the caller reads after the restart, effects the
     // upstream recorded from that submission)
@@ -861,24 +628,6 @@ fn a_crash_at_each_dispatch_step_is_recovered_without_a_second_send() {
     assert_eq!(status["routes"]["reconciliation_required"], 3, "{status}");
 }
 
-/// A static secret of the shape taskgate issues, distinct per `seed`, and
-/// its `[[token]]` entry.
-fn token_entry(id: &str, seed: char, tenant: &str, scopes: &[&str]) -> (String, String) {
-    let secret = format!("tgk_{}", seed.to_string().repeat(43));
-    let hash: String = sha2::Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-    (
-        secret,
-        format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hash}\"\ntenant = {tenant:?}\nsubject = \"{id}@{tenant}\"\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        ),
-    )
-}
-
 #[test]
 fn another_callers_route_reads_like_an_unknown_one_and_the_effect_scopes_are_enforced() {
     prereq::require_tool("python3");
@@ -903,7 +652,7 @@ fn another_callers_route_reads_like_an_unknown_one_and_the_effect_scopes_are_enf
         "[auth]\ntokens_file = \"{}\"\nlocal_owner = \"never\"\n",
         tokens.display()
     );
-    let s = Setup::start(root, &format!("{auth}{table}"), &["up"]);
+    let s = Setup::start(root, &format!("{auth}{table}"), &["up"], SETTLE);
     let args = json!({"value": "mine"});
 
     s.acting_as(Some(&alice));

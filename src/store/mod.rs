@@ -482,6 +482,44 @@ impl Store {
         answer.await.map_err(|_| StoreError::Stopped)?
     }
 
+    /// A read a kind of record asks for: answered at once on the store
+    /// thread.
+    async fn read_op<T: Send + 'static>(
+        &self,
+        during: &'static str,
+        body: impl FnOnce(&engine::ReadCx<'_>) -> Result<T, engine::OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.call(move |reply| {
+            Command::Read(Box::new(engine::Read {
+                during,
+                body,
+                reply,
+            }))
+        })
+        .await
+    }
+
+    /// A write a kind of record asks for, applied inside the batch's
+    /// transaction and answered once that transaction's fate is known;
+    /// `makes_room` for one that adds a row.
+    async fn write_op<T: Send + 'static>(
+        &self,
+        during: &'static str,
+        makes_room: bool,
+        body: impl FnMut(&mut engine::Tx<'_>) -> Result<T, engine::OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.call(move |reply| {
+            Command::Write(Box::new(engine::Write {
+                during,
+                makes_room,
+                body,
+                reply,
+                done: None,
+            }))
+        })
+        .await
+    }
+
     /// Answers when the store thread takes commands (the watchdog's probe).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let (reply, answer) = oneshot::channel();

@@ -17,7 +17,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 use serde_json::Value;
 
-use super::engine::{Command, OpError, Read, ReadCx, Tx, Write};
+use super::engine::{OpError, Tx};
 use super::kinds::RecordKind;
 use super::tasks::{Outcome, TaskStatus};
 use super::{Digest, Store, StoreError, StoreOptions, hex};
@@ -879,37 +879,6 @@ fn counts(conn: &Connection, now: i64) -> rusqlite::Result<RouteCounts> {
 // ----------------------------------------------------- the operations --
 
 impl Store {
-    async fn read_route<T: Send + 'static>(
-        &self,
-        during: &'static str,
-        body: impl FnOnce(&ReadCx<'_>) -> Result<T, OpError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        self.call(move |reply| {
-            Command::Read(Box::new(Read {
-                during,
-                body,
-                reply,
-            }))
-        })
-        .await
-    }
-
-    async fn write_route<T: Send + 'static>(
-        &self,
-        body: impl FnMut(&mut Tx<'_>) -> Result<T, OpError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        self.call(move |reply| {
-            Command::Write(Box::new(Write {
-                during: "writing a route",
-                makes_room: false,
-                body,
-                reply,
-                done: None,
-            }))
-        })
-        .await
-    }
-
     /// Commits a prepared route, or returns the caller's existing route for
     /// the same key and binding (`Conflict` for another binding).
     pub async fn prepare_route(&self, new: NewRoute) -> Result<Prepared, StoreError> {
@@ -922,7 +891,8 @@ impl Store {
         if new.poll_interval_ms <= 0 {
             return Err(StoreError::Invalid("poll interval must be positive".into()));
         }
-        self.write_route(move |tx| prepare(tx, &new)).await
+        self.write_op("writing a route", false, move |tx| prepare(tx, &new))
+            .await
     }
 
     /// Moves a route to another phase, only from one of `from`.
@@ -933,8 +903,10 @@ impl Store {
         change: RouteChange,
     ) -> Result<Advanced, StoreError> {
         let (id, from) = (id.clone(), from.to_vec());
-        self.write_route(move |tx| advance(tx, &id, &from, &change))
-            .await
+        self.write_op("writing a route", false, move |tx| {
+            advance(tx, &id, &from, &change)
+        })
+        .await
     }
 
     /// The caller's unexpired route: `None` for unknown, expired and another
@@ -945,7 +917,7 @@ impl Store {
         owner: &Digest,
     ) -> Result<Option<RouteRecord>, StoreError> {
         let (id, owner) = (id.clone(), *owner);
-        self.read_route("reading a route", move |cx| {
+        self.read_op("reading a route", move |cx| {
             Ok(find_owned(cx.conn, &id, &owner, cx.now)?)
         })
         .await
@@ -958,7 +930,7 @@ impl Store {
         idempotency: &Digest,
     ) -> Result<Option<RouteRecord>, StoreError> {
         let (owner, idempotency) = (*owner, *idempotency);
-        self.read_route("reading a route by its key", move |cx| {
+        self.read_op("reading a route by its key", move |cx| {
             Ok(cx
                 .conn
                 .prepare_cached(&format!(
@@ -976,7 +948,7 @@ impl Store {
     /// An unexpired route whoever owns it (the operator's view).
     pub async fn route(&self, id: &RouteId) -> Result<Option<RouteRecord>, StoreError> {
         let id = id.clone();
-        self.read_route("reading a route", move |cx| {
+        self.read_op("reading a route", move |cx| {
             Ok(find_unexpired(cx.conn, &id, cx.now)?)
         })
         .await
@@ -989,7 +961,7 @@ impl Store {
         limit: u32,
         open_only: bool,
     ) -> Result<Vec<RouteRecord>, StoreError> {
-        self.read_route("listing routes", move |cx| {
+        self.read_op("listing routes", move |cx| {
             let filter = if open_only {
                 format!("AND phase IN {NONTERMINAL}")
             } else {
@@ -1006,13 +978,14 @@ impl Store {
 
     /// Unexpired routes by phase.
     pub async fn route_counts(&self) -> Result<RouteCounts, StoreError> {
-        self.read_route("counting routes", move |cx| Ok(counts(cx.conn, cx.now)?))
+        self.read_op("counting routes", move |cx| Ok(counts(cx.conn, cx.now)?))
             .await
     }
 
     /// Commits a capability lease within the lease bounds.
     pub async fn create_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {
-        self.write_route(move |tx| create_lease(tx, &lease)).await
+        self.write_op("writing a route", false, move |tx| create_lease(tx, &lease))
+            .await
     }
 
     /// The caller's unexpired lease (`None` for unknown, expired and another
@@ -1023,7 +996,7 @@ impl Store {
         owner: &Digest,
     ) -> Result<Option<LeaseRecord>, StoreError> {
         let (id, owner) = (id.to_string(), *owner);
-        self.read_route("reading a lease", move |cx| {
+        self.read_op("reading a lease", move |cx| {
             Ok(cx
                 .conn
                 .prepare_cached(

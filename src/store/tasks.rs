@@ -11,7 +11,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Command, OpError, Read, ReadCx, Tx, Write};
+use super::engine::{OpError, Tx};
 use super::kinds::RecordKind;
 use super::{
     CapacityKind, Digest, MAX_PAYLOAD_BYTES, Store, StoreError, StoreOptions, StoreStats,
@@ -671,39 +671,6 @@ fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
 }
 
 impl Store {
-    async fn read_task<T: Send + 'static>(
-        &self,
-        during: &'static str,
-        body: impl FnOnce(&ReadCx<'_>) -> Result<T, OpError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        self.call(move |reply| {
-            Command::Read(Box::new(Read {
-                during,
-                body,
-                reply,
-            }))
-        })
-        .await
-    }
-
-    /// A write of the tasks kind; `makes_room` for one that adds a row.
-    async fn write_task<T: Send + 'static>(
-        &self,
-        makes_room: bool,
-        body: impl FnMut(&mut Tx<'_>) -> Result<T, OpError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        self.call(move |reply| {
-            Command::Write(Box::new(Write {
-                during: "writing a task",
-                makes_room,
-                body,
-                reply,
-                done: None,
-            }))
-        })
-        .await
-    }
-
     /// Creates a task, or returns the owner's existing task for the same
     /// creation reference.
     pub async fn create(&self, new: NewTask) -> Result<Created, StoreError> {
@@ -712,7 +679,8 @@ impl Store {
                 "ttl and poll interval must be positive".into(),
             ));
         }
-        self.write_task(true, move |tx| create(tx, &new)).await
+        self.write_op("writing a task", true, move |tx| create(tx, &new))
+            .await
     }
 
     /// The owner's unexpired task, or `None` for unknown, expired and
@@ -720,7 +688,7 @@ impl Store {
     pub async fn get(&self, id: &TaskId, owner: &Digest) -> Result<Option<TaskRecord>, StoreError> {
         let (id, owner) = (id.clone(), *owner);
         self.shared.task_reads.fetch_add(1, Ordering::Relaxed);
-        self.read_task("reading a task", move |cx| {
+        self.read_op("reading a task", move |cx| {
             Ok(find_owned(cx.conn, &id, &owner, cx.now)?)
         })
         .await
@@ -738,7 +706,7 @@ impl Store {
         request: Option<&Digest>,
     ) -> Result<Option<TaskRecord>, StoreError> {
         let (owner, reference, request) = (*owner, *reference, request.copied());
-        self.read_task(
+        self.read_op(
             "reading a task by its reference",
             move |cx| match find_by_reference(cx.conn, &owner, &reference, cx.now)? {
                 Some(f) if !f.expired => {
@@ -783,7 +751,7 @@ impl Store {
             });
         }
         let id = id.clone();
-        self.write_task(false, move |tx| {
+        self.write_op("writing a task", false, move |tx| {
             Ok(finish(tx.conn, &id, status, payload.as_deref(), tx.now)?)
         })
         .await
@@ -797,7 +765,7 @@ impl Store {
         owner: &Digest,
     ) -> Result<Option<TaskRecord>, StoreError> {
         let (id, owner) = (id.clone(), *owner);
-        self.write_task(false, move |tx| {
+        self.write_op("writing a task", false, move |tx| {
             Ok(request_cancel(tx.conn, &id, &owner, tx.now)?)
         })
         .await
@@ -806,7 +774,7 @@ impl Store {
     /// For each ID, whether an unexpired task with it exists (any owner):
     /// how spilled artifacts learn that their task is gone.
     pub async fn unexpired(&self, ids: Vec<TaskId>) -> Result<Vec<bool>, StoreError> {
-        self.read_task("reading tasks", move |cx| {
+        self.read_op("reading tasks", move |cx| {
             ids.iter()
                 .map(|id| find_unexpired(cx.conn, id, cx.now).map(|r| r.is_some()))
                 .collect::<rusqlite::Result<Vec<bool>>>()
@@ -817,7 +785,7 @@ impl Store {
 
     /// Tasks retained and unexpired.
     pub async fn stats(&self) -> Result<StoreStats, StoreError> {
-        self.read_task("counting tasks", move |cx| {
+        self.read_op("counting tasks", move |cx| {
             let retained = cx.kinds.tasks.rows;
             let expired = count_expired(cx.conn, cx.now)?;
             Ok(StoreStats {

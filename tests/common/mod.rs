@@ -7,6 +7,7 @@ pub mod fuzz;
 pub mod http;
 pub mod mcp;
 pub mod prereq;
+pub mod route;
 pub mod rss;
 pub mod strace;
 pub mod tls;
