@@ -117,6 +117,8 @@ struct Layout {
     provider_dir: PathBuf,
     provider_config: PathBuf,
     provider_state: PathBuf,
+    /// The provider's tools' working directory.
+    provider_work: PathBuf,
     /// The worker's permitted output root.
     out: PathBuf,
     /// The verifier's altered copies.
@@ -161,6 +163,7 @@ impl Layout {
             provider_dir: root.join("provider"),
             provider_config: root.join("provider").join("provider.toml"),
             provider_state: root.join("provider").join("state"),
+            provider_work: root.join("provider").join("work"),
             out: root.join("out"),
             scratch: root.join("scratch"),
             outside: root.join("outside"),
@@ -171,6 +174,7 @@ impl Layout {
             l.router_state.clone(),
             l.provider_dir.clone(),
             l.provider_state.clone(),
+            l.provider_work.clone(),
             l.out.clone(),
             l.scratch.clone(),
             l.outside.clone(),
@@ -182,22 +186,28 @@ impl Layout {
 
     /// The provider: this binary's own task service, with the worker as a
     /// task tool confined to the output root, and a tool that only waits
-    /// (for the deadline's cancel). The provider itself runs unconfined:
-    /// it confines its own tools, the worker among them, and a Landlock
-    /// domain around it would keep it from starting this binary again
-    /// under its own.
+    /// (for the deadline's cancel). The provider is confined as any stdio
+    /// upstream (its directory readable, its state, its tools' working
+    /// directory and the output root writable), and confines its own tools
+    /// inside that. Its tools run in a working directory of its own: the
+    /// scratch directory a tool would get otherwise lies in the temporary
+    /// directory, which the provider's confinement does not grant.
     fn write_configs(&self, exe: &Path) -> Result<(), VerifyError> {
         let provider = format!(
-            "[tasks]\npoll_interval_ms = 200\n\n[[tool]]\nname = \"normalize\"\ndescription = \"Normalises a small JSON object and writes a result and manifest under the permitted root.\"\nargv = [{exe}, \"qualification-worker\", \"--root\", {out}]\nwrite_paths = [{out}]\neffect = \"idempotent_write\"\ntask = \"required\"\ntimeout_secs = 30\n\n[[tool]]\nname = \"hold\"\ndescription = \"Waits until it is cancelled.\"\nargv = [\"/bin/sleep\", \"60\"]\neffect = \"idempotent_write\"\ntask = \"required\"\ntimeout_secs = 120\n",
+            "[tasks]\npoll_interval_ms = 200\n\n[[tool]]\nname = \"normalize\"\ndescription = \"Normalises a small JSON object and writes a result and manifest under the permitted root.\"\nargv = [{exe}, \"qualification-worker\", \"--root\", {out}]\nworking_dir = {work}\nwrite_paths = [{out}]\neffect = \"idempotent_write\"\ntask = \"required\"\ntimeout_secs = 30\n\n[[tool]]\nname = \"hold\"\ndescription = \"Waits until it is cancelled.\"\nargv = [\"/bin/sleep\", \"60\"]\nworking_dir = {work}\neffect = \"idempotent_write\"\ntask = \"required\"\ntimeout_secs = 120\n",
             exe = toml_str(&exe.to_string_lossy()),
             out = toml_str(&self.out.to_string_lossy()),
+            work = toml_str(&self.provider_work.to_string_lossy()),
         );
         write(&self.provider_config, &provider)?;
         let router = format!(
-            "[[upstream]]\nalias = \"{ALIAS}\"\ncommand = [{exe}, \"serve\", \"--stdio\", \"--config\", {config}, \"--state-dir\", {state}]\nsandbox = \"unconfined\"\neffect = \"idempotent_write\"\nrequest_timeout_secs = 30\n",
+            "[[upstream]]\nalias = \"{ALIAS}\"\ncommand = [{exe}, \"serve\", \"--stdio\", \"--config\", {config}, \"--state-dir\", {state}]\nread_paths = [{dir}]\nwrite_paths = [{state}, {work}, {out}]\neffect = \"idempotent_write\"\nrequest_timeout_secs = 30\n",
             exe = toml_str(&exe.to_string_lossy()),
             config = toml_str(&self.provider_config.to_string_lossy()),
             state = toml_str(&self.provider_state.to_string_lossy()),
+            dir = toml_str(&self.provider_dir.to_string_lossy()),
+            work = toml_str(&self.provider_work.to_string_lossy()),
+            out = toml_str(&self.out.to_string_lossy()),
         );
         write(&self.router_config, &router)
     }
