@@ -350,23 +350,15 @@ impl Router {
             scopes.push(auth::SCOPE_EFFECT_IDEMPOTENT_WRITE);
         }
         authorize(caller, &scopes)?;
-        let validator = jsonschema::validator_for(&routable.input_schema).map_err(|_| {
-            RouteError::refused(
-                Check::Capability,
-                format!("{}'s input schema is not usable", routable.name),
-            )
-        })?;
-        if let Some(e) = validator
-            .iter_errors(&Value::Object(arguments.clone()))
-            .next()
+        if let Err(e) = self
+            .upstreams
+            .check_arguments(&routable.name, &Value::Object(arguments.clone()))
         {
             return Err(RouteError::refused(
                 Check::Arguments,
                 format!(
-                    "the arguments do not fit {}'s input schema at {:?}: {}",
-                    routable.name,
-                    e.instance_path().to_string(),
-                    cut(&e.to_string(), 256)
+                    "the arguments do not fit {}'s input schema at {}: {}",
+                    routable.name, e.location, e.problem
                 ),
             ));
         }

@@ -21,6 +21,7 @@ use super::Upstreams;
 use super::source::{Session, Shared, State};
 use super::tool::{Capability, PinState};
 use crate::config::Effect;
+use crate::tools::ArgumentError;
 
 /// The `_meta` key of the execution envelope sent with a submission and
 /// echoed by the provider.
@@ -242,6 +243,25 @@ impl Upstreams {
             ));
         };
         routable_of(&shared, name)
+    }
+
+    /// Checks `args` against the named capability's input schema, with the
+    /// validator compiled when its catalog was built (naming the first
+    /// offending location, never the value).
+    pub fn check_arguments(&self, name: &str, args: &Value) -> Result<(), ArgumentError> {
+        let tool = name
+            .split_once('.')
+            .and_then(|(alias, _)| self.shared_of(alias))
+            .and_then(|shared| shared.snapshot().catalog.get(name).cloned())
+            .and_then(|cap| cap.tool.clone());
+        match tool {
+            Some(tool) => crate::tools::Runner::validate(tool.as_ref(), args),
+            None => Err(ArgumentError {
+                tool: name.to_string(),
+                location: "arguments".into(),
+                problem: "the capability is not callable now".into(),
+            }),
+        }
     }
 
     /// Whether `session` is the current session of `alias`.
