@@ -3,6 +3,7 @@
 //! See docs/ARCHITECTURE.md for the map of modules and their rules.
 
 pub mod admin;
+pub mod approvals;
 pub mod artifacts;
 pub mod auth;
 pub mod backup;

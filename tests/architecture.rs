@@ -20,6 +20,7 @@ const LAYERS: &[&[&str]] = &[
         "state_dir",
         "testhooks",
         "auth",
+        "approvals",
     ],
     &["config", "wire", "exit", "events"],
 ];
@@ -170,6 +171,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
     ("state_dir", &["exit"]),
     ("testhooks", &[]),
+    // The approval journal is a file format of its own.
+    ("approvals", &[]),
     ("config", &["exit"]),
     ("wire", &[]),
     ("exit", &[]),
