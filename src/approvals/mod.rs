@@ -3,18 +3,63 @@
 //! [`journal`] is the authoritative, append-only record of approval
 //! decisions, in a private directory of its own beside the task store
 //! (never inside it), each append synced before it is acknowledged and
-//! every frame chained to the one before. [`Event`] is what it records.
-//! The gate that holds a call until an administrator approved that exact
-//! call, the tasks that project a proposal, and the administrator's
-//! interface build on these.
+//! every frame chained to the one before. [`Event`] is what it records;
+//! [`proposals`] what the events mean (each proposal's state and the rules
+//! for moving it on); [`gate`] holds a call until an administrator
+//! approved that exact call and lets it through once, one journal append
+//! per change under one lock, reads never waiting for an append. The tasks
+//! that project a proposal and the administrator's interface build on
+//! these.
 //!
 //! Knows nothing of tasks, the store, tools or the protocol.
 
+pub mod gate;
 pub mod journal;
+pub mod proposals;
 
 use serde::{Deserialize, Serialize};
 
+pub use gate::{Admission, Gate, GateError, GateSettings};
 pub use journal::{Checkpoint, Entry, Journal, JournalError, MAX_RECORD_BYTES, Opened};
+pub use proposals::{Proposal, Proposals, Refusal, State};
+
+/// Who a call is from, as an exact-call key binds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Principal<'a> {
+    pub issuer: &'a str,
+    pub tenant: &'a str,
+    pub subject: &'a str,
+}
+
+/// The exact-call key: SHA-256 (lower-case hex) over the principal, the
+/// tool, its arguments in canonical form (RFC 8785) and the digest of the
+/// tool's definition when the call was proposed, each part length-prefixed.
+/// An approval covers exactly this: the same arguments after the operator
+/// changed what the tool runs are another call.
+pub fn call_key(
+    who: Principal<'_>,
+    tool: &str,
+    arguments: &serde_json::Value,
+    definition: &str,
+) -> String {
+    use sha2::Digest as _;
+    let canonical =
+        serde_jcs::to_vec(arguments).unwrap_or_else(|_| arguments.to_string().into_bytes());
+    let mut h = sha2::Sha256::new();
+    for part in [
+        b"taskgate-exact-call".as_slice(),
+        who.issuer.as_bytes(),
+        who.tenant.as_bytes(),
+        who.subject.as_bytes(),
+        tool.as_bytes(),
+        &canonical,
+        definition.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// The longest rejection reason kept (in the journal only; never shown to
 /// the caller).
@@ -95,5 +140,58 @@ impl Event {
             ));
         }
         serde_json::to_value(self).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_exact_call_key_changes_with_every_part_and_not_with_key_order() {
+        let who = Principal {
+            issuer: "https://id.example",
+            tenant: "acme",
+            subject: "alice",
+        };
+        let base = call_key(who, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1");
+        assert_eq!(base.len(), 64);
+        assert_eq!(
+            base,
+            call_key(who, "deploy", &json!({"b": "x", "a": 1}), "sha256:d1")
+        );
+        let other = Principal {
+            subject: "bob",
+            ..who
+        };
+        let tenant = Principal {
+            tenant: "other",
+            ..who
+        };
+        let issuer = Principal {
+            issuer: "https://other.example",
+            ..who
+        };
+        for changed in [
+            call_key(other, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1"),
+            call_key(tenant, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1"),
+            call_key(issuer, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1"),
+            call_key(who, "deploy2", &json!({"a": 1, "b": "x"}), "sha256:d1"),
+            call_key(who, "deploy", &json!({"a": 2, "b": "x"}), "sha256:d1"),
+            call_key(who, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d2"),
+        ] {
+            assert_ne!(changed, base);
+        }
+        // Parts cannot be shifted into each other.
+        let split = Principal {
+            tenant: "acmeal",
+            subject: "ice",
+            ..who
+        };
+        assert_ne!(
+            call_key(split, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1"),
+            base
+        );
     }
 }

@@ -1,0 +1,561 @@
+//! The gate: holds a call that needs approval until an administrator has
+//! approved that exact call, and lets it through once.
+//!
+//! Every change is one journal append, made under one lock, checked
+//! against the proposals first: of two racing decisions (an approval and a
+//! cancel, an approval and the deadline) the first one appended wins and
+//! the other is refused with what happened. The proposals are also kept
+//! behind a reader-writer lock of their own, updated after each append, so
+//! a status read never waits for an append to be synced.
+
+use std::sync::{Mutex, RwLock};
+
+use thiserror::Error;
+
+use super::journal::{Checkpoint, Journal, JournalError, Opened};
+use super::proposals::{Proposal, Proposals, Refusal, State};
+use super::{Event, MAX_REASON_BYTES};
+
+/// The bounds and windows of the gate.
+#[derive(Debug, Clone, Copy)]
+pub struct GateSettings {
+    /// How long a proposal waits for a decision.
+    pub decision_window_ms: i64,
+    /// How long an approval may be used, from the moment it was given.
+    pub execution_window_ms: i64,
+    /// Largest journal segment.
+    pub segment_max_bytes: u64,
+    /// Proposals pending at once; past it new calls are refused.
+    pub max_pending: usize,
+    /// Whether an administrator may approve a call of their own.
+    pub forbid_self_approval: bool,
+}
+
+/// What the gate says to a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// An approval of this exact call was spent on it: it proceeds.
+    Proceed { proposal: String },
+    /// It waits for a decision; `joined` when an identical call was
+    /// already waiting and this one joined its proposal.
+    Held {
+        proposal: String,
+        decision_deadline_ms: i64,
+        joined: bool,
+    },
+    /// An administrator rejected this exact call: refused until then.
+    Refused { proposal: String, until_ms: i64 },
+}
+
+#[derive(Debug, Error)]
+pub enum GateError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The journal holds an event that cannot follow the ones before it.
+    #[error(
+        "the approval journal holds an impossible event at record {seq}: {refusal}; approvals are disabled"
+    )]
+    Inconsistent { seq: u64, refusal: Refusal },
+    /// The journal holds a record that is not an event.
+    #[error(
+        "the approval journal's record {seq} is not an approval event: {reason}; approvals are disabled"
+    )]
+    Unreadable { seq: u64, reason: String },
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("an administrator may not approve a call of their own here (forbid_self_approval)")]
+    SelfApproval,
+    #[error("{limit} proposals are already waiting for a decision; decide some, then call again")]
+    TooManyPending { limit: usize },
+    #[error("a rejection reason is at most {MAX_REASON_BYTES} bytes")]
+    ReasonTooLong,
+}
+
+pub struct Gate {
+    journal: Mutex<Journal>,
+    view: RwLock<Proposals>,
+    settings: GateSettings,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn random_id() -> Result<String, GateError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        GateError::Journal(JournalError::Invalid {
+            dir: Default::default(),
+            reason: format!("no random source: {e}"),
+        })
+    })?;
+    Ok(format!(
+        "tgp-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+impl Gate {
+    /// Opens the journal in `dir` and replays it: an event that cannot
+    /// follow the ones before it refuses the journal.
+    pub fn open(
+        dir: &std::path::Path,
+        settings: GateSettings,
+    ) -> Result<(Gate, Opened), GateError> {
+        let (journal, entries, opened) = Journal::open(dir, settings.segment_max_bytes)?;
+        let mut view = Proposals::default();
+        for entry in entries {
+            let event =
+                Event::from_record(&entry.record).map_err(|reason| GateError::Unreadable {
+                    seq: entry.seq,
+                    reason,
+                })?;
+            view.apply(&event, entry.seq)
+                .map_err(|refusal| GateError::Inconsistent {
+                    seq: entry.seq,
+                    refusal,
+                })?;
+        }
+        Ok((
+            Gate {
+                journal: Mutex::new(journal),
+                view: RwLock::new(view),
+                settings,
+            },
+            opened,
+        ))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Proposals> {
+        self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends `event` (under the journal lock the caller holds) once it is
+    /// checked, then shows it to readers.
+    fn append(&self, journal: &mut Journal, event: &Event) -> Result<Proposal, GateError> {
+        self.read().check(event).map_err(GateError::Refused)?;
+        let record = event.to_record().map_err(|_| GateError::ReasonTooLong)?;
+        let seq = journal.append(&record)?;
+        let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
+        view.apply(event, seq).map_err(GateError::Refused)?;
+        view.get(event.proposal())
+            .cloned()
+            .ok_or_else(|| GateError::Refused(Refusal::Unknown(event.proposal().to_string())))
+    }
+
+    /// A pending proposal past its deadline is journaled expired before
+    /// anything else is decided about it.
+    fn expire_if_due(
+        &self,
+        journal: &mut Journal,
+        p: &Proposal,
+        now: i64,
+    ) -> Result<Option<Proposal>, GateError> {
+        if p.state == State::Pending && now > p.decision_deadline_ms {
+            return self
+                .append(
+                    journal,
+                    &Event::Expired {
+                        proposal: p.id.clone(),
+                        at_ms: now,
+                    },
+                )
+                .map(Some);
+        }
+        Ok(None)
+    }
+
+    /// A call that needs approval: spend an approval of this exact call,
+    /// join a proposal waiting for it, refuse it while its rejection
+    /// stands, or make a new proposal.
+    pub fn admit(
+        &self,
+        owner: &str,
+        call: &str,
+        tool: &str,
+        now: i64,
+    ) -> Result<Admission, GateError> {
+        let mut journal = lock(&self.journal);
+        let latest = self.read().of_call(call).first().map(|p| (*p).clone());
+        if let Some(p) = latest {
+            let p = self.expire_if_due(&mut journal, &p, now)?.unwrap_or(p);
+            match p.state {
+                State::Approved if !p.approval_lapsed(now) => {
+                    self.append(
+                        &mut journal,
+                        &Event::Consumed {
+                            proposal: p.id.clone(),
+                            request: call.to_string(),
+                            at_ms: now,
+                        },
+                    )?;
+                    return Ok(Admission::Proceed { proposal: p.id });
+                }
+                State::Pending => {
+                    return Ok(Admission::Held {
+                        proposal: p.id,
+                        decision_deadline_ms: p.decision_deadline_ms,
+                        joined: true,
+                    });
+                }
+                State::Rejected if now <= p.decision_deadline_ms => {
+                    return Ok(Admission::Refused {
+                        proposal: p.id,
+                        until_ms: p.decision_deadline_ms,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let pending = self
+            .read()
+            .all()
+            .iter()
+            .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms)
+            .count();
+        if pending >= self.settings.max_pending {
+            return Err(GateError::TooManyPending {
+                limit: self.settings.max_pending,
+            });
+        }
+        let id = random_id()?;
+        let deadline = now.saturating_add(self.settings.decision_window_ms);
+        self.append(
+            &mut journal,
+            &Event::ProposalCreated {
+                proposal: id.clone(),
+                owner: owner.to_string(),
+                call: call.to_string(),
+                tool: tool.to_string(),
+                created_ms: now,
+                decision_deadline_ms: deadline,
+            },
+        )?;
+        Ok(Admission::Held {
+            proposal: id,
+            decision_deadline_ms: deadline,
+            joined: false,
+        })
+    }
+
+    /// An administrator approves `id`; `decider_owner` is their identity
+    /// digest, compared with the proposal's owner when self-approval is
+    /// forbidden.
+    pub fn approve(
+        &self,
+        id: &str,
+        decider: &str,
+        decider_owner: &str,
+        now: i64,
+    ) -> Result<Proposal, GateError> {
+        let mut journal = lock(&self.journal);
+        let p = self.current(&mut journal, id, now)?;
+        if self.settings.forbid_self_approval && p.owner == decider_owner {
+            return Err(GateError::SelfApproval);
+        }
+        self.append(
+            &mut journal,
+            &Event::Approved {
+                proposal: id.to_string(),
+                decider: decider.to_string(),
+                at_ms: now,
+                execution_deadline_ms: now.saturating_add(self.settings.execution_window_ms),
+            },
+        )
+    }
+
+    /// An administrator rejects `id`; the reason stays in the journal.
+    pub fn reject(
+        &self,
+        id: &str,
+        decider: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<Proposal, GateError> {
+        if reason.len() > MAX_REASON_BYTES {
+            return Err(GateError::ReasonTooLong);
+        }
+        let mut journal = lock(&self.journal);
+        self.current(&mut journal, id, now)?;
+        self.append(
+            &mut journal,
+            &Event::Rejected {
+                proposal: id.to_string(),
+                decider: decider.to_string(),
+                at_ms: now,
+                reason: reason.to_string(),
+            },
+        )
+    }
+
+    /// The exact owner cancels its waiting call: the hold is released. The
+    /// proposal as it stands after (a decision that came first stands).
+    pub fn cancel(&self, id: &str, owner: &str, now: i64) -> Result<Proposal, GateError> {
+        let mut journal = lock(&self.journal);
+        let p = self.current(&mut journal, id, now)?;
+        if p.owner != owner {
+            return Err(GateError::Refused(Refusal::Unknown(id.to_string())));
+        }
+        if p.state != State::Pending {
+            return Ok(p);
+        }
+        self.append(
+            &mut journal,
+            &Event::CallCancellation {
+                proposal: id.to_string(),
+                owner: owner.to_string(),
+                at_ms: now,
+            },
+        )
+    }
+
+    /// The proposal, journaled expired first when its deadline passed.
+    fn current(&self, journal: &mut Journal, id: &str, now: i64) -> Result<Proposal, GateError> {
+        let p = self
+            .read()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| GateError::Refused(Refusal::Unknown(id.to_string())))?;
+        Ok(self.expire_if_due(journal, &p, now)?.unwrap_or(p))
+    }
+
+    /// Journals the expiry of every pending proposal past its deadline;
+    /// the IDs expired.
+    pub fn expire_due(&self, now: i64) -> Result<Vec<String>, GateError> {
+        let mut journal = lock(&self.journal);
+        let due: Vec<Proposal> = self
+            .read()
+            .all()
+            .into_iter()
+            .filter(|p| p.state == State::Pending && now > p.decision_deadline_ms)
+            .cloned()
+            .collect();
+        let mut done = Vec::new();
+        for p in due {
+            self.expire_if_due(&mut journal, &p, now)?;
+            done.push(p.id);
+        }
+        Ok(done)
+    }
+
+    /// A proposal as it stands: a read that never waits for an append.
+    pub fn proposal(&self, id: &str) -> Option<Proposal> {
+        self.read().get(id).cloned()
+    }
+
+    /// Every proposal, newest first.
+    pub fn list(&self) -> Vec<Proposal> {
+        self.read().all().into_iter().cloned().collect()
+    }
+
+    pub fn checkpoint(&self) -> Checkpoint {
+        lock(&self.journal).checkpoint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000;
+
+    fn settings() -> GateSettings {
+        GateSettings {
+            decision_window_ms: 10 * MIN,
+            execution_window_ms: 5 * MIN,
+            segment_max_bytes: super::super::journal::MIN_SEGMENT_BYTES,
+            max_pending: 3,
+            forbid_self_approval: true,
+        }
+    }
+
+    fn open(dir: &std::path::Path) -> Gate {
+        Gate::open(dir, settings()).unwrap().0
+    }
+
+    fn held(a: Admission) -> (String, bool) {
+        match a {
+            Admission::Held {
+                proposal, joined, ..
+            } => (proposal, joined),
+            other => panic!("not held: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_approval_is_spent_once_by_the_exact_call_and_survives_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        let (p, joined) = held(g.admit("alice", "call-1", "deploy", 0).unwrap());
+        assert!(!joined);
+        // An identical call joins; another call gets its own proposal.
+        assert_eq!(
+            held(g.admit("alice", "call-1", "deploy", 1).unwrap()),
+            (p.clone(), true)
+        );
+        let (other, _) = held(g.admit("alice", "call-2", "deploy", 2).unwrap());
+        assert_ne!(other, p);
+        // Nobody approves their own call.
+        assert!(matches!(
+            g.approve(&p, "alice", "alice", 3),
+            Err(GateError::SelfApproval)
+        ));
+        g.approve(&p, "admin", "admin-digest", 4).unwrap();
+        drop(g);
+        let g = open(d.path());
+        assert_eq!(g.proposal(&p).unwrap().state, State::Approved);
+        assert_eq!(
+            g.admit("alice", "call-1", "deploy", 5).unwrap(),
+            Admission::Proceed {
+                proposal: p.clone()
+            }
+        );
+        // Spent: the same call again asks anew.
+        let (again, joined) = held(g.admit("alice", "call-1", "deploy", 6).unwrap());
+        assert!(again != p && !joined);
+        assert_eq!(g.proposal(&p).unwrap().state, State::Consumed);
+    }
+
+    #[test]
+    fn a_rejection_refuses_until_the_deadline_and_expiry_is_journaled_first() {
+        let d = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        let (p, _) = held(g.admit("bob", "c", "t", 0).unwrap());
+        g.reject(&p, "admin", "not today", 1).unwrap();
+        assert_eq!(
+            g.admit("bob", "c", "t", 2).unwrap(),
+            Admission::Refused {
+                proposal: p.clone(),
+                until_ms: 10 * MIN
+            }
+        );
+        // After the deadline, a new proposal.
+        let (q, _) = held(g.admit("bob", "c", "t", 10 * MIN + 1).unwrap());
+        assert_ne!(q, p);
+        // Left undecided past its deadline: an approval comes too late.
+        let late = 10 * MIN + 1 + 10 * MIN + 1;
+        assert!(matches!(
+            g.approve(&q, "admin", "admin", late),
+            Err(GateError::Refused(Refusal::WrongState { .. }))
+        ));
+        assert_eq!(g.proposal(&q).unwrap().state, State::Expired);
+        assert!(matches!(
+            g.reject(&p, "admin", &"x".repeat(MAX_REASON_BYTES + 1), 3),
+            Err(GateError::ReasonTooLong)
+        ));
+    }
+
+    #[test]
+    fn an_approval_used_after_its_window_has_lapsed() {
+        let d = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        let (p, _) = held(g.admit("c", "k", "t", 0).unwrap());
+        g.approve(&p, "admin", "admin", MIN).unwrap();
+        // First observed past the execution deadline: not spent, a new ask.
+        let (q, _) = held(g.admit("c", "k", "t", MIN + 5 * MIN + 1).unwrap());
+        assert_ne!(q, p);
+        let lapsed = g.proposal(&p).unwrap();
+        assert!(lapsed.approval_lapsed(MIN + 5 * MIN + 1));
+    }
+
+    #[test]
+    fn only_the_owner_cancels_and_a_cancel_releases_the_hold() {
+        let d = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        let (p, _) = held(g.admit("alice", "k", "t", 0).unwrap());
+        assert!(matches!(
+            g.cancel(&p, "mallory", 1),
+            Err(GateError::Refused(Refusal::Unknown(_)))
+        ));
+        assert_eq!(g.cancel(&p, "alice", 2).unwrap().state, State::Cancelled);
+        let (q, joined) = held(g.admit("alice", "k", "t", 3).unwrap());
+        assert!(q != p && !joined);
+        // A decision that came first stands: a cancel after it changes nothing.
+        g.approve(&q, "admin", "admin", 4).unwrap();
+        assert_eq!(g.cancel(&q, "alice", 5).unwrap().state, State::Approved);
+    }
+
+    #[test]
+    fn pending_proposals_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        for i in 0..3 {
+            held(g.admit("a", &format!("k{i}"), "t", 0).unwrap());
+        }
+        assert!(matches!(
+            g.admit("a", "k3", "t", 0),
+            Err(GateError::TooManyPending { limit: 3 })
+        ));
+        // Joining a waiting proposal is not a new one.
+        assert!(held(g.admit("a", "k0", "t", 1).unwrap()).1);
+        // Expired ones make room.
+        assert_eq!(g.expire_due(10 * MIN + 1).unwrap().len(), 3);
+        held(g.admit("a", "k3", "t", 10 * MIN + 2).unwrap());
+    }
+
+    #[test]
+    fn of_an_approval_and_a_cancel_racing_exactly_one_wins() {
+        for round in 0..20 {
+            let d = tempfile::tempdir().unwrap();
+            let g = std::sync::Arc::new(open(d.path()));
+            let (p, _) = held(g.admit("alice", "k", "t", 0).unwrap());
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let (g1, b1, p1) = (g.clone(), barrier.clone(), p.clone());
+            let approve = std::thread::spawn(move || {
+                b1.wait();
+                g1.approve(&p1, "admin", "admin", 1).is_ok()
+            });
+            let (g2, b2, p2) = (g.clone(), barrier.clone(), p.clone());
+            let cancel = std::thread::spawn(move || {
+                b2.wait();
+                g2.cancel(&p2, "alice", 1).map(|p| p.state)
+            });
+            let approved = approve.join().unwrap();
+            let after_cancel = cancel.join().unwrap().unwrap();
+            let end = g.proposal(&p).unwrap().state;
+            if approved {
+                assert_eq!(
+                    (end, after_cancel),
+                    (State::Approved, State::Approved),
+                    "round {round}"
+                );
+            } else {
+                assert_eq!(
+                    (end, after_cancel),
+                    (State::Cancelled, State::Cancelled),
+                    "round {round}"
+                );
+            }
+            // The journal says the same after a reopen.
+            drop(g);
+            assert_eq!(open(d.path()).proposal(&p).unwrap().state, end);
+        }
+    }
+
+    #[test]
+    fn a_journal_holding_an_impossible_sequence_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut j, _, _) = Journal::open(d.path(), settings().segment_max_bytes).unwrap();
+        let created = Event::ProposalCreated {
+            proposal: "tgp-1".into(),
+            owner: "o".into(),
+            call: "c".into(),
+            tool: "t".into(),
+            created_ms: 0,
+            decision_deadline_ms: 10,
+        };
+        j.append(&created.to_record().unwrap()).unwrap();
+        // Consumed without an approval: no gate would have written it.
+        let consumed = Event::Consumed {
+            proposal: "tgp-1".into(),
+            request: "c".into(),
+            at_ms: 1,
+        };
+        j.append(&consumed.to_record().unwrap()).unwrap();
+        drop(j);
+        assert!(matches!(
+            Gate::open(d.path(), settings()),
+            Err(GateError::Inconsistent { seq: 2, .. })
+        ));
+    }
+}
