@@ -62,6 +62,14 @@ fn hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working() 
     // Past the bound: 100,000 tools in pages, and in one page.
     sections += &place.hostile_table("many", "many", &[], "");
     sections += &place.hostile_table("onepage", "many", &[("HOSTILE_ONE_PAGE", "1")], "");
+    // Pages of ~90 KB each, under the per-message bound, adding up past it
+    // within the tool count allowed: the whole list is bounded too.
+    sections += &place.hostile_table(
+        "paged",
+        "many",
+        &[],
+        "max_tools = 10000\nmax_response_bytes = 262144",
+    );
     // Never answers the handshake: connect_timeout_secs.
     sections += "[[upstream]]\nalias = \"mute\"\ncommand = [\"/bin/sleep\", \"3600\"]\nconnect_timeout_secs = 1\n";
     let cfg = write_config(
@@ -85,6 +93,15 @@ fn hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working() 
         assert!(e.contains("max_tools = 1000"), "{alias}: {u}");
         assert_eq!(u["tools"], 0, "{u}");
     }
+    let paged = wait_upstream(&state, "paged", SETTLE, |u| u["last_error"].is_string());
+    assert!(
+        paged["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("max_response_bytes = 262144 bytes in all"),
+        "{paged}"
+    );
+    assert_eq!(paged["tools"], 0, "{paged}");
     let mute = wait_upstream(&state, "mute", SETTLE, |u| u["last_error"].is_string());
     assert!(
         mute["last_error"]

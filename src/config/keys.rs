@@ -614,7 +614,7 @@ settings! {
         /// Seconds one forwarded request may take (a tool call, synchronous or run as a task); past it the call is cancelled upstream and fails with `TG_UPSTREAM_TIMEOUT`.
         #[key(UPSTREAM_REQUEST_TIMEOUT_SECS, "request_timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
         pub request_timeout: Duration,
-        /// Largest answer taken from the upstream (a tool result, or one page of its tool list); a larger one fails with `TG_UPSTREAM_RESPONSE_TOO_LARGE` (over stdio the connection is closed and made again, since the rest of that answer cannot be skipped).
+        /// Largest answer taken from the upstream (a tool result, or one page of its tool list; its whole tool list, all pages together, is held to it too); a larger one fails with `TG_UPSTREAM_RESPONSE_TOO_LARGE` (over stdio the connection is closed and made again, since the rest of that answer cannot be skipped).
         #[key(UPSTREAM_MAX_RESPONSE_BYTES, "max_response_bytes", bytes(16 * MIB, 4 * KIB..=256 * MIB), applies: RELOAD)]
         pub max_response_bytes: u64,
         /// Requests forwarded to the upstream at once; past it a call is refused with `TG_UPSTREAM_BUSY` (retryable), never queued.

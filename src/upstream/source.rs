@@ -336,12 +336,16 @@ async fn connect(
     peer.set_response_cache_config(rmcp::ClientCacheConfig::disabled())
         .await;
     let info = peer.peer_info();
-    let listed = list_tools(&peer, config.limits.max_tools)
-        .await
-        .map_err(|e| match refusal.get() {
-            Some(_) => describe_init(&e, &refusal, config),
-            None => e,
-        })?;
+    let listed = list_tools(
+        &peer,
+        config.limits.max_tools,
+        config.limits.max_response_bytes,
+    )
+    .await
+    .map_err(|e| match refusal.get() {
+        Some(_) => describe_init(&e, &refusal, config),
+        None => e,
+    })?;
     let session = Arc::new(Session {
         id: session_id(),
         version: info
@@ -433,12 +437,17 @@ fn too_many_tools(max_tools: usize) -> String {
     )
 }
 
-/// Every tool, page by page, refused whole past `max_tools`.
+/// Every tool, page by page, refused whole past `max_tools`, or when the
+/// tools listed come to more than `max_bytes` (`max_response_bytes`) in
+/// all: each page is bounded by it on the wire, and so is the whole list,
+/// so that many small pages cannot add up to what one page may not be.
 async fn list_tools(
     peer: &Peer<RoleClient>,
     max_tools: usize,
+    max_bytes: u64,
 ) -> Result<Vec<rmcp::model::Tool>, String> {
     let mut tools = Vec::new();
+    let mut bytes = 0u64;
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
         let params = cursor.take().map(|c| {
@@ -450,9 +459,17 @@ async fn list_tools(
             .list_tools(params)
             .await
             .map_err(|e| format!("tools/list failed: {e}"))?;
+        bytes += serde_json::to_vec(&page.tools)
+            .map(|v| v.len() as u64)
+            .unwrap_or(u64::MAX);
         tools.extend(page.tools);
         if tools.len() > max_tools {
             return Err(too_many_tools(max_tools));
+        }
+        if bytes > max_bytes {
+            return Err(format!(
+                "its tool list comes to more than max_response_bytes = {max_bytes} bytes in all; none of its tools is served (raise max_response_bytes in its [[upstream]] table if a list that large is expected)"
+            ));
         }
         match page.next_cursor {
             Some(next) if !next.is_empty() => cursor = Some(next),
@@ -634,7 +651,11 @@ async fn serve(
                 let config = shared.config();
                 match tokio::time::timeout(
                     config.limits.connect_timeout,
-                    list_tools(&session.peer, config.limits.max_tools),
+                    list_tools(
+                        &session.peer,
+                        config.limits.max_tools,
+                        config.limits.max_response_bytes,
+                    ),
                 ).await {
                     Ok(Ok(listed)) => {
                         let fresh = Arc::new(Session {
