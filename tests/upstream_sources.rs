@@ -316,6 +316,19 @@ fn a_tool_changed_after_its_pin_is_withheld_until_reviewed_and_pinned_again() {
         stdout(&out)
     );
     let args = with(&["upstream", "pin", "drift"]);
+    // While another pin holds the pins file's directory, a pin waits, then
+    // gives up naming it, and writes nothing.
+    {
+        let held = std::fs::File::open(root.path()).unwrap();
+        held.lock().unwrap();
+        let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("another `taskgate upstream pin`"),
+            "{out:?}"
+        );
+        assert!(!root.path().join("upstream-pins.toml").exists());
+    }
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.status.success(), "{out:?}");
     let pinned_line = stdout(&out);

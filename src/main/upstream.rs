@@ -134,6 +134,49 @@ fn show(alias: &str, a: &UpstreamListArgs) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// How long `pin` waits for another `pin` of the same file to finish.
+const PIN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An exclusive lock (flock) on the directory of the pins file: the file
+/// itself is replaced whole by each write, so it cannot carry the lock.
+fn lock_pins(pins: &std::path::Path) -> Result<std::fs::File, Refusal> {
+    let dir = pins
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let handle = std::fs::File::open(dir).map_err(|e| {
+        Refusal::new(
+            ExitClass::Io,
+            format!("cannot open {} to lock the pins file: {e}", dir.display()),
+        )
+    })?;
+    let start = std::time::Instant::now();
+    loop {
+        match handle.try_lock() {
+            Ok(()) => return Ok(handle),
+            Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < PIN_LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Refusal::new(
+                    ExitClass::CallFailed,
+                    format!(
+                        "another `taskgate upstream pin` has held {} for {} s; nothing was pinned: try again once it has finished",
+                        dir.display(),
+                        PIN_LOCK_WAIT.as_secs()
+                    ),
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(Refusal::new(
+                    ExitClass::Io,
+                    format!("cannot lock {}: {e}", dir.display()),
+                ));
+            }
+        }
+    }
+}
+
 fn pin(a: &taskgate::cli::UpstreamPinArgs) -> Result<(), Refusal> {
     if a.expect.is_some() && a.tools.len() != 1 {
         return Err(Refusal::new(
@@ -143,6 +186,9 @@ fn pin(a: &taskgate::cli::UpstreamPinArgs) -> Result<(), Refusal> {
     }
     let file = config_file(a.common.config.as_ref())?;
     let pins_path = config::pins_file(&file);
+    // Read, change and write the file whole under one lock, so that two
+    // pins at once cannot lose one another's change.
+    let _lock = lock_pins(&pins_path)?;
     let mut pins = Pins::load(&pins_path)?;
     let one = admin::client::upstreams(&a.common.overrides(), a.socket.as_deref(), Some(&a.alias))?;
     let Some(u) = one.into_iter().next() else {
