@@ -702,3 +702,34 @@ fn another_callers_route_reads_like_an_unknown_one_and_the_effect_scopes_are_enf
     s.acting_as(Some(&alice));
     assert_eq!(s.get(&alices).unwrap()["status"], "working");
 }
+
+#[test]
+fn the_meta_tools_are_listed_only_while_a_capability_is_routable() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (_up, table) = Upstream::table(&place, "up", "echo", &[], "");
+    let s = Setup::start(root, &table, &[], SETTLE);
+    wait_upstream(&s.state, "up", SETTLE, is_ready);
+    let meta = ["taskgate_describe", "taskgate_lease", "taskgate_submit"];
+    // Connected, Tasks-capable, but nothing pinned: nothing to route.
+    let names = s.tool_names();
+    assert!(names.contains(&"up.work".to_string()), "{names:?}");
+    assert!(
+        meta.iter().all(|m| !names.contains(&m.to_string())),
+        "{names:?}"
+    );
+    let described = s.describe();
+    assert_eq!(described["capabilities"], json!([]), "{described}");
+    // Pinned and reloaded: the meta-tools appear.
+    assert!(s.admin(&["upstream", "pin", "up"]).status.success());
+    assert!(s.admin(&["reload"]).status.success());
+    wait_upstream(&s.state, "up", SETTLE, |u| {
+        is_ready(u) && u["unpinned"] == 0
+    });
+    let names = s.tool_names();
+    assert!(
+        meta.iter().all(|m| names.contains(&m.to_string())),
+        "{names:?}"
+    );
+}

@@ -154,7 +154,7 @@ impl Router {
 
     /// The meta-tools, listed while at least one capability is routable.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        if self.upstreams.routable().is_empty() {
+        if !self.upstreams.any_routable() {
             return Vec::new();
         }
         let spec = |name: &str, description: &str, schema: Value, effect, task| ToolSpec {

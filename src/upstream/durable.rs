@@ -229,6 +229,24 @@ impl Upstreams {
         out
     }
 
+    /// Whether any capability may be routed now (cheaper than
+    /// [`Upstreams::routable`]: nothing is digested, and it stops at the
+    /// first).
+    pub fn any_routable(&self) -> bool {
+        self.sources().iter().any(|source| {
+            let snapshot = source.shared.snapshot();
+            snapshot.state == State::Ready
+                && snapshot
+                    .session
+                    .as_ref()
+                    .is_some_and(|s| s.version == ROUTABLE_PROTOCOL && s.tasks)
+                && snapshot
+                    .catalog
+                    .values()
+                    .any(|cap| cap.withheld.is_none() && cap.pin == PinState::Pinned)
+        })
+    }
+
     /// The named capability if a durable route may use it now; otherwise
     /// why not.
     pub fn routable_named(&self, name: &str) -> Result<Routable, String> {

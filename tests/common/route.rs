@@ -62,6 +62,19 @@ impl Setup {
         s
     }
 
+    /// The names `tools/list` shows this caller.
+    pub fn tool_names(&self) -> Vec<String> {
+        let listed = runtime()
+            .block_on(self.client().request("tools/list", json!({}), None, None))
+            .unwrap();
+        listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
     pub fn daemon(&self) -> &Daemon {
         self.daemon.as_ref().unwrap()
     }
