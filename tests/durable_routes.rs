@@ -200,6 +200,26 @@ fn a_submission_is_routed_once_and_found_again_by_its_key_and_its_id() {
         "{shown}"
     );
     assert!(!shown.contains("hello"), "arguments leaked: {shown}");
+    // Nor does the store keep them: every column of the routes but the
+    // provider's own result (which says "done hello") is free of them.
+    let db = rusqlite::Connection::open_with_flags(
+        s.state.join("tasks.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    let leaked: i64 = db
+        .query_row(
+            "SELECT count(*) FROM routes WHERE instr(CAST(binding AS TEXT), 'hello') > 0
+                OR instr(coalesce(reason, ''), 'hello') > 0 OR instr(coalesce(cancel_reason, ''), 'hello') > 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(leaked, 0, "a route's binding or reason holds an argument");
+    let bindings: i64 = db
+        .query_row("SELECT count(*) FROM routes", [], |r| r.get(0))
+        .unwrap();
+    assert!(bindings >= 2);
 }
 
 #[test]
