@@ -712,7 +712,29 @@ fn a_newcomer_at_the_limit_displaces_the_oldest_connection_that_sent_nothing() {
         "the oldest silent connection is still open"
     );
     // Slots held by connections that have sent requests are never taken.
-    let held: Vec<TcpStream> = (0..4).map(|_| held_connection(daemon.port)).collect();
+    // Each of these four displaces one of the silent connections still
+    // open; a displaced connection's slot comes free once its task has
+    // seen the displacement, which a loaded machine may delay past the
+    // newcomer's wait, and the newcomer is then told to retry (503 with
+    // Retry-After), as a client would be: it does.
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let mut c = http::Connection::open(daemon.port);
+                let r = c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+                if r.status == 200 {
+                    break c.into_stream();
+                }
+                assert_eq!(r.status, 503, "{r}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no slot came free within 30 s: {r}"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+        .collect();
     let full = http_get(daemon.port, "/healthz");
     assert!(full.starts_with("HTTP/1.1 503"), "{full:?}");
     drop(held);
