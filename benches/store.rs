@@ -13,6 +13,7 @@ use taskgate::store::{Clock, Digest, NewTask, Store, StoreOptions};
 
 fn task(ttl_ms: i64) -> NewTask {
     NewTask {
+        proposal: None,
         owner: Digest::of(b"bench"),
         reference: None,
         request: Some(Digest::of(b"request")),

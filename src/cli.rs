@@ -102,6 +102,16 @@ pub enum Command {
     /// it needs reconciliation, why. Never a route's arguments: taskgate
     /// does not keep them.
     Routes(RoutesArgs),
+    /// Calls held for an administrator's approval (tools with approval =
+    /// "required"): list and show proposals (tool, caller, argument
+    /// digest, the configured preview, deadlines, decision), approve or
+    /// reject one, verify the approval journal. Over the admin socket, as
+    /// root or the service user, who is recorded as the decider. Exit
+    /// status: 0 done; 1 the proposal is unknown or already decided; 64
+    /// approvals are not set up; 65 (verify) the journal failed its check;
+    /// 69 no daemon serves the state directory; 74 the journal could not
+    /// be written; 76 permission denied.
+    Approvals(ApprovalsArgs),
     /// Qualify a capability of this host end to end, with nothing but this
     /// binary. --durable-tasks runs the durable route against an embedded
     /// qualification provider (this binary serving MCP over stdio, its task
@@ -384,6 +394,94 @@ pub struct VerifyArgs {
     /// investigate a failure; it is removed otherwise.
     #[arg(long)]
     pub keep: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsArgs {
+    #[command(subcommand)]
+    pub action: ApprovalsAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalsAction {
+    /// Proposals, newest first (at most 500): ID, state, tool, caller and
+    /// decision deadline.
+    List(ApprovalsListArgs),
+    /// One proposal: tool, caller, argument digest and preview, times,
+    /// and the decision with who made it.
+    Show(ApprovalsIdArgs),
+    /// Approve proposal ID: the caller's identical call, issued again
+    /// within the execution window, runs once.
+    Approve(ApprovalsApproveArgs),
+    /// Reject proposal ID: the identical call is refused until the
+    /// proposal's deadline. The reason stays in the approval journal; the
+    /// caller never sees it.
+    Reject(ApprovalsRejectArgs),
+    /// The approval journal's checkpoint (identity, records, bytes, head
+    /// hash) and health, to compare two copies of it.
+    Verify(UpstreamListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsListArgs {
+    /// Only proposals still waiting for a decision.
+    #[arg(long)]
+    pub pending: bool,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsIdArgs {
+    /// The proposal ID (tgp-…).
+    pub id: String,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsApproveArgs {
+    /// The proposal ID (tgp-…).
+    pub id: String,
+    /// How long the approval may be used, such as 90s, 15m or 1h (at most
+    /// approvals.execution_window_secs, which is also the default).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub valid_for: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ApprovalsRejectArgs {
+    /// The proposal ID (tgp-…).
+    pub id: String,
+    /// Why (at most 512 bytes; kept in the approval journal only).
+    #[arg(long, value_name = "TEXT", required = true)]
+    pub reason: String,
+    #[command(flatten)]
+    pub list: UpstreamListArgs,
+}
+
+/// A duration written as a number and a unit: `s`, `m`, `h` or `d`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} needs a unit: s, m, h or d (such as 15m)"))?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a number"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: the unit is s, m, h or d")),
+    };
+    n.checked_mul(secs)
+        .filter(|s| *s > 0)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is not a usable duration"))
 }
 
 #[derive(Debug, Args)]

@@ -17,11 +17,17 @@ pub const REFUSED: &str = "371a2363426c438a9af7ec8ee4eff1db";
 pub const STORE_DISABLED: &str = "be6f7498545c4cd5bbc20707025df058";
 /// Restart recovery ended tasks that were running at the last stop.
 pub const RECOVERY: &str = "1c1a5031a90f4132ab6724b7a4e4ab8f";
+/// A call was held for an administrator's approval as a new proposal.
+pub const APPROVAL_PROPOSED: &str = "6502ee7b32334dedad51a855c05a0c34";
+/// An administrator approved or rejected a proposal.
+pub const APPROVAL_DECIDED: &str = "4f2ade0873214c93a02746a126073539";
 /// Every ID, for the catalog test.
-pub const ALL: [(&str, &str); 5] = [
+pub const ALL: [(&str, &str); 7] = [
     ("START", START),
     ("READY", READY),
     ("REFUSED", REFUSED),
     ("STORE_DISABLED", STORE_DISABLED),
     ("RECOVERY", RECOVERY),
+    ("APPROVAL_PROPOSED", APPROVAL_PROPOSED),
+    ("APPROVAL_DECIDED", APPROVAL_DECIDED),
 ];

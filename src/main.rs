@@ -20,6 +20,8 @@ use taskgate::exit::{Classify, ExitClass, Refusal};
 use taskgate::startup::{self, CheckOutcome};
 use taskgate::{admin, config, logging, service};
 
+#[path = "main/approvals.rs"]
+mod approvals;
 #[path = "main/man.rs"]
 mod man;
 #[path = "main/operator.rs"]
@@ -230,6 +232,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Token(args) => token(&args),
         Command::Upstream(args) => upstream::upstream(&args),
         Command::Routes(args) => routes::routes(&args),
+        Command::Approvals(args) => approvals::approvals(&args),
         Command::Verify(args) => verify(&args),
         Command::WireCodes(args) => wire_codes(args.json),
         Command::QualificationWorker { root } => {

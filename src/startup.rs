@@ -63,6 +63,8 @@ pub fn effective(
         None => None,
     };
     let mut protected = crate::tools::confine::protected(&config.state_dir, config.file.as_deref());
+    // The approval journal is the daemon's to append, never a tool's.
+    protected.push(config.approvals.directory.clone());
     // An upstream's credential is for taskgate to present, never for a
     // tool to read.
     for u in &config.upstreams {

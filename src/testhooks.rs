@@ -38,6 +38,13 @@ pub const CRASH_ROUTE_PREPARED: &str = "route-prepared";
 pub const CRASH_ROUTE_DISPATCHING: &str = "route-dispatching";
 /// The upstream answered the submission; nothing of it is committed.
 pub const CRASH_ROUTE_ANSWERED: &str = "route-answered";
+/// A held call's proposal is journaled; its approval task is not committed.
+pub const CRASH_APPROVAL_PROPOSED: &str = "approval-proposed";
+/// An approval task's decision was read from the journal; its projection
+/// is not committed.
+pub const CRASH_APPROVAL_DECIDED: &str = "approval-decided";
+/// An approval was journaled as spent on a call; the tool has not started.
+pub const CRASH_APPROVAL_CONSUMED: &str = "approval-consumed";
 
 pub const fn compiled_in() -> bool {
     cfg!(any(debug_assertions, feature = "test-hooks"))

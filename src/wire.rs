@@ -174,6 +174,18 @@ registry! {
     /// A routed submission taskgate ended itself without sending it.
     ROUTE_NOT_DISPATCHED = (-32076, "TG_ROUTE_NOT_DISPATCHED",
         "taskgate ended this routed task before sending it to the upstream (it stopped, or the upstream's connection changed first); nothing reached the upstream; submit again with a new idempotency key");
+    /// Approvals cannot be decided here now.
+    APPROVALS_UNAVAILABLE = (-32077, "TG_APPROVALS_UNAVAILABLE",
+        "this tool needs an administrator's approval, and approvals are unavailable (not configured, or the approval journal failed its check); nothing was run or proposed; the operator finds the reason in `taskgate status`");
+    /// An administrator rejected this exact call.
+    APPROVAL_REJECTED = (-32078, "TG_APPROVAL_REJECTED",
+        "an administrator rejected this exact call; the identical call is refused until data.untilMs, then it may be proposed again; nothing was run");
+    /// Too many proposals wait for a decision.
+    APPROVALS_FULL = (-32079, "TG_APPROVALS_FULL",
+        "too many calls already wait for an administrator (approvals.max_pending); nothing was run or proposed; retry once some are decided");
+    /// An approval task's journal evidence is missing or uncertain.
+    APPROVAL_EVIDENCE_MISSING = (-32059, "TG_APPROVAL_EVIDENCE_MISSING",
+        "this task waits on an approval the approval journal cannot vouch for now (approvals disabled, the journal damaged or shorter than the task's record); its status is not guessed; the operator restores the journal with the task store, or the task expires");
     /// A fault inside taskgate that the client cannot fix.
     INTERNAL = (-32603, "TG_INTERNAL",
         "an internal error occurred; the operator finds the detail in the daemon's log");

@@ -192,6 +192,7 @@ fn corruption_met_while_serving_disables_the_task_service_and_the_restart_refuse
         let mut ids = Vec::new();
         for i in 0..CORRUPTION_TASKS {
             let new = taskgate::store::NewTask {
+                proposal: None,
                 owner: taskgate::tasks::local_owner(),
                 ..new_task(86_400_000)
             };

@@ -1146,6 +1146,7 @@ fn seed_tasks(state: &Path) -> (String, String, i64) {
         })
         .unwrap();
         let new = |owner: Digest, ttl_ms: i64| NewTask {
+            proposal: None,
             owner,
             reference: None,
             request: None,

@@ -86,6 +86,7 @@ fn v1_fixture_migrates_with_rows_intact() {
         // The v1 creation reference still deduplicates after migration.
         let again = store
             .create(NewTask {
+                proposal: None,
                 reference: Some(Digest::of(b"operation-1")),
                 request: Some(Digest::of(b"request-1")),
                 ..new_task(60_000)

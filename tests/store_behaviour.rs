@@ -256,6 +256,7 @@ fn the_per_owner_live_limit_refuses_only_that_owner_until_its_tasks_expire() {
     rt.block_on(async {
         let (store, clock) = open_manual(&dir, |o| o.settings.max_live_tasks_per_owner = 3);
         let of = |who: &[u8], ttl| NewTask {
+            proposal: None,
             owner: Digest::of(who),
             ..new_task(ttl)
         };
@@ -337,6 +338,7 @@ fn creation_references_deduplicate_per_owner_and_conflict_on_other_requests() {
     rt.block_on(async {
         let (store, clock) = open_manual(&dir, |_| {});
         let with = |owner: &[u8], reference: &[u8], request: &[u8], ttl| NewTask {
+            proposal: None,
             owner: Digest::of(owner),
             reference: Some(Digest::of(reference)),
             request: Some(Digest::of(request)),

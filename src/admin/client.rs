@@ -327,6 +327,30 @@ pub fn routes(
     }
 }
 
+/// Asks the daemon about approvals, or for a decision: the proposals it
+/// answers with and the journal's state.
+pub fn approvals(
+    overrides: &Overrides,
+    socket: Option<&Path>,
+    request: Request,
+) -> Result<
+    (
+        Vec<crate::approvals::Proposal>,
+        crate::tasks::ApprovalsStatus,
+    ),
+    Refusal,
+> {
+    let target = locate(overrides, socket)?;
+    match ask(&target, &request, Some(STATUS_TIMEOUT))? {
+        Answer::Approvals { proposals, journal } => Ok((proposals, journal)),
+        Answer::Error(e) => Err(Refusal::new(e.class(), e.message)),
+        _ => Err(Refusal::new(
+            ExitClass::Protocol,
+            "the daemon answered something else than its approvals",
+        )),
+    }
+}
+
 /// A socket found from `$RUNTIME_DIRECTORY` may belong to the daemon of
 /// another state directory: say so rather than report on the wrong one.
 fn check_same_dir(target: &Target, served: &Path) -> Result<(), Refusal> {
@@ -482,6 +506,22 @@ pub fn render(s: &Status) -> Vec<String> {
             r.reconciliation_required,
             r.terminal
         ));
+    }
+    if let Some(a) = &s.approvals {
+        lines.push(match &a.disabled {
+            Some(reason) => format!(
+                "approvals        DISABLED: {reason}; held tools refuse their calls (journal {})",
+                a.directory.display()
+            ),
+            None => format!(
+                "approvals        {} pending; journal {}: {} records, {} bytes, head {}",
+                a.pending,
+                a.directory.display(),
+                a.records,
+                a.bytes,
+                &a.head[..a.head.len().min(16)]
+            ),
+        });
     }
     if let Some(c) = &s.confinement {
         lines.extend(c.lines());

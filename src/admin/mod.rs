@@ -174,6 +174,33 @@ pub enum Request {
         #[serde(default)]
         open: bool,
     },
+    /// Approval proposals, newest first (only those waiting when
+    /// `pending`), or the one `id` names; with the journal's state.
+    Approvals {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default)]
+        pending: bool,
+    },
+    /// An administrator's decision on proposal `id`.
+    Decide {
+        id: String,
+        decision: Decision,
+    },
+}
+
+/// What an administrator decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// The identical call may run once, within `valid_for_ms` (at most
+    /// the execution window).
+    Approve {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        valid_for_ms: Option<i64>,
+    },
+    /// Refused; the reason stays in the journal, never shown to the caller.
+    Reject { reason: String },
 }
 
 /// One answer line.
@@ -189,6 +216,10 @@ pub enum Answer {
     },
     Routes {
         routes: Vec<RouteStatus>,
+    },
+    Approvals {
+        proposals: Vec<crate::approvals::Proposal>,
+        journal: crate::tasks::ApprovalsStatus,
     },
     Error(AdminError),
 }
@@ -280,6 +311,9 @@ pub struct Status {
     /// the store could not count them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<crate::store::RouteCounts>,
+    /// The approval gate, when this daemon holds calls for approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::tasks::ApprovalsStatus>,
 }
 
 /// Routes an operator listing holds at most.

@@ -443,6 +443,11 @@ async fn serve(
                 }
             }
             (_, Ok(Request::Routes { id, open })) => routes(&ctx, id, open).await,
+            (_, Ok(Request::Approvals { id, pending })) => approvals(&ctx, id, pending),
+            (_, Ok(Request::Decide { id, decision })) => {
+                let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+                decide(&ctx, id, decision, uid).await
+            }
             (_, Err(e)) => Answer::Error(AdminError::new(
                 ExitClass::Protocol,
                 format!("malformed request: {e}"),
@@ -590,6 +595,7 @@ async fn status(ctx: &Context) -> Status {
                 _ => None,
             },
         },
+        approvals: svc.approvals().map(|a| a.status(store.clock().now_ms())),
     }
 }
 
@@ -664,6 +670,109 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
             },
             Err(e) => unavailable(e),
         },
+    }
+}
+
+/// The most proposals one listing shows.
+const MAX_LISTED_PROPOSALS: usize = 500;
+
+fn no_approvals() -> Answer {
+    Answer::Error(AdminError::new(
+        ExitClass::Usage,
+        "approvals are not set up in this daemon: no [[tool]] has approval = \"required\" and no approval journal exists",
+    ))
+}
+
+/// The proposals (or the one `id` names) and the journal's state.
+fn approvals(ctx: &Context, id: Option<String>, pending: bool) -> Answer {
+    let Some(approvals) = ctx.svc.approvals() else {
+        return no_approvals();
+    };
+    let now = ctx.svc.store().clock().now_ms();
+    let journal = approvals.status(now);
+    let Some(gate) = approvals.gate() else {
+        return Answer::Approvals {
+            proposals: Vec::new(),
+            journal,
+        };
+    };
+    let proposals = match id {
+        Some(id) => match gate.proposal(&id) {
+            Some(p) => vec![p],
+            None => {
+                return Answer::Error(AdminError::new(
+                    ExitClass::CallFailed,
+                    format!("no proposal {id} in the approval journal"),
+                ));
+            }
+        },
+        None => gate
+            .list()
+            .into_iter()
+            .filter(|p| {
+                !pending
+                    || (p.state == crate::approvals::State::Pending
+                        && now <= p.decision_deadline_ms)
+            })
+            .take(MAX_LISTED_PROPOSALS)
+            .collect(),
+    };
+    Answer::Approvals { proposals, journal }
+}
+
+/// Journals an administrator's decision; the decider is the peer's uid.
+async fn decide(ctx: &Context, id: String, decision: super::Decision, uid: u32) -> Answer {
+    let Some(approvals) = ctx.svc.approvals() else {
+        return no_approvals();
+    };
+    let Some(gate) = approvals.gate().cloned() else {
+        return Answer::Error(AdminError::new(
+            ExitClass::CallFailed,
+            "approvals are disabled (the approval journal failed its check); `taskgate status` says why",
+        ));
+    };
+    let now = ctx.svc.store().clock().now_ms();
+    let decider = format!("uid {uid} (admin socket)");
+    let done = tokio::task::spawn_blocking(move || match decision {
+        super::Decision::Approve { valid_for_ms } => {
+            gate.approve_for(&id, &decider, &format!("uid:{uid}"), now, valid_for_ms)
+        }
+        super::Decision::Reject { reason } => gate.reject(&id, &decider, &reason, now),
+    })
+    .await;
+    let journal = approvals.status(now);
+    match done {
+        Ok(Ok(p)) => {
+            tracing::info!(
+                message_id = crate::events::APPROVAL_DECIDED,
+                proposal = %p.id,
+                tool = %p.tool,
+                state = p.state.as_str(),
+                decider = p.decider.as_deref().unwrap_or(""),
+                "proposal {} for {} is {} by {}",
+                p.id,
+                p.tool,
+                p.state.as_str(),
+                p.decider.as_deref().unwrap_or("-")
+            );
+            Answer::Approvals {
+                proposals: vec![p],
+                journal,
+            }
+        }
+        Ok(Err(e)) => Answer::Error(AdminError::new(
+            match e {
+                crate::approvals::GateError::Refused(_)
+                | crate::approvals::GateError::SelfApproval
+                | crate::approvals::GateError::ReasonTooLong => ExitClass::CallFailed,
+                _ => ExitClass::Io,
+            },
+            e.to_string(),
+        )),
+        Err(e) => Answer::Error(AdminError::new(
+            ExitClass::Io,
+            format!("the approval gate stopped: {e}"),
+        )),
     }
 }
 

@@ -14,7 +14,7 @@ use thiserror::Error;
 
 use super::journal::{Checkpoint, Journal, JournalError, Opened};
 use super::proposals::{Proposal, Proposals, Refusal, State};
-use super::{Event, MAX_REASON_BYTES};
+use super::{Event, HeldCall, MAX_REASON_BYTES};
 
 /// The bounds and windows of the gate.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +75,15 @@ pub struct Gate {
     journal: Mutex<Journal>,
     view: RwLock<Proposals>,
     settings: GateSettings,
+    /// The last sequence appended: read without the journal's lock.
+    head_seq: std::sync::atomic::AtomicU64,
+    /// The journal directory's lock, held while the gate is open (see
+    /// [`Gate::open_dir`]).
+    _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
+
+/// The lock file in the journal's directory: one process appends at a time.
+pub const LOCK_FILE: &str = "journal.lock";
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -104,6 +112,7 @@ impl Gate {
     ) -> Result<(Gate, Opened), GateError> {
         let (journal, entries, opened) = Journal::open(dir, settings.segment_max_bytes)?;
         let mut view = Proposals::default();
+        let head_seq = entries.last().map(|e| e.seq).unwrap_or(0);
         for entry in entries {
             let event =
                 Event::from_record(&entry.record).map_err(|reason| GateError::Unreadable {
@@ -121,9 +130,67 @@ impl Gate {
                 journal: Mutex::new(journal),
                 view: RwLock::new(view),
                 settings,
+                head_seq: head_seq.into(),
+                _lock: None,
             },
             opened,
         ))
+    }
+
+    /// Opens the journal in its own private directory: created 0700 when
+    /// missing (its parent must exist), refused when another user owns it
+    /// or others may enter it, and locked so that a second process cannot
+    /// append to it too.
+    pub fn open_dir(
+        dir: &std::path::Path,
+        settings: GateSettings,
+    ) -> Result<(Gate, Opened), GateError> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        let invalid = |reason: String| {
+            GateError::Journal(JournalError::Invalid {
+                dir: dir.to_path_buf(),
+                reason,
+            })
+        };
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| invalid(format!("cannot create it: {e}")))?;
+        }
+        let meta = std::fs::symlink_metadata(dir).map_err(|e| invalid(e.to_string()))?;
+        if !meta.is_dir() {
+            return Err(invalid("it is not a directory".into()));
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != me {
+            return Err(invalid(format!(
+                "it belongs to uid {}, not to this service's uid {me}",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(invalid(format!(
+                "its mode is {:o}; others may enter it (chmod 700 it)",
+                meta.mode() & 0o777
+            )));
+        }
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(dir.join(LOCK_FILE))
+            .map_err(|e| invalid(format!("cannot open {LOCK_FILE}: {e}")))?;
+        let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| {
+                invalid(format!(
+                    "another process holds {LOCK_FILE} ({e}); one daemon appends to a journal"
+                ))
+            })?;
+        let (mut gate, opened) = Gate::open(dir, settings)?;
+        gate._lock = Some(lock);
+        Ok((gate, opened))
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Proposals> {
@@ -136,6 +203,8 @@ impl Gate {
         self.read().check(event).map_err(GateError::Refused)?;
         let record = event.to_record().map_err(|_| GateError::ReasonTooLong)?;
         let seq = journal.append(&record)?;
+        self.head_seq
+            .store(seq, std::sync::atomic::Ordering::SeqCst);
         let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
         view.apply(event, seq).map_err(GateError::Refused)?;
         view.get(event.proposal())
@@ -168,13 +237,8 @@ impl Gate {
     /// A call that needs approval: spend an approval of this exact call,
     /// join a proposal waiting for it, refuse it while its rejection
     /// stands, or make a new proposal.
-    pub fn admit(
-        &self,
-        owner: &str,
-        call: &str,
-        tool: &str,
-        now: i64,
-    ) -> Result<Admission, GateError> {
+    pub fn admit(&self, held: &HeldCall, now: i64) -> Result<Admission, GateError> {
+        let call = held.call.as_str();
         let mut journal = lock(&self.journal);
         let latest = self.read().of_call(call).first().map(|p| (*p).clone());
         if let Some(p) = latest {
@@ -224,9 +288,12 @@ impl Gate {
             &mut journal,
             &Event::ProposalCreated {
                 proposal: id.clone(),
-                owner: owner.to_string(),
+                owner: held.owner.clone(),
                 call: call.to_string(),
-                tool: tool.to_string(),
+                tool: held.tool.clone(),
+                principal: held.principal.clone(),
+                arguments: held.arguments.clone(),
+                preview: held.preview.clone(),
                 created_ms: now,
                 decision_deadline_ms: deadline,
             },
@@ -248,6 +315,22 @@ impl Gate {
         decider_owner: &str,
         now: i64,
     ) -> Result<Proposal, GateError> {
+        self.approve_for(id, decider, decider_owner, now, None)
+    }
+
+    /// [`Gate::approve`], with the approval usable for `valid_for_ms` at
+    /// most (never past the execution window).
+    pub fn approve_for(
+        &self,
+        id: &str,
+        decider: &str,
+        decider_owner: &str,
+        now: i64,
+        valid_for_ms: Option<i64>,
+    ) -> Result<Proposal, GateError> {
+        let window = valid_for_ms
+            .unwrap_or(self.settings.execution_window_ms)
+            .clamp(0, self.settings.execution_window_ms);
         let mut journal = lock(&self.journal);
         let p = self.current(&mut journal, id, now)?;
         if self.settings.forbid_self_approval && p.owner == decider_owner {
@@ -259,7 +342,7 @@ impl Gate {
                 proposal: id.to_string(),
                 decider: decider.to_string(),
                 at_ms: now,
-                execution_deadline_ms: now.saturating_add(self.settings.execution_window_ms),
+                execution_deadline_ms: now.saturating_add(window),
             },
         )
     }
@@ -338,6 +421,27 @@ impl Gate {
         Ok(done)
     }
 
+    /// The proposal, its expiry journaled first when it is pending past
+    /// its decision deadline (this waits for the journal).
+    pub fn observe(&self, id: &str, now: i64) -> Result<Proposal, GateError> {
+        let mut journal = lock(&self.journal);
+        self.current(&mut journal, id, now)
+    }
+
+    /// The sequence of the last record the journal holds (0 when empty).
+    pub fn head_seq(&self) -> u64 {
+        self.head_seq.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Proposals waiting for a decision and not yet past their deadline.
+    pub fn pending(&self, now: i64) -> usize {
+        self.read()
+            .all()
+            .iter()
+            .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms)
+            .count()
+    }
+
     /// A proposal as it stands: a read that never waits for an append.
     pub fn proposal(&self, id: &str) -> Option<Proposal> {
         self.read().get(id).cloned()
@@ -358,6 +462,17 @@ mod tests {
     use super::*;
 
     const MIN: i64 = 60_000;
+
+    fn call(owner: &str, key: &str, tool: &str) -> HeldCall {
+        HeldCall {
+            owner: owner.into(),
+            call: key.into(),
+            tool: tool.into(),
+            principal: format!("{owner} (tenant t) from https://id.example"),
+            arguments: "0".repeat(64),
+            preview: Default::default(),
+        }
+    }
 
     fn settings() -> GateSettings {
         GateSettings {
@@ -386,14 +501,14 @@ mod tests {
     fn an_approval_is_spent_once_by_the_exact_call_and_survives_a_reopen() {
         let d = tempfile::tempdir().unwrap();
         let g = open(d.path());
-        let (p, joined) = held(g.admit("alice", "call-1", "deploy", 0).unwrap());
+        let (p, joined) = held(g.admit(&call("alice", "call-1", "deploy"), 0).unwrap());
         assert!(!joined);
         // An identical call joins; another call gets its own proposal.
         assert_eq!(
-            held(g.admit("alice", "call-1", "deploy", 1).unwrap()),
+            held(g.admit(&call("alice", "call-1", "deploy"), 1).unwrap()),
             (p.clone(), true)
         );
-        let (other, _) = held(g.admit("alice", "call-2", "deploy", 2).unwrap());
+        let (other, _) = held(g.admit(&call("alice", "call-2", "deploy"), 2).unwrap());
         assert_ne!(other, p);
         // Nobody approves their own call.
         assert!(matches!(
@@ -405,13 +520,13 @@ mod tests {
         let g = open(d.path());
         assert_eq!(g.proposal(&p).unwrap().state, State::Approved);
         assert_eq!(
-            g.admit("alice", "call-1", "deploy", 5).unwrap(),
+            g.admit(&call("alice", "call-1", "deploy"), 5).unwrap(),
             Admission::Proceed {
                 proposal: p.clone()
             }
         );
         // Spent: the same call again asks anew.
-        let (again, joined) = held(g.admit("alice", "call-1", "deploy", 6).unwrap());
+        let (again, joined) = held(g.admit(&call("alice", "call-1", "deploy"), 6).unwrap());
         assert!(again != p && !joined);
         assert_eq!(g.proposal(&p).unwrap().state, State::Consumed);
     }
@@ -420,17 +535,17 @@ mod tests {
     fn a_rejection_refuses_until_the_deadline_and_expiry_is_journaled_first() {
         let d = tempfile::tempdir().unwrap();
         let g = open(d.path());
-        let (p, _) = held(g.admit("bob", "c", "t", 0).unwrap());
+        let (p, _) = held(g.admit(&call("bob", "c", "t"), 0).unwrap());
         g.reject(&p, "admin", "not today", 1).unwrap();
         assert_eq!(
-            g.admit("bob", "c", "t", 2).unwrap(),
+            g.admit(&call("bob", "c", "t"), 2).unwrap(),
             Admission::Refused {
                 proposal: p.clone(),
                 until_ms: 10 * MIN
             }
         );
         // After the deadline, a new proposal.
-        let (q, _) = held(g.admit("bob", "c", "t", 10 * MIN + 1).unwrap());
+        let (q, _) = held(g.admit(&call("bob", "c", "t"), 10 * MIN + 1).unwrap());
         assert_ne!(q, p);
         // Left undecided past its deadline: an approval comes too late.
         let late = 10 * MIN + 1 + 10 * MIN + 1;
@@ -449,10 +564,10 @@ mod tests {
     fn an_approval_used_after_its_window_has_lapsed() {
         let d = tempfile::tempdir().unwrap();
         let g = open(d.path());
-        let (p, _) = held(g.admit("c", "k", "t", 0).unwrap());
+        let (p, _) = held(g.admit(&call("c", "k", "t"), 0).unwrap());
         g.approve(&p, "admin", "admin", MIN).unwrap();
         // First observed past the execution deadline: not spent, a new ask.
-        let (q, _) = held(g.admit("c", "k", "t", MIN + 5 * MIN + 1).unwrap());
+        let (q, _) = held(g.admit(&call("c", "k", "t"), MIN + 5 * MIN + 1).unwrap());
         assert_ne!(q, p);
         let lapsed = g.proposal(&p).unwrap();
         assert!(lapsed.approval_lapsed(MIN + 5 * MIN + 1));
@@ -462,13 +577,13 @@ mod tests {
     fn only_the_owner_cancels_and_a_cancel_releases_the_hold() {
         let d = tempfile::tempdir().unwrap();
         let g = open(d.path());
-        let (p, _) = held(g.admit("alice", "k", "t", 0).unwrap());
+        let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
         assert!(matches!(
             g.cancel(&p, "mallory", 1),
             Err(GateError::Refused(Refusal::Unknown(_)))
         ));
         assert_eq!(g.cancel(&p, "alice", 2).unwrap().state, State::Cancelled);
-        let (q, joined) = held(g.admit("alice", "k", "t", 3).unwrap());
+        let (q, joined) = held(g.admit(&call("alice", "k", "t"), 3).unwrap());
         assert!(q != p && !joined);
         // A decision that came first stands: a cancel after it changes nothing.
         g.approve(&q, "admin", "admin", 4).unwrap();
@@ -480,17 +595,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let g = open(d.path());
         for i in 0..3 {
-            held(g.admit("a", &format!("k{i}"), "t", 0).unwrap());
+            held(g.admit(&call("a", &format!("k{i}"), "t"), 0).unwrap());
         }
         assert!(matches!(
-            g.admit("a", "k3", "t", 0),
+            g.admit(&call("a", "k3", "t"), 0),
             Err(GateError::TooManyPending { limit: 3 })
         ));
         // Joining a waiting proposal is not a new one.
-        assert!(held(g.admit("a", "k0", "t", 1).unwrap()).1);
+        assert!(held(g.admit(&call("a", "k0", "t"), 1).unwrap()).1);
         // Expired ones make room.
         assert_eq!(g.expire_due(10 * MIN + 1).unwrap().len(), 3);
-        held(g.admit("a", "k3", "t", 10 * MIN + 2).unwrap());
+        held(g.admit(&call("a", "k3", "t"), 10 * MIN + 2).unwrap());
     }
 
     #[test]
@@ -498,7 +613,7 @@ mod tests {
         for round in 0..20 {
             let d = tempfile::tempdir().unwrap();
             let g = std::sync::Arc::new(open(d.path()));
-            let (p, _) = held(g.admit("alice", "k", "t", 0).unwrap());
+            let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
             let (g1, b1, p1) = (g.clone(), barrier.clone(), p.clone());
             let approve = std::thread::spawn(move || {
@@ -541,6 +656,9 @@ mod tests {
             owner: "o".into(),
             call: "c".into(),
             tool: "t".into(),
+            principal: "p".into(),
+            arguments: "a".into(),
+            preview: Default::default(),
             created_ms: 0,
             decision_deadline_ms: 10,
         };

@@ -17,6 +17,8 @@ pub mod gate;
 pub mod journal;
 pub mod proposals;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 pub use gate::{Admission, Gate, GateError, GateSettings};
@@ -61,6 +63,57 @@ pub fn call_key(
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A call that needs approval, as the gate sees it: no argument value
+/// beyond the preview the operator chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldCall {
+    /// The caller's identity digest (hex): who may cancel it.
+    pub owner: String,
+    /// The exact-call key ([`call_key`]).
+    pub call: String,
+    pub tool: String,
+    /// Who called, as the administrator reads it.
+    pub principal: String,
+    /// SHA-256 (hex) of the canonical arguments.
+    pub arguments: String,
+    pub preview: BTreeMap<String, serde_json::Value>,
+}
+
+/// The longest preview value kept; a longer one is shown by its size only.
+pub const MAX_PREVIEW_VALUE_BYTES: usize = 256;
+
+/// The preview of `arguments`: the listed fields present, each value kept
+/// only if its JSON is at most [`MAX_PREVIEW_VALUE_BYTES`].
+pub fn preview(
+    arguments: &serde_json::Map<String, serde_json::Value>,
+    fields: &[String],
+) -> BTreeMap<String, serde_json::Value> {
+    fields
+        .iter()
+        .filter_map(|f| {
+            let v = arguments.get(f)?;
+            let len = v.to_string().len();
+            let shown = if len <= MAX_PREVIEW_VALUE_BYTES {
+                v.clone()
+            } else {
+                serde_json::Value::String(format!("({len} bytes, not shown)"))
+            };
+            Some((f.clone(), shown))
+        })
+        .collect()
+}
+
+/// SHA-256 (hex) of arguments in canonical form (RFC 8785).
+pub fn arguments_digest(arguments: &serde_json::Value) -> String {
+    use sha2::Digest as _;
+    let canonical =
+        serde_jcs::to_vec(arguments).unwrap_or_else(|_| arguments.to_string().into_bytes());
+    sha2::Sha256::digest(&canonical)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The longest rejection reason kept (in the journal only; never shown to
 /// the caller).
 pub const MAX_REASON_BYTES: usize = 512;
@@ -79,6 +132,13 @@ pub enum Event {
         /// tool's definition at proposal time.
         call: String,
         tool: String,
+        /// Who called, for the administrator: subject, tenant and issuer.
+        principal: String,
+        /// SHA-256 of the canonical arguments (the values are never kept).
+        arguments: String,
+        /// The values of the tool's `approval_preview` fields, bounded.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        preview: BTreeMap<String, serde_json::Value>,
         created_ms: i64,
         decision_deadline_ms: i64,
     },

@@ -6,12 +6,12 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Event;
 
 /// Where a proposal stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     Pending,
@@ -36,12 +36,15 @@ impl State {
 }
 
 /// One proposal as the journal made it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
     pub id: String,
     pub owner: String,
     pub call: String,
     pub tool: String,
+    pub principal: String,
+    pub arguments: String,
+    pub preview: std::collections::BTreeMap<String, serde_json::Value>,
     pub state: State,
     pub created_ms: i64,
     pub decision_deadline_ms: i64,
@@ -231,6 +234,9 @@ impl Proposals {
                 owner,
                 call,
                 tool,
+                principal,
+                arguments,
+                preview,
                 created_ms,
                 decision_deadline_ms,
             } => {
@@ -241,6 +247,9 @@ impl Proposals {
                         owner: owner.clone(),
                         call: call.clone(),
                         tool: tool.clone(),
+                        principal: principal.clone(),
+                        arguments: arguments.clone(),
+                        preview: preview.clone(),
                         state: State::Pending,
                         created_ms: *created_ms,
                         decision_deadline_ms: *decision_deadline_ms,

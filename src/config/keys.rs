@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::settings::{Choice, settings};
-use super::{JwtIssuer, LocalOwner, TlsMode};
+use super::{JwtIssuer, LocalOwner, SelfApproval, TlsMode};
 
 pub use super::render::{
     PACKAGE_STATE_DIR, REFERENCE_BEGIN, REFERENCE_END, man_page, reference_markdown, starter_config,
@@ -44,6 +44,8 @@ pub enum Section {
     /// Keys of each `[[upstream]]` table (an upstream MCP server); not
     /// settable from the environment either.
     Upstream,
+    /// Calls held until an administrator approves them.
+    Approvals,
 }
 
 impl Section {
@@ -58,17 +60,19 @@ impl Section {
             Section::Tool => "tool",
             Section::AuthJwt => "auth.jwt",
             Section::Upstream => "upstream",
+            Section::Approvals => "approvals",
         }
     }
 
     /// The sections that hold settings, in the order they are documented.
-    pub const SETTINGS: [Section; 6] = [
+    pub const SETTINGS: [Section; 7] = [
         Section::Server,
         Section::Store,
         Section::Tasks,
         Section::Tools,
         Section::Log,
         Section::Auth,
+        Section::Approvals,
     ];
 
     /// Sections of repeated tables, whose keys have no environment variable.
@@ -383,8 +387,8 @@ const RELOAD: Applies = Applies::Reload;
 // ---- the keys ------------------------------------------------------------
 
 settings! {
-    /// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]` and
-    /// `[auth]`, in documented order.
+    /// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]`,
+    /// `[auth]` and `[approvals]`, in documented order.
     pub static KEYS;
 
     /// `[server]`: the HTTP endpoint and the bounds of what it serves.
@@ -547,6 +551,36 @@ settings! {
         not_a_key
         /// The trusted JWT issuers, each read from its `[[auth.jwt]]` table.
         pub jwt: Vec<JwtIssuer>,
+    }
+
+    /// `[approvals]`: calls to a `[[tool]]` with `approval = "required"`
+    /// wait until an administrator approves that exact call.
+    pub struct ApprovalSettings in Approvals {
+        /// Private directory (0700) of the approval journal, a durable part of its own: never inside the state directory. Without it, the state directory's sibling named after it with `-approvals` (`/var/lib/taskgate-approvals` under the unit, its second `StateDirectory=`). Created and used only when some tool needs approval.
+        #[key(APPROVALS_DIRECTORY, "directory", Kind::Path)]
+        by_rules,
+        /// Seconds a held call waits for a decision; then its proposal expires and an identical call asks afresh.
+        #[key(APPROVALS_DECISION_WINDOW_SECS, "decision_window_secs", secs(3600, 60..=7 * DAY))]
+        pub decision_window: Duration,
+        /// Seconds an approval may be used from the moment it is given (`taskgate approvals approve --valid-for` may shorten it): the identical call re-issued within them runs once; afterwards a new approval is needed.
+        #[key(APPROVALS_EXECUTION_WINDOW_SECS, "execution_window_secs", secs(900, 60..=DAY))]
+        pub execution_window: Duration,
+        /// Advertised `pollIntervalMs` of a task that waits for an approval: a decision takes a person, so polling it often only costs.
+        #[key(APPROVALS_POLL_INTERVAL_MS, "poll_interval_ms", millis(30_000, 5_000..=600_000))]
+        pub poll_interval: Duration,
+        /// Largest journal segment file; the journal goes on in a new segment past it.
+        #[key(APPROVALS_SEGMENT_MAX_BYTES, "segment_max_bytes", bytes(64 * MIB, 64 * KIB..=GIB))]
+        pub segment_max_bytes: u64,
+        /// Proposals waiting for a decision at once; past it a new held call is refused with `TG_APPROVALS_FULL` until some are decided or expire.
+        #[key(APPROVALS_MAX_PENDING, "max_pending", count(1024, 1..=65_536))]
+        pub max_pending: usize,
+        /// `forbid`: an administrator whose identity is the caller's (the same issuer, tenant and subject) may not approve that call. `allow` lets them, for a single-person setup.
+        #[key(APPROVALS_SELF_APPROVAL, "self_approval", choice::<SelfApproval>("forbid"))]
+        pub self_approval: SelfApproval,
+        not_a_key
+        /// The journal's directory in force (configured, or the default
+        /// beside the state directory).
+        pub directory: std::path::PathBuf,
     }
 }
 

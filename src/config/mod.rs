@@ -39,8 +39,8 @@ use settings::{Layers, Read};
 
 pub use auth::{JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource};
 pub use keys::{
-    AuthSettings, JwtLimits, LogSettings, PACKAGE_STATE_DIR, ServerSettings, StoreSettings,
-    TaskSettings, ToolLimits, ToolsSettings, UpstreamLimits, starter_config,
+    ApprovalSettings, AuthSettings, JwtLimits, LogSettings, PACKAGE_STATE_DIR, ServerSettings,
+    StoreSettings, TaskSettings, ToolLimits, ToolsSettings, UpstreamLimits, starter_config,
 };
 pub use upstream::{
     MAX_ALIAS_LEN, MAX_UPSTREAMS, PINS_FILE_NAME, UpstreamConfig, UpstreamToolSettings,
@@ -184,6 +184,15 @@ pub enum TaskMode {
 }
 
 settings::choice! {
+    /// Whether an administrator may approve a call of their own
+    /// (`approvals.self_approval`).
+    pub enum SelfApproval {
+        Forbid = "forbid",
+        Allow = "allow",
+    }
+}
+
+settings::choice! {
     /// How the HTTP listener is protected in transit (`server.tls`).
     pub enum TlsMode {
         /// Plain HTTP: loopback only.
@@ -218,6 +227,13 @@ pub struct ToolConfig {
     pub env: Vec<String>,
     pub effect: Effect,
     pub task: TaskMode,
+    /// Whether a call waits for an administrator's approval of that exact
+    /// call.
+    pub approval: Approval,
+    /// Argument fields whose values an administrator sees with a held
+    /// call (kept in the approval journal only); no other argument value
+    /// is kept anywhere.
+    pub approval_preview: Vec<String>,
     /// Its bounded keys; a confinement limit it leaves out is `[tools]`'.
     pub limits: ToolLimits,
     pub confinement: ToolConfinement,
@@ -225,6 +241,20 @@ pub struct ToolConfig {
     /// the tool names it.
     pub origin: String,
 }
+
+/// Whether a tool's calls wait for an administrator (`[[tool]] approval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    #[default]
+    Never,
+    /// Each exact call waits until an administrator approves it, and an
+    /// approval lets the identical call run once.
+    Required,
+}
+
+/// The most argument fields a tool may list in `approval_preview`.
+pub const MAX_APPROVAL_PREVIEW_FIELDS: usize = 8;
 
 /// Whether a tool's filesystem is confined (Landlock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -265,6 +295,8 @@ pub struct Config {
     pub auth: Option<AuthSettings>,
     /// `[tools]`: what each tool started from.
     pub tool_defaults: ToolsSettings,
+    /// `[approvals]`, with the journal's directory in force.
+    pub approvals: ApprovalSettings,
     /// Every setting's effective value as text, by dotted key: what a
     /// reload compares to find the keys that changed.
     values: BTreeMap<String, String>,
@@ -293,6 +325,8 @@ struct RawTool {
     max_stderr_bytes: Option<u64>,
     effect: Option<Effect>,
     task: Option<TaskMode>,
+    approval: Option<Approval>,
+    approval_preview: Option<Vec<String>>,
     sandbox: Option<Sandbox>,
     read_paths: Option<Vec<PathBuf>>,
     write_paths: Option<Vec<PathBuf>>,
@@ -340,6 +374,7 @@ impl Config {
         let log = LogSettings::load(&layers)?;
         let tool_defaults = ToolsSettings::load(&layers)?;
         let auth = AuthSettings::load(&layers)?;
+        let mut approvals = ApprovalSettings::load(&layers)?;
 
         // ---- rules between keys ----
 
@@ -371,6 +406,7 @@ impl Config {
             tool_defaults.shown(),
             log.shown(),
             auth.shown(),
+            approvals.shown(),
         ]
         .into_iter()
         .flatten()
@@ -379,6 +415,12 @@ impl Config {
         values.insert(
             keys::STORE_DIRECTORY.dotted(),
             state_dir.display().to_string(),
+        );
+
+        approvals.directory = approvals_dir(&layers, &state_dir)?;
+        values.insert(
+            keys::APPROVALS_DIRECTORY.dotted(),
+            approvals.directory.display().to_string(),
         );
 
         // An owner never runs more than everyone together may.
@@ -415,6 +457,7 @@ impl Config {
             upstreams,
             auth,
             tool_defaults,
+            approvals,
         })
     }
 
@@ -882,6 +925,28 @@ fn tool_settings(
                 "input_schema must describe an object (type = \"object\")".into(),
             ));
         }
+        let approval = t.approval.unwrap_or_default();
+        let approval_preview = t.approval_preview.clone().unwrap_or_default();
+        if !approval_preview.is_empty() && approval != Approval::Required {
+            return Err(bad(
+                "approval_preview is shown with a held call; it needs approval = \"required\""
+                    .into(),
+            ));
+        }
+        if approval_preview.len() > MAX_APPROVAL_PREVIEW_FIELDS {
+            return Err(bad(format!(
+                "approval_preview lists {} fields; at most {MAX_APPROVAL_PREVIEW_FIELDS}",
+                approval_preview.len()
+            )));
+        }
+        let properties = input_schema.get("properties").and_then(|p| p.as_object());
+        for field in &approval_preview {
+            if !properties.is_some_and(|p| p.contains_key(field)) {
+                return Err(bad(format!(
+                    "approval_preview names {field:?}, which is not a property of input_schema"
+                )));
+            }
+        }
         let limits = ToolLimits::load(&Layers::table(
             keys::TOOL_KEYS,
             &table,
@@ -903,12 +968,46 @@ fn tool_settings(
             env,
             effect: t.effect.unwrap_or(Effect::NonIdempotentWrite),
             task: t.task.unwrap_or(TaskMode::Never),
+            approval,
+            approval_preview,
             limits,
             confinement,
             origin: origin.to_string(),
         });
     }
     Ok(tools)
+}
+
+/// The approval journal's directory: `approvals.directory`, or the state
+/// directory's sibling named after it with `-approvals`. Never inside the
+/// state directory, nor holding it: the two are separate durable parts.
+fn approvals_dir(layers: &Layers, state_dir: &Path) -> Result<PathBuf, ConfigError> {
+    let configured = <Option<PathBuf>>::read(layers, &keys::APPROVALS_DIRECTORY)?;
+    let dir = match &configured {
+        Some(dir) => dir.clone(),
+        None => {
+            let name = state_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "taskgate".into());
+            state_dir
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join(format!("{name}-approvals"))
+        }
+    };
+    if dir.starts_with(state_dir) || state_dir.starts_with(&dir) {
+        return Err(ConfigError::Invalid {
+            origin: layers.origin_of(&keys::APPROVALS_DIRECTORY),
+            message: format!(
+                "{} {} overlaps the state directory {}; the approval journal and the task store are separate durable parts, so give it a directory of its own beside it",
+                keys::APPROVALS_DIRECTORY.dotted(),
+                dir.display(),
+                state_dir.display()
+            ),
+        });
+    }
+    Ok(dir)
 }
 
 /// A web origin (RFC 6454) in one spelling: `http://` or `https://`, the

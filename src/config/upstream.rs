@@ -319,6 +319,8 @@ pub(super) fn settings(
                     env,
                     effect: Effect::NonIdempotentWrite,
                     task: TaskMode::Never,
+                    approval: super::Approval::Never,
+                    approval_preview: Vec::new(),
                     limits,
                     confinement: ToolConfinement {
                         sandbox: u.sandbox.unwrap_or_default(),

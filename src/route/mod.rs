@@ -673,6 +673,7 @@ impl Router {
             poll_interval_ms: r.poll_interval_ms,
             outcome,
             cancel_requested: r.phase == RoutePhase::CancelRequested,
+            proposal: None,
         }
     }
 

@@ -282,6 +282,16 @@ impl Daemon {
             upstreams.clone(),
             config.tasks.poll_interval,
         ));
+        // The journal is opened when a tool needs approval, or when one
+        // exists already (its waiting tasks still need it).
+        if config
+            .tools
+            .iter()
+            .any(|t| t.approval == crate::config::Approval::Required)
+            || config.approvals.directory.exists()
+        {
+            svc.attach_approvals(Arc::new(crate::tasks::Approvals::open(&config.approvals)));
+        }
         Ok(Daemon {
             reload: Reload::new(options, &config),
             config,

@@ -40,6 +40,11 @@ pub(super) const STEPS: &[Step] = &[
         what: "durable routes to upstream tasks, and their leases",
         apply: routes::create_tables,
     },
+    Step {
+        version: 4,
+        what: "approval tasks record the journal sequence they projected",
+        apply: tasks::add_proposal_seq,
+    },
 ];
 
 /// The schema version this build writes and serves: the last step's.

@@ -49,7 +49,10 @@ pub use routes::{
     MAX_ROUTES_PER_OWNER, NewRoute, Prepared, ROUTE_SWEEP_ON_SUBMIT, RouteChange, RouteCounts,
     RouteId, RoutePhase, RouteRecord,
 };
-pub use tasks::{Created, ErrorBody, NewTask, Outcome, TaskId, TaskRecord, TaskStatus};
+pub use tasks::{
+    Created, ErrorBody, NewTask, Outcome, ProposalRef, TaskId, TaskRecord, TaskStatus,
+    WAITING_FOR_APPROVAL,
+};
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger
 /// results are spilled to artifacts.

@@ -147,6 +147,18 @@ pub struct TaskRecord {
     pub poll_interval_ms: i64,
     pub outcome: Option<Outcome>,
     pub cancel_requested: bool,
+    /// For a task that waits on an approval: the proposal and the journal
+    /// sequence it last projected.
+    pub proposal: Option<ProposalRef>,
+}
+
+/// The approval proposal a task projects, and how far into the approval
+/// journal its projection reaches: a journal shorter than that is missing
+/// evidence the task was built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProposalRef {
+    pub id: String,
+    pub seq: u64,
 }
 
 impl TaskRecord {
@@ -167,6 +179,9 @@ pub struct NewTask {
     pub request: Option<Digest>,
     pub ttl_ms: i64,
     pub poll_interval_ms: i64,
+    /// A task that waits on this approval proposal (one per owner and
+    /// proposal: a repeat returns the existing task).
+    pub proposal: Option<ProposalRef>,
 }
 
 /// The answer to a creation.
@@ -220,6 +235,12 @@ pub(super) fn add_proposal(conn: &Connection) -> rusqlite::Result<()> {
     )
 }
 
+/// Migration step 4: the approval-journal sequence an approval task last
+/// projected.
+pub(super) fn add_proposal_seq(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("ALTER TABLE tasks ADD COLUMN proposal_seq INTEGER")
+}
+
 /// Tasks by owner and expiry, for the per-owner limit. It needs no schema
 /// version: older builds of this version neither read nor mind it.
 const OWNER_INDEX_DDL: &str =
@@ -264,7 +285,11 @@ impl RecordKind for Tasks {
     }
 
     fn verify_shape(&self, conn: &Connection, version: i64) -> rusqlite::Result<()> {
-        let extra = if version >= 2 { ", proposal" } else { "" };
+        let extra = match version {
+            ..=1 => "",
+            2..=3 => ", proposal",
+            _ => ", proposal, proposal_seq",
+        };
         conn.prepare(&format!(
             "SELECT {COLUMNS}, owner, reference, request{extra} FROM tasks LIMIT 0"
         ))
@@ -309,6 +334,10 @@ impl RecordKind for Tasks {
 
 /// Columns every schema version has, in the order `decode_row` reads them.
 const COLUMNS: &str = "id, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested";
+
+/// [`COLUMNS`] and the approval proposal, for reads of a serving store
+/// (always at the latest schema).
+const SERVED: &str = "id, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested, proposal, proposal_seq";
 
 const NONTERMINAL: &str = "('working','input_required')";
 
@@ -356,7 +385,22 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<TaskRecord> {
             format!("payload does not fit status {}", status.as_str()),
         ));
     }
+    let proposal = if row.as_ref().column_name(9).ok() == Some("proposal") {
+        match (
+            row.get::<_, Option<String>>(9)?,
+            row.get::<_, Option<i64>>(10)?,
+        ) {
+            (Some(id), seq) => Some(ProposalRef {
+                id,
+                seq: seq.unwrap_or(0).max(0) as u64,
+            }),
+            (None, _) => None,
+        }
+    } else {
+        None
+    };
     Ok(TaskRecord {
+        proposal,
         id,
         status,
         status_message: row.get(2)?,
@@ -369,11 +413,16 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<TaskRecord> {
     })
 }
 
+/// What an approval task says while it waits.
+pub const WAITING_FOR_APPROVAL: &str =
+    "waiting for an administrator to approve this exact call; nothing has run";
+
 fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::Result<TaskRecord> {
     let expires = now.saturating_add(new.ttl_ms);
+    let status_message = new.proposal.as_ref().map(|_| WAITING_FOR_APPROVAL);
     conn.prepare_cached(
-        "INSERT INTO tasks (id, owner, reference, request, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested)
-         VALUES (?1, ?2, ?3, ?4, 'working', NULL, ?5, ?5, ?6, ?7, NULL, 0)",
+        "INSERT INTO tasks (id, owner, reference, request, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested, proposal, proposal_seq)
+         VALUES (?1, ?2, ?3, ?4, 'working', ?8, ?5, ?5, ?6, ?7, NULL, 0, ?9, ?10)",
     )?
     .execute(params![
         id.as_str(),
@@ -383,11 +432,15 @@ fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::
         now,
         expires,
         new.poll_interval_ms,
+        status_message,
+        new.proposal.as_ref().map(|p| p.id.as_str()),
+        new.proposal.as_ref().map(|p| p.seq as i64),
     ])?;
     Ok(TaskRecord {
+        proposal: new.proposal.clone(),
         id: id.clone(),
         status: TaskStatus::Working,
-        status_message: None,
+        status_message: status_message.map(str::to_string),
         created_ms: now,
         updated_ms: now,
         expires_ms: expires,
@@ -405,7 +458,7 @@ fn find_owned(
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
+        format!("SELECT {SERVED} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
     });
     conn.prepare_cached(&SQL)?
         .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
@@ -419,9 +472,24 @@ fn find_unexpired(
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
     static SQL: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1 AND expires_ms > ?2"));
+        LazyLock::new(|| format!("SELECT {SERVED} FROM tasks WHERE id = ?1 AND expires_ms > ?2"));
     conn.prepare_cached(&SQL)?
         .query_row(params![id.as_str(), now], decode_row)
+        .optional()
+}
+
+/// The owner's unexpired task waiting on `proposal`.
+fn find_by_proposal(
+    conn: &Connection,
+    owner: &Digest,
+    proposal: &str,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRecord>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {SERVED} FROM tasks WHERE owner = ?1 AND proposal = ?2 AND expires_ms > ?3")
+    });
+    conn.prepare_cached(&SQL)?
+        .query_row(params![&owner.0[..], proposal, now], decode_row)
         .optional()
 }
 
@@ -468,13 +536,16 @@ fn finish(
     id: &TaskId,
     status: TaskStatus,
     payload: Option<&[u8]>,
+    seq: Option<u64>,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "UPDATE tasks SET status = :status, payload = :payload, updated_ms = :now, {RETAIN}
+            "UPDATE tasks SET status = :status, payload = :payload, updated_ms = :now, {RETAIN},
+               status_message = CASE WHEN proposal IS NULL THEN status_message ELSE NULL END,
+               proposal_seq = coalesce(:seq, proposal_seq)
              WHERE id = :id AND status IN {NONTERMINAL} AND expires_ms > :now
-             RETURNING {COLUMNS}"
+             RETURNING {SERVED}"
         )
     });
     let updated = conn
@@ -486,6 +557,7 @@ fn finish(
                 ":now": now,
                 ":retain": TERMINAL_RETENTION_MS,
                 ":id": id.as_str(),
+                ":seq": seq.map(|s| s as i64),
             },
             decode_row,
         )
@@ -559,7 +631,7 @@ pub(super) struct Unfinished {
 
 pub(super) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} ORDER BY id"
+        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} AND proposal IS NULL ORDER BY id"
     ))?;
     let rows = stmt.query_map([], |row| {
         let text: String = row.get(0)?;
@@ -580,7 +652,7 @@ fn end_unfinished(conn: &Connection, now: i64) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
             "UPDATE tasks SET status = 'cancelled', status_message = 'cancelled as requested; the daemon stopped before the tool ended', payload = NULL, updated_ms = :now, {RETAIN}
-             WHERE status IN {NONTERMINAL} AND cancel_requested = 1"
+             WHERE status IN {NONTERMINAL} AND cancel_requested = 1 AND proposal IS NULL"
         ),
         named_params! { ":now": now, ":retain": TERMINAL_RETENTION_MS },
     )?;
@@ -588,7 +660,7 @@ fn end_unfinished(conn: &Connection, now: i64) -> rusqlite::Result<()> {
     conn.execute(
         &format!(
             "UPDATE tasks SET status = 'failed', status_message = 'interrupted by a restart; not run again', payload = :payload, updated_ms = :now, {RETAIN}
-             WHERE status IN {NONTERMINAL}"
+             WHERE status IN {NONTERMINAL} AND proposal IS NULL"
         ),
         named_params! { ":payload": payload, ":now": now, ":retain": TERMINAL_RETENTION_MS },
     )?;
@@ -628,6 +700,11 @@ pub(super) fn counts(conn: &Connection, now: i64) -> rusqlite::Result<(u64, u64)
 fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
     let (c, now) = (tx.conn, tx.now);
     let mut delta = 0;
+    if let Some(p) = &new.proposal
+        && let Some(record) = find_by_proposal(c, &new.owner, &p.id, now)?
+    {
+        return Ok(Created::Existing(record));
+    }
     let existing = match &new.reference {
         Some(reference) => find_by_reference(c, &new.owner, reference, now)?,
         None => None,
@@ -735,6 +812,18 @@ impl Store {
         status: TaskStatus,
         outcome: Option<Outcome>,
     ) -> Result<Option<TaskRecord>, StoreError> {
+        self.finish_projecting(id, status, outcome, None).await
+    }
+
+    /// [`Store::finish`] for an approval task, recording the journal
+    /// sequence of the decision it projects.
+    pub async fn finish_projecting(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        outcome: Option<Outcome>,
+        seq: Option<u64>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
         if !status.is_terminal() {
             return Err(StoreError::Invalid(format!(
                 "{} is not a terminal status",
@@ -752,7 +841,14 @@ impl Store {
         }
         let id = id.clone();
         self.write_op("writing a task", false, move |tx| {
-            Ok(finish(tx.conn, &id, status, payload.as_deref(), tx.now)?)
+            Ok(finish(
+                tx.conn,
+                &id,
+                status,
+                payload.as_deref(),
+                seq,
+                tx.now,
+            )?)
         })
         .await
     }

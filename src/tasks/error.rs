@@ -83,6 +83,22 @@ pub enum TaskError {
     /// A durable route's refusal (it knows its own code).
     #[error("{0}")]
     Route(crate::route::RouteError),
+    #[error(
+        "tool {tool:?} needs an administrator's approval, and approvals are unavailable here: {reason}; nothing was run or proposed"
+    )]
+    ApprovalsUnavailable { tool: String, reason: String },
+    #[error(
+        "an administrator rejected this exact call (proposal {proposal}); the identical call is refused until {until_ms} (Unix ms); nothing was run"
+    )]
+    ApprovalRejected { proposal: String, until_ms: i64 },
+    #[error(
+        "{limit} calls already wait for an administrator (approvals.max_pending); nothing was run or proposed; retry once some are decided"
+    )]
+    ApprovalsFull { limit: usize },
+    #[error(
+        "this task waits on approval proposal {proposal}, which the approval journal cannot vouch for now: {reason}; its status is not guessed"
+    )]
+    ApprovalEvidenceMissing { proposal: String, reason: String },
 }
 
 impl TaskError {
@@ -116,6 +132,10 @@ impl TaskError {
             TaskError::Run { code, .. } => *code,
             TaskError::Internal(_) => wire::INTERNAL,
             TaskError::Route(e) => e.wire(),
+            TaskError::ApprovalsUnavailable { .. } => wire::APPROVALS_UNAVAILABLE,
+            TaskError::ApprovalRejected { .. } => wire::APPROVAL_REJECTED,
+            TaskError::ApprovalsFull { .. } => wire::APPROVALS_FULL,
+            TaskError::ApprovalEvidenceMissing { .. } => wire::APPROVAL_EVIDENCE_MISSING,
         }
     }
 
@@ -149,6 +169,15 @@ impl TaskError {
             })),
             TaskError::Run { data, .. } => data.clone(),
             TaskError::Route(e) => e.data(),
+            TaskError::ApprovalRejected { proposal, until_ms } => {
+                Some(json!({"proposal": proposal, "untilMs": until_ms, "ran": false}))
+            }
+            TaskError::ApprovalEvidenceMissing { proposal, .. } => {
+                Some(json!({"proposal": proposal}))
+            }
+            TaskError::ApprovalsUnavailable { .. } | TaskError::ApprovalsFull { .. } => {
+                Some(json!({"ran": false}))
+            }
             _ => None,
         }
     }

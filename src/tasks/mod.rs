@@ -20,6 +20,7 @@
 //! no-op, which starts nothing, may still fall back to a synchronous run
 //! without a slot.
 
+mod approval;
 mod artifact_read;
 mod error;
 mod polls;
@@ -41,11 +42,14 @@ use crate::auth::{self, Caller};
 use crate::config::{Effect, TaskMode, TaskSettings};
 use crate::route::{self, MetaAnswer, Router};
 use crate::store::{
-    CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, Store, StoreError, TaskId,
-    TaskRecord, TaskStatus,
+    CapacityKind, Created, Digest, MAX_PAYLOAD_BYTES, NewTask, Outcome, ProposalRef, Store,
+    StoreError, TaskId, TaskRecord, TaskStatus,
 };
+use crate::testhooks;
 use crate::tools::{Lookup, Registry, RunError, Runner, ToolSpec};
 
+use approval::Verdict;
+pub use approval::{Approvals, ApprovalsStatus};
 pub use artifact_read::ARTIFACT_READ_TOOL;
 pub use error::TaskError;
 pub use polls::MAX_REMEMBERED_OUTCOME_BYTES;
@@ -314,6 +318,9 @@ pub struct TaskService {
     fallback_noted: Notify,
     /// Durable routes to upstream tasks, once the daemon attached them.
     router: std::sync::OnceLock<Arc<Router>>,
+    /// The approval gate, once the daemon attached it (only when a tool
+    /// needs approval).
+    approvals: std::sync::OnceLock<Arc<Approvals>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -356,6 +363,7 @@ impl TaskService {
             fallbacks: Default::default(),
             fallback_noted: Notify::new(),
             router: std::sync::OnceLock::new(),
+            approvals: std::sync::OnceLock::new(),
         })
     }
 
@@ -367,6 +375,16 @@ impl TaskService {
 
     pub fn router(&self) -> Option<&Arc<Router>> {
         self.router.get()
+    }
+
+    /// Holds calls to tools that need approval at `approvals`' gate from
+    /// now on; a second one is ignored.
+    pub fn attach_approvals(&self, approvals: Arc<Approvals>) {
+        let _ = self.approvals.set(approvals);
+    }
+
+    pub fn approvals(&self) -> Option<&Arc<Approvals>> {
+        self.approvals.get()
     }
 
     pub fn store(&self) -> &Store {
@@ -543,6 +561,55 @@ impl TaskService {
         {
             return Err(TaskError::InvalidOperationId);
         }
+        if let Some(rule) = tool.approval() {
+            let Some(approvals) = self.approvals() else {
+                return Err(TaskError::ApprovalsUnavailable {
+                    tool: call.tool,
+                    reason: "approvals are not set up in this process".into(),
+                });
+            };
+            let now = self.store.clock().now_ms();
+            match approvals
+                .admit(&call.caller, owner, &call.tool, rule, &args, now)
+                .await?
+            {
+                Verdict::Proceed { proposal } => {
+                    tracing::info!(proposal = %proposal,
+                        "approval {proposal} of this exact call is spent on it; it runs once");
+                    testhooks::crash_point(testhooks::CRASH_APPROVAL_CONSUMED);
+                }
+                Verdict::Held {
+                    proposal,
+                    seq,
+                    decision_deadline_ms,
+                    joined,
+                } => {
+                    if joined {
+                        tracing::info!(proposal = %proposal,
+                            "the call joins proposal {proposal}, which waits for an administrator");
+                    } else {
+                        tracing::info!(
+                            message_id = crate::events::APPROVAL_PROPOSED,
+                            proposal = %proposal,
+                            tool = %call.tool,
+                            "a call to {} waits for an administrator's approval as proposal {proposal}",
+                            call.tool
+                        );
+                    }
+                    return Ok(self
+                        .held(
+                            &call.tool,
+                            owner,
+                            call.negotiated,
+                            approvals,
+                            (proposal, seq),
+                            decision_deadline_ms,
+                            now,
+                        )
+                        .await);
+                }
+            }
+        }
         let mut slot = None;
         if call.negotiated && mode != TaskMode::Never {
             match self
@@ -571,6 +638,75 @@ impl TaskService {
         self.run_now(tool.as_ref(), &args, call.client_cancel, slot)
             .await
             .map(Delivery::Now)
+    }
+
+    /// The answer to a held call: an approval-status task for a request
+    /// that negotiated Tasks, else (or when the task cannot be committed)
+    /// the `approval_required` result. The proposal is already journaled,
+    /// so the workflow is never lost; a retry joins the same proposal and
+    /// finds the same task.
+    #[allow(clippy::too_many_arguments)]
+    async fn held(
+        &self,
+        tool: &str,
+        owner: Digest,
+        negotiated: bool,
+        approvals: &Approvals,
+        (proposal, seq): (String, u64),
+        decision_deadline_ms: i64,
+        now: i64,
+    ) -> Delivery {
+        testhooks::crash_point(testhooks::CRASH_APPROVAL_PROPOSED);
+        if negotiated {
+            let new = NewTask {
+                owner,
+                reference: None,
+                request: None,
+                ttl_ms: approvals.ttl_ms(
+                    self.settings.default_ttl.as_millis() as i64,
+                    decision_deadline_ms,
+                    now,
+                ),
+                poll_interval_ms: approvals.poll_interval_ms(),
+                proposal: Some(approval::reference(&proposal, seq)),
+            };
+            match self.store.create(new).await {
+                Ok(created) => return Delivery::Task(created.record().clone()),
+                Err(e) => tracing::warn!(error = %e, proposal = %proposal,
+                    "the approval task for proposal {proposal} could not be committed ({e}); answering approval_required with the proposal instead"),
+            }
+        }
+        Delivery::Now(approval::approval_required(
+            tool,
+            &proposal,
+            decision_deadline_ms,
+        ))
+    }
+
+    /// Brings a waiting approval task level with the journal: its
+    /// decision, once there is one, is projected (journal first, then the
+    /// task), and evidence the journal cannot give leaves it unavailable.
+    async fn reconcile(&self, record: TaskRecord) -> Result<TaskRecord, TaskError> {
+        let Some(waiting) = approval::waiting(&record).cloned() else {
+            return Ok(record);
+        };
+        let Some(approvals) = self.approvals() else {
+            return Err(TaskError::ApprovalEvidenceMissing {
+                proposal: waiting.id,
+                reason: "approvals are not set up in this process".into(),
+            });
+        };
+        let now = self.store.clock().now_ms();
+        let proposal = approvals.evidence(&waiting, now).await?;
+        let Some((status, outcome)) = approval::projection(&proposal, now) else {
+            return Ok(record);
+        };
+        testhooks::crash_point(testhooks::CRASH_APPROVAL_DECIDED);
+        Ok(self
+            .store
+            .finish_projecting(&record.id, status, outcome, Some(proposal.seq))
+            .await?
+            .unwrap_or(record))
     }
 
     /// Creates the task and starts it; `Ok(Err(_))` says why it could not
@@ -634,6 +770,7 @@ impl TaskService {
             request: Some(identity),
             ttl_ms: self.settings.default_ttl.as_millis() as i64,
             poll_interval_ms: self.live().poll_interval.as_millis() as i64,
+            proposal: None,
         };
         match self.store.create(new).await {
             Ok(Created::New(record)) => {
@@ -892,6 +1029,7 @@ impl TaskService {
             }
         }
         let record = self.owned(id, &owner).await?;
+        let record = self.reconcile(record).await?;
         tracing::debug!(task = %record.id.as_str(), "task read from the store");
         self.polls.answered(owner, &record);
         Ok(record)
@@ -925,6 +1063,10 @@ impl TaskService {
 
     async fn cancel_owned(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
         let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let found = self.owned(id, &owner).await?;
+        if let Some(waiting) = approval::waiting(&found) {
+            return self.cancel_approval(&found, waiting, owner).await;
+        }
         let record = self
             .store
             .request_cancel(&parsed, &owner)
@@ -950,6 +1092,33 @@ impl TaskService {
                     tracing::warn!(task = %parsed, error = %e, "could not record the cancellation of {parsed}: {e}");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Cancels the call an approval task waits for: `call_cancellation` is
+    /// journaled, then the task projects what the journal says (cancelled,
+    /// or the decision that came first).
+    async fn cancel_approval(
+        &self,
+        record: &TaskRecord,
+        waiting: &ProposalRef,
+        owner: Digest,
+    ) -> Result<(), TaskError> {
+        let Some(approvals) = self.approvals() else {
+            return Err(TaskError::ApprovalEvidenceMissing {
+                proposal: waiting.id.clone(),
+                reason: "approvals are not set up in this process".into(),
+            });
+        };
+        let now = self.store.clock().now_ms();
+        let proposal = approvals.cancel(waiting, owner, now).await?;
+        tracing::info!(proposal = %proposal.id, state = proposal.state.as_str(),
+            "the owner cancelled its approval task {}; proposal {} is {}", record.id, proposal.id, proposal.state.as_str());
+        if let Some((status, outcome)) = approval::projection(&proposal, now) {
+            self.store
+                .finish_projecting(&record.id, status, outcome, Some(proposal.seq))
+                .await?;
         }
         Ok(())
     }

@@ -209,6 +209,7 @@ mod tests {
             poll_interval_ms: interval_ms,
             outcome: None,
             cancel_requested: false,
+            proposal: None,
         }
     }
 

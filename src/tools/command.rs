@@ -30,6 +30,27 @@ pub struct CommandTool {
     template: Vec<Vec<Piece>>,
     limits: Limits,
     paths: Option<Paths>,
+    approval: Option<super::ApprovalRule>,
+}
+
+/// The digest of what a tool runs (everything but its name's origin and
+/// description): an approval covers calls to this definition only.
+fn definition_digest(config: &ToolConfig) -> String {
+    use sha2::Digest as _;
+    let what = format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+        config.name,
+        config.argv,
+        serde_jcs::to_string(&config.input_schema).unwrap_or_default(),
+        config.working_dir,
+        config.env,
+        config.effect,
+        config.task,
+        config.limits,
+        config.confinement,
+    );
+    let digest = sha2::Sha256::digest(what.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_element(tool: &str, element: &str) -> Result<Vec<Piece>, RegistryError> {
@@ -187,7 +208,13 @@ impl CommandTool {
             task: config.task,
             shown: Default::default(),
         };
+        let approval =
+            (config.approval == crate::config::Approval::Required).then(|| super::ApprovalRule {
+                definition: definition_digest(&config),
+                preview: config.approval_preview.clone(),
+            });
         Ok(CommandTool {
+            approval,
             config,
             spec,
             validator,
@@ -322,6 +349,10 @@ impl Runner for CommandTool {
         &self.spec
     }
 
+    fn approval(&self) -> Option<&super::ApprovalRule> {
+        self.approval.as_ref()
+    }
+
     fn warnings(&self) -> Vec<String> {
         CommandTool::warnings(self)
     }
@@ -364,6 +395,8 @@ mod tests {
             env: vec![],
             effect: Effect::ReadOnly,
             task: TaskMode::Never,
+            approval: Default::default(),
+            approval_preview: vec![],
             limits: ToolLimits {
                 timeout: Duration::from_secs(1),
                 max_stdout_bytes: 10,

@@ -110,6 +110,22 @@ pub trait Runner: Send + Sync + std::fmt::Debug {
     fn confinement(&self) -> Option<confine::ToolState> {
         None
     }
+
+    /// How its calls wait for an administrator, when they do.
+    fn approval(&self) -> Option<&ApprovalRule> {
+        None
+    }
+}
+
+/// A tool whose every exact call waits for an administrator's approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRule {
+    /// SHA-256 (hex) of what the tool runs: its argv, schema, working
+    /// directory, environment, effect, task mode, limits and confinement.
+    /// An approval binds it, so a changed definition needs a new one.
+    pub definition: String,
+    /// Argument fields whose values the administrator sees.
+    pub preview: Vec<String>,
 }
 
 /// A tool definition that cannot be served (exit 78 at startup).

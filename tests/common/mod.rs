@@ -69,6 +69,7 @@ pub fn owner() -> Digest {
 
 pub fn new_task(ttl_ms: i64) -> NewTask {
     NewTask {
+        proposal: None,
         owner: owner(),
         reference: None,
         request: None,

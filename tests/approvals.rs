@@ -1,0 +1,460 @@
+//! Approval-held calls through the real daemon: a tool with `approval =
+//! "required"` runs only after an administrator approved that exact call
+//! with `taskgate approvals`, once, on the identical re-issue. A marker
+//! file the tool appends to is the proof of what ran.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The value of an argument the preview does not list: it must appear
+/// nowhere the daemon writes.
+const SECRET: &str = "hunter2-never-stored";
+/// A reviewer's reason: kept in the approval journal only.
+const REASON: &str = "not-during-the-freeze-7c1d";
+
+struct Setup {
+    root: tempfile::TempDir,
+    state: PathBuf,
+    daemon: Daemon,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let root = private_dir();
+        let state = state_dir(root.path());
+        let daemon = Daemon::start(
+            &config(root.path()),
+            &state,
+            &root.path().join("daemon.log"),
+        );
+        Setup {
+            root,
+            state,
+            daemon,
+        }
+    }
+
+    fn restart(self) -> Setup {
+        let Setup {
+            root,
+            state,
+            daemon,
+        } = self;
+        assert!(daemon.stop().success(), "a clean stop");
+        let daemon = Daemon::start(
+            &config(root.path()),
+            &state,
+            &root.path().join("daemon.log"),
+        );
+        Setup {
+            root,
+            state,
+            daemon,
+        }
+    }
+
+    fn marker(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root.path().join("out/marker"))
+            .map(|t| t.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    fn call(&self, tasks: bool, target: &str) -> Value {
+        runtime()
+            .block_on(self.daemon.client(tasks).call_tool(
+                "deploy",
+                json!({"target": target, "token": SECRET}),
+                None,
+            ))
+            .unwrap_or_else(|e| panic!("call deploy: {e}"))
+    }
+
+    fn call_err(&self, tasks: bool, target: &str) -> Value {
+        match runtime().block_on(self.daemon.client(tasks).call_tool(
+            "deploy",
+            json!({"target": target, "token": SECRET}),
+            None,
+        )) {
+            Err(taskgate::client::ClientError::Rpc { error, .. }) => error,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    fn get(&self, id: &str) -> Result<Value, Value> {
+        match runtime().block_on(self.daemon.client(true).get_task(id)) {
+            Ok(v) => Ok(v),
+            Err(taskgate::client::ClientError::Rpc { error, .. }) => Err(error),
+            Err(e) => panic!("tasks/get: {e}"),
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut all: Vec<&str> = args.to_vec();
+        let state = self.state.to_string_lossy().into_owned();
+        all.extend(["--state-dir", &state]);
+        taskgate(&all, &[])
+    }
+
+    fn approvals_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["approvals"];
+        all.extend(args);
+        all.push("--json");
+        let out = self.cli(&all);
+        assert!(out.status.success(), "taskgate {all:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+
+    fn decide(&self, verb: &str, id: &str, extra: &[&str]) -> std::process::Output {
+        let mut all = vec!["approvals", verb, id];
+        all.extend(extra);
+        self.cli(&all)
+    }
+
+    fn journal_dir(&self) -> PathBuf {
+        self.root.path().join("state-approvals")
+    }
+}
+
+fn config(root: &Path) -> PathBuf {
+    let out = root.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    write_config(
+        root,
+        "[approvals]\npoll_interval_ms = 5000\n",
+        &[Tool::new("deploy")
+            .script(&format!(
+                "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
+                out.display()
+            ))
+            .args(&["{target}"])
+            .param("target", "string")
+            .param("token", "string")
+            .extra(&format!(
+                "approval = \"required\"\napproval_preview = [\"target\"]\nwrite_paths = [\"{}\"]",
+                out.display()
+            ))],
+    )
+}
+
+/// The proposal an `approval_required` result names.
+fn proposal_of(result: &Value) -> String {
+    assert_eq!(result["isError"], true, "{result}");
+    assert_eq!(
+        result["structuredContent"]["status"], "approval_required",
+        "{result}"
+    );
+    let id = result["structuredContent"]["proposal"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no proposal in {result}"))
+        .to_string();
+    assert!(id.starts_with("tgp-") && id.len() == 36, "{id}");
+    id
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_held_call_runs_once_on_the_identical_reissue_after_approval() {
+    let s = Setup::start();
+    let first = s.call(false, "prod-eu");
+    let proposal = proposal_of(&first);
+    assert!(s.marker().is_empty(), "nothing runs while held");
+
+    // An identical call joins the waiting proposal.
+    assert_eq!(proposal_of(&s.call(false, "prod-eu")), proposal);
+
+    // The administrator sees the tool, the caller, the argument digest and
+    // the preview, never the unlisted argument.
+    let listed = s.approvals_json(&["list", "--pending"]);
+    let shown = &listed["proposals"][0];
+    assert_eq!(shown["id"], proposal.as_str(), "{listed}");
+    assert_eq!(shown["tool"], "deploy");
+    assert_eq!(shown["preview"]["target"], "prod-eu", "{listed}");
+    assert_eq!(shown["arguments"].as_str().map(str::len), Some(64));
+    assert!(!listed.to_string().contains(SECRET), "{listed}");
+    assert_eq!(listed["journal"]["pending"], 1, "{listed}");
+
+    let approved = s.decide("approve", &proposal, &[]);
+    assert!(approved.status.success(), "{approved:?}");
+    assert!(
+        s.marker().is_empty(),
+        "an approval never runs anything by itself"
+    );
+
+    // Not covered: other arguments.
+    let other = proposal_of(&s.call(false, "prod-us"));
+    assert_ne!(other, proposal);
+
+    // The identical re-issue runs, once.
+    let ran = s.call(false, "prod-eu");
+    assert_eq!(ran["isError"], false, "{ran}");
+    assert_eq!(text_of(&ran), "deployed", "{ran}");
+    assert_eq!(s.marker(), vec!["prod-eu".to_string()]);
+
+    // A second re-issue needs a new approval.
+    let again = proposal_of(&s.call(false, "prod-eu"));
+    assert_ne!(again, proposal);
+    assert_eq!(s.marker().len(), 1, "the approval was spent");
+
+    let shown = s.approvals_json(&["show", &proposal]);
+    assert_eq!(shown["proposals"][0]["state"], "consumed", "{shown}");
+    assert!(
+        shown["proposals"][0]["decider"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("uid ")),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_tasks_client_polls_an_approval_task_to_its_receipt() {
+    let s = Setup::start();
+    let handle = s.call(true, "prod-eu");
+    assert_eq!(handle["resultType"], "task", "{handle}");
+    assert_eq!(handle["status"], "working", "{handle}");
+    assert_eq!(handle["pollIntervalMs"], 5000, "{handle}");
+    assert!(
+        handle["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("administrator")),
+        "{handle}"
+    );
+    let task = handle["taskId"].as_str().unwrap().to_string();
+    // Its time to live reaches past the proposal's expiry.
+    assert!(handle["ttlMs"].as_i64().unwrap() >= 86_400_000, "{handle}");
+
+    // The same call again (a retry) finds the same task.
+    assert_eq!(s.call(true, "prod-eu")["taskId"], task.as_str());
+
+    let waiting = s.get(&task).expect("poll");
+    assert_eq!(waiting["status"], "working", "{waiting}");
+    let listed = s.approvals_json(&["list", "--pending"]);
+    let proposal = listed["proposals"][0]["id"].as_str().unwrap().to_string();
+
+    assert!(
+        s.decide("approve", &proposal, &["--valid-for", "10m"])
+            .status
+            .success()
+    );
+    let done = s.get(&task).expect("poll");
+    assert_eq!(done["status"], "completed", "{done}");
+    let result = &done["result"];
+    assert_eq!(result["isError"], false, "{done}");
+    assert_eq!(result["structuredContent"]["proposal"], proposal.as_str());
+    assert_eq!(
+        result["structuredContent"]["status"], "approval_recorded",
+        "{done}"
+    );
+    assert!(result["structuredContent"]["approvalExpiresAtMs"].is_i64());
+    assert!(s.marker().is_empty(), "the receipt ran nothing");
+
+    // The re-issue (this tool runs synchronously) runs once.
+    let ran = s.call(true, "prod-eu");
+    assert_eq!(text_of(&ran), "deployed", "{ran}");
+    assert_eq!(s.marker().len(), 1);
+    // The receipt stays what it was.
+    assert_eq!(s.get(&task).expect("poll")["status"], "completed");
+}
+
+#[test]
+fn a_rejection_refuses_the_identical_call_and_never_shows_its_reason() {
+    let s = Setup::start();
+    let handle = s.call(true, "prod-eu");
+    let task = handle["taskId"].as_str().unwrap().to_string();
+    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rejected = s.decide("reject", &proposal, &["--reason", REASON]);
+    assert!(rejected.status.success(), "{rejected:?}");
+
+    let done = s.get(&task).expect("poll");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["isError"], true, "{done}");
+    assert!(!done.to_string().contains(REASON), "{done}");
+
+    let refused = s.call_err(false, "prod-eu");
+    assert_eq!(refused["code"], -32078, "{refused}");
+    assert_eq!(refused["data"]["proposal"], proposal.as_str(), "{refused}");
+    assert!(!refused.to_string().contains(REASON), "{refused}");
+    // Other arguments are another call.
+    proposal_of(&s.call(false, "prod-us"));
+    assert!(s.marker().is_empty());
+
+    // A decided proposal cannot be decided again.
+    let twice = s.decide("approve", &proposal, &[]);
+    assert_eq!(twice.status.code(), Some(1), "{twice:?}");
+}
+
+#[test]
+fn cancelling_an_approval_task_releases_the_hold() {
+    let s = Setup::start();
+    let handle = s.call(true, "prod-eu");
+    let task = handle["taskId"].as_str().unwrap().to_string();
+    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    runtime()
+        .block_on(s.daemon.client(true).cancel_task(&task))
+        .expect("cancel");
+    assert_eq!(s.get(&task).expect("poll")["status"], "cancelled");
+    let shown = s.approvals_json(&["show", &proposal]);
+    assert_eq!(shown["proposals"][0]["state"], "cancelled", "{shown}");
+    // The cancelled proposal cannot be approved any more ...
+    let late = s.decide("approve", &proposal, &[]);
+    assert_eq!(late.status.code(), Some(1), "{late:?}");
+    // ... and the identical call asks afresh.
+    let fresh = proposal_of(&s.call(false, "prod-eu"));
+    assert_ne!(fresh, proposal);
+    assert!(s.marker().is_empty());
+}
+
+#[test]
+fn a_waiting_task_survives_a_restart_and_completes_from_the_journal() {
+    let s = Setup::start();
+    let handle = s.call(true, "prod-eu");
+    let task = handle["taskId"].as_str().unwrap().to_string();
+    let s = s.restart();
+    assert_eq!(s.get(&task).expect("poll")["status"], "working");
+    let proposal = s.approvals_json(&["list", "--pending"])["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    // Decided, not yet projected: the next start reconciles it.
+    let s = s.restart();
+    let done = s.get(&task).expect("poll");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["isError"], false, "{done}");
+    let ran = s.call(false, "prod-eu");
+    assert_eq!(text_of(&ran), "deployed", "{ran}");
+    assert_eq!(s.marker().len(), 1);
+}
+
+#[test]
+fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
+    let s = Setup::start();
+    // One receipt (rejected), one task still waiting.
+    let receipt = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = s.approvals_json(&["list"])["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.decide("reject", &first, &["--reason", REASON])
+            .status
+            .success()
+    );
+    assert_eq!(s.get(&receipt).expect("poll")["status"], "completed");
+    let waiting = s.call(true, "prod-us")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+
+    // One flipped byte in the middle of the first segment.
+    let segment = root.path().join("state-approvals/journal-000001.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let daemon = Daemon::start(
+        &config(root.path()),
+        &state,
+        &root.path().join("daemon.log"),
+    );
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    let status = admin_status(&s.state);
+    assert!(
+        status["approvals"]["disabled"]
+            .as_str()
+            .is_some_and(|r| r.contains("journal-000001.log")),
+        "{status}"
+    );
+    let verify = s.cli(&["approvals", "verify"]);
+    assert!(!verify.status.success(), "{verify:?}");
+    // The receipt is read from the task store alone.
+    assert_eq!(s.get(&receipt).expect("poll")["status"], "completed");
+    // The waiting task is not guessed.
+    let unavailable = s.get(&waiting).expect_err("evidence missing");
+    assert_eq!(unavailable["code"], -32059, "{unavailable}");
+    // A held tool refuses; nothing runs.
+    let refused = s.call_err(false, "prod-eu");
+    assert_eq!(refused["code"], -32077, "{refused}");
+    assert!(s.marker().is_empty());
+    assert!(
+        segment_kept(&s.journal_dir()),
+        "the damaged segment is kept for investigation"
+    );
+}
+
+fn segment_kept(dir: &Path) -> bool {
+    dir.join("journal-000001.log").exists()
+}
+
+#[test]
+fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
+    let s = Setup::start();
+    let task = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        s.decide("reject", &proposal, &["--reason", REASON])
+            .status
+            .success()
+    );
+    s.get(&task).expect("poll");
+    proposal_of(&s.call(false, "prod-us"));
+    let log = s.daemon.log_text();
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+    let mut store_bytes = Vec::new();
+    for entry in std::fs::read_dir(&state).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            store_bytes.extend(std::fs::read(&path).unwrap());
+        }
+    }
+    let journal: Vec<u8> = std::fs::read_dir(root.path().join("state-approvals"))
+        .unwrap()
+        .flat_map(|e| std::fs::read(e.unwrap().path()).unwrap_or_default())
+        .collect();
+    let has = |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(!has(&store_bytes, SECRET) && !has(&journal, SECRET) && !log.contains(SECRET));
+    assert!(!has(&store_bytes, REASON) && !log.contains(REASON));
+    // The preview and the reason are the journal's alone.
+    assert!(has(&journal, REASON) && has(&journal, "prod-eu"));
+    assert!(!has(&store_bytes, "prod-eu"));
+}
