@@ -40,6 +40,33 @@ use Guard::*;
 /// `[[upstream]]` one).
 const GUARDS: &[(&str, Guard)] = &[
     (
+        "approvals.decision_window_secs",
+        Tunable(
+            "how long a proposal waits for a decision: a period, not a limit on input (its expiry is tested by the gate's unit tests)",
+        ),
+    ),
+    (
+        "approvals.execution_window_secs",
+        Tunable(
+            "how long an approval may be used: a period (a lapsed approval is tested by the gate's unit tests)",
+        ),
+    ),
+    (
+        "approvals.poll_interval_ms",
+        Tunable("the advertised poll interval of an approval task"),
+    ),
+    (
+        "approvals.segment_max_bytes",
+        Enforced(&[
+            "src/approvals/journal.rs::records_come_back_in_order_across_segments_after_a_reopen",
+            "src/approvals/journal.rs::records_past_the_frame_limit_are_refused_and_the_bounds_hold",
+        ]),
+    ),
+    (
+        "approvals.max_pending",
+        Enforced(&["src/approvals/gate.rs::pending_proposals_are_bounded"]),
+    ),
+    (
         "server.max_connections",
         Enforced(&[
             "mcp_limits::silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout",

@@ -43,6 +43,7 @@
 pub mod client;
 pub mod server;
 
+pub use crate::tasks::ApprovalsStatus;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};

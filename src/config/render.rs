@@ -167,6 +167,12 @@ pub fn starter_config(directory: Option<&str>) -> String {
                 Kind::Address { default } | Kind::Filter { default } => {
                     writeln!(s, "{} = {default:?}", key.name)
                 }
+                // The approval journal's directory is the state
+                // directory's sibling.
+                Kind::Path if section == Section::Approvals => match directory {
+                    Some(d) => writeln!(s, "{} = \"{d}-approvals\"", key.name),
+                    None => writeln!(s, "# {} = \"{PACKAGE_STATE_DIR}-approvals\"", key.name),
+                },
                 Kind::Path => match directory {
                     Some(d) => writeln!(s, "{} = {d:?}", key.name),
                     None => writeln!(s, "# {} = {PACKAGE_STATE_DIR:?}", key.name),

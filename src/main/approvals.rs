@@ -1,10 +1,10 @@
 //! `taskgate approvals`: proposals and decisions over the admin socket.
 
+use taskgate::admin::ApprovalsStatus;
 use taskgate::admin::{self, Decision, Request};
 use taskgate::approvals::Proposal;
 use taskgate::cli::{ApprovalsAction, ApprovalsArgs, UpstreamListArgs};
 use taskgate::exit::Refusal;
-use taskgate::tasks::ApprovalsStatus;
 
 use super::out;
 
