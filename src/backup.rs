@@ -137,7 +137,7 @@ pub fn backup(overrides: &Overrides, dest: &Path) -> Result<Vec<String>, Refusal
     make_private_dir(&real_dest, None)?;
     let mut copies = Vec::new();
     for part in parts.all() {
-        let live = part.live_dir(&dir);
+        let live = part.live_dir(dir.path(), &config);
         copies.push(PartCopy {
             part,
             copy: part.files(&live)?,
@@ -470,7 +470,7 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
             make_private_dir(&evidence, owner)?;
         }
         part.swap(
-            &part.live_dir(&dir),
+            &part.live_dir(dir.path(), &config),
             &staging.join(part.snapshot_dir()),
             &evidence,
         )?;
@@ -485,7 +485,7 @@ pub fn restore(overrides: &Overrides, snapshot: &Path) -> Result<Vec<String>, Re
         snapshot.display()
     )];
     for (part, v) in &checked.verified {
-        let now = part.verify(&part.live_dir(&dir), &config)?;
+        let now = part.verify(&part.live_dir(dir.path(), &config), &config)?;
         lines.push(format!("snapshot: {}", v.description));
         lines.push(format!("now: {}", now.description));
     }

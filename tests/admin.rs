@@ -121,9 +121,12 @@ fn status_shows_one_screen_and_json_for_scripts() {
     assert!(s["wal_bytes"].is_u64());
     assert!(s["uptime_secs"].is_u64());
     // Every durable part says what it holds on disk: the task store its
-    // database (and WAL) in the state directory.
+    // database (and WAL) in the state directory, the approval journal
+    // nothing (no tool here needs approval).
     let parts = s["parts"].as_array().expect("parts");
-    assert_eq!(parts.len(), 1, "{parts:?}");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert_eq!(parts[1]["name"], "approval-journal");
+    assert_eq!(parts[1]["files"], 0, "{parts:?}");
     assert_eq!(parts[0]["name"], "task-store");
     assert_eq!(parts[0]["dir"], canonical.to_str().unwrap());
     assert!(parts[0]["files"].as_u64().unwrap() >= 1, "{parts:?}");

@@ -57,6 +57,76 @@ impl Setup {
         }
     }
 
+    /// Restarts the daemon (cleanly) with a test hook that aborts it at
+    /// `crash_point`.
+    fn arm(self, crash_point: &str) -> Setup {
+        let Setup {
+            root,
+            state,
+            daemon,
+        } = self;
+        assert!(daemon.stop().success(), "a clean stop");
+        let daemon = Daemon::builder()
+            .config(&config(root.path()))
+            .state_dir(&state)
+            .log(&root.path().join("daemon.log"))
+            .env(taskgate::testhooks::CRASH_AT_ENV, crash_point)
+            .start();
+        Setup {
+            root,
+            state,
+            daemon,
+        }
+    }
+
+    /// Waits for the armed daemon to abort, then starts it unarmed.
+    fn after_crash(self) -> Setup {
+        let Setup {
+            root,
+            state,
+            mut daemon,
+        } = self;
+        let status = daemon.wait_exit(std::time::Duration::from_secs(30));
+        assert!(!status.success(), "the daemon aborted at its crash point");
+        let daemon = Daemon::start(
+            &config(root.path()),
+            &state,
+            &root.path().join("daemon.log"),
+        );
+        Setup {
+            root,
+            state,
+            daemon,
+        }
+    }
+
+    /// The newest proposal listed: its ID and state.
+    fn newest_proposal(&self) -> (String, String) {
+        let listed = self.approvals_json(&["list"]);
+        let p = &listed["proposals"][0];
+        (
+            p["id"].as_str().unwrap_or_default().to_string(),
+            p["state"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+
+    fn proposals(&self) -> usize {
+        self.approvals_json(&["list"])["proposals"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0)
+    }
+
+    /// A call that must fail because the daemon aborts while serving it.
+    fn call_cut(&self, tasks: bool, target: &str) {
+        let cut = runtime().block_on(self.daemon.client(tasks).call_tool(
+            "deploy",
+            json!({"target": target, "token": SECRET}),
+            None,
+        ));
+        assert!(cut.is_err(), "the daemon aborted before answering: {cut:?}");
+    }
+
     fn marker(&self) -> Vec<String> {
         std::fs::read_to_string(self.root.path().join("out/marker"))
             .map(|t| t.lines().map(str::to_string).collect())
@@ -457,4 +527,164 @@ fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
     // The preview and the reason are the journal's alone.
     assert!(has(&journal, REASON) && has(&journal, "prod-eu"));
     assert!(!has(&store_bytes, "prod-eu"));
+}
+
+#[test]
+fn a_crash_between_the_proposal_and_its_task_loses_nothing_and_the_retry_reuses_it() {
+    let s = Setup::start().arm(taskgate::testhooks::CRASH_APPROVAL_PROPOSED);
+    s.call_cut(true, "prod-eu");
+    let s = s.after_crash();
+    // The proposal was journaled; no task handle was ever given out.
+    let (proposal, state) = s.newest_proposal();
+    assert_eq!(state, "pending");
+    // The retry joins the same proposal and gets its task now.
+    let handle = s.call(true, "prod-eu");
+    assert_eq!(handle["status"], "working", "{handle}");
+    assert_eq!(s.proposals(), 1, "the retry made no second proposal");
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    let task = handle["taskId"].as_str().unwrap();
+    assert_eq!(s.get(task).expect("poll")["status"], "completed");
+    assert!(s.marker().is_empty());
+}
+
+#[test]
+fn a_crash_between_a_decision_and_its_projection_is_reconciled_on_the_next_read() {
+    let s = Setup::start();
+    let task = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = s.arm(taskgate::testhooks::CRASH_APPROVAL_DECIDED);
+    let (proposal, _) = s.newest_proposal();
+    assert!(
+        s.decide("reject", &proposal, &["--reason", REASON])
+            .status
+            .success()
+    );
+    // The read that would project the rejection aborts the daemon.
+    assert!(
+        runtime()
+            .block_on(s.daemon.client(true).get_task(&task))
+            .is_err()
+    );
+    let s = s.after_crash();
+    let done = s.get(&task).expect("poll");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["isError"], true, "{done}");
+    assert_eq!(s.call_err(false, "prod-eu")["code"], -32078);
+    assert!(s.marker().is_empty());
+}
+
+#[test]
+fn a_crash_between_consuming_an_approval_and_the_run_never_runs_it_twice() {
+    let s = Setup::start();
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    let s = s.arm(taskgate::testhooks::CRASH_APPROVAL_CONSUMED);
+    s.call_cut(false, "prod-eu");
+    let s = s.after_crash();
+    // Spent, never run: at most once, and the caller asks afresh.
+    assert_eq!(
+        s.approvals_json(&["show", &proposal])["proposals"][0]["state"],
+        "consumed"
+    );
+    assert!(s.marker().is_empty());
+    let again = proposal_of(&s.call(false, "prod-eu"));
+    assert_ne!(again, proposal);
+    assert!(s.marker().is_empty());
+}
+
+#[test]
+fn backup_and_restore_carry_the_journal_with_the_tasks() {
+    let s = Setup::start();
+    let task = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (proposal, _) = s.newest_proposal();
+    // An online snapshot while serving holds the journal too.
+    let online = s.root.path().join("online");
+    let out = s.cli(&["backup", "--online", "--to", online.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(online.join("approvals/journal-000001.log").exists());
+
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+    let offline = root.path().join("offline");
+    let st = state.to_string_lossy().into_owned();
+    let out = taskgate(
+        &[
+            "backup",
+            "--state-dir",
+            &st,
+            "--to",
+            offline.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let manifest = std::fs::read_to_string(offline.join("MANIFEST.sha256")).unwrap();
+    assert!(
+        manifest.contains("# part approval-journal")
+            && manifest.contains("approvals/journal-000001.log"),
+        "{manifest}"
+    );
+
+    // After the backup the proposal is approved and the task completes.
+    let daemon = Daemon::start(
+        &config(root.path()),
+        &state,
+        &root.path().join("daemon.log"),
+    );
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    assert_eq!(s.get(&task).expect("poll")["status"], "completed");
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+
+    // Restoring both puts both back as they were at the backup: the task
+    // waits again and the journal holds the proposal pending.
+    let out = taskgate(
+        &[
+            "restore",
+            "--state-dir",
+            &st,
+            "--from",
+            offline.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("approval journal"), "{text}");
+    let daemon = Daemon::start(
+        &config(root.path()),
+        &state,
+        &root.path().join("daemon.log"),
+    );
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    assert_eq!(s.get(&task).expect("poll")["status"], "working");
+    assert_eq!(
+        s.newest_proposal(),
+        (proposal.clone(), "pending".to_string())
+    );
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    assert_eq!(s.get(&task).expect("poll")["status"], "completed");
+    assert!(s.marker().is_empty());
 }

@@ -179,7 +179,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "parts",
-        &["artifacts", "config", "exit", "state_dir", "store"],
+        &[
+            "approvals",
+            "artifacts",
+            "config",
+            "exit",
+            "state_dir",
+            "store",
+        ],
     ),
     // Upstream MCP servers are a source of tools the registry asks; the
     // registry knows nothing of them.

@@ -575,9 +575,7 @@ async fn status(ctx: &Context) -> Status {
             .all()
             .into_iter()
             .map(|part| {
-                // The task store's files sit in the state directory itself;
-                // a part with a directory of its own will name it here.
-                let dir = ctx.state_dir.clone();
+                let dir = part.live_dir(&ctx.state_dir, &ctx.config);
                 let footprint = part.footprint(&dir);
                 PartStatus {
                     name: part.name().to_string(),
@@ -918,11 +916,12 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
         let parts = Parts::new();
         let mut copies = Vec::new();
         for part in parts.all() {
+            let live = part.live_dir(&state_dir, &config);
             copies.push(backup::PartCopy {
                 part,
-                copy: part.files_beside_live_copy(&state_dir)?,
+                copy: part.files_beside_live_copy(&live)?,
                 present: part.written_live().iter().map(PathBuf::from).collect(),
-                live: state_dir.clone(),
+                live,
             });
         }
         backup::seal(&sealed_dest, &copies, &config)

@@ -462,6 +462,26 @@ mod tests {
     use super::*;
 
     const MIN: i64 = 60_000;
+    /// Rounds of each race, each started by a barrier.
+    const ROUNDS: usize = 100;
+
+    /// Runs `a` and `b` at once (released together by a barrier).
+    fn race<A: Send + 'static, B: Send + 'static>(
+        a: impl FnOnce() -> A + Send + 'static,
+        b: impl FnOnce() -> B + Send + 'static,
+    ) -> (A, B) {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let b1 = barrier.clone();
+        let ta = std::thread::spawn(move || {
+            b1.wait();
+            a()
+        });
+        let tb = std::thread::spawn(move || {
+            barrier.wait();
+            b()
+        });
+        (ta.join().unwrap(), tb.join().unwrap())
+    }
 
     fn call(owner: &str, key: &str, tool: &str) -> HeldCall {
         HeldCall {
@@ -610,7 +630,7 @@ mod tests {
 
     #[test]
     fn of_an_approval_and_a_cancel_racing_exactly_one_wins() {
-        for round in 0..20 {
+        for round in 0..ROUNDS {
             let d = tempfile::tempdir().unwrap();
             let g = std::sync::Arc::new(open(d.path()));
             let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
@@ -644,6 +664,75 @@ mod tests {
             // The journal says the same after a reopen.
             drop(g);
             assert_eq!(open(d.path()).proposal(&p).unwrap().state, end);
+        }
+    }
+
+    #[test]
+    fn of_an_approval_and_an_expiry_racing_exactly_one_wins() {
+        let deadline = settings().decision_window_ms;
+        let (mut approved_wins, mut expiry_wins) = (0, 0);
+        for round in 0..ROUNDS {
+            let d = tempfile::tempdir().unwrap();
+            let g = std::sync::Arc::new(open(d.path()));
+            let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
+            let (ga, gb, pa) = (g.clone(), g.clone(), p.clone());
+            // The approval comes at the last allowed moment; the expiry is
+            // observed one millisecond later (an injected clock).
+            let (approved, expired) = race(
+                move || ga.approve(&pa, "admin", "admin", deadline).is_ok(),
+                move || gb.expire_due(deadline + 1).unwrap(),
+            );
+            let end = g.proposal(&p).unwrap().state;
+            match (approved, expired.is_empty()) {
+                (true, true) => {
+                    assert_eq!(end, State::Approved, "round {round}");
+                    approved_wins += 1;
+                }
+                (false, false) => {
+                    assert_eq!(end, State::Expired, "round {round}");
+                    expiry_wins += 1;
+                }
+                other => panic!("round {round}: both or neither won: {other:?}"),
+            }
+            drop(g);
+            assert_eq!(open(d.path()).proposal(&p).unwrap().state, end);
+        }
+        assert_eq!(approved_wins + expiry_wins, ROUNDS);
+    }
+
+    #[test]
+    fn of_two_reissues_racing_for_one_approval_exactly_one_runs() {
+        for round in 0..ROUNDS {
+            let d = tempfile::tempdir().unwrap();
+            let g = std::sync::Arc::new(open(d.path()));
+            let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
+            g.approve(&p, "admin", "admin", 1).unwrap();
+            let (ga, gb) = (g.clone(), g.clone());
+            let (a, b) = race(
+                move || ga.admit(&call("alice", "k", "t"), 2).unwrap(),
+                move || gb.admit(&call("alice", "k", "t"), 2).unwrap(),
+            );
+            let proceeded = [&a, &b]
+                .iter()
+                .filter(|x| matches!(x, Admission::Proceed { .. }))
+                .count();
+            assert_eq!(proceeded, 1, "round {round}: {a:?} {b:?}");
+            // The other asks afresh, as a new proposal.
+            let other = if matches!(a, Admission::Proceed { .. }) {
+                b
+            } else {
+                a
+            };
+            let (fresh, joined) = held(other);
+            assert!(!joined && fresh != p, "round {round}");
+            assert_eq!(g.proposal(&p).unwrap().state, State::Consumed);
+            drop(g);
+            let g = open(d.path());
+            assert_eq!(g.proposal(&p).unwrap().state, State::Consumed);
+            assert!(matches!(
+                g.admit(&call("alice", "k", "t"), 3).unwrap(),
+                Admission::Held { .. }
+            ));
         }
     }
 

@@ -3,15 +3,17 @@
 //! together, at one maintenance boundary (the state directory's lifetime
 //! lock).
 //!
-//! Today the list holds one part, the task store (the database with its
-//! spilled artifacts, [`task_store`]). A part names its files, says which
+//! The list holds the task store (the database with its spilled
+//! artifacts, [`task_store`]) and then the approval journal
+//! ([`approval_journal`], in its own directory beside the state
+//! directory): copied after the store, so a snapshot's journal holds every
+//! decision its tasks projected. A part names its files, says which
 //! paths of a snapshot may be its files, validates itself read-only (what a
 //! start would refuse, `check`'s lines), verifies a copy, and swaps a
 //! staged copy in for its live files during a restore, keeping what it
 //! replaced as evidence. `check`, `backup`, `backup --online`, `restore`
 //! and `restore --verify-only` walk the list ([`Parts::all`]); a new part
-//! (the approvals journal, in its own private directory) is one module and
-//! one line of the `parts!` list.
+//! is one module and one line of the `parts!` list.
 //!
 //! In a snapshot each part's files sit under its own folder
 //! ([`Part::snapshot_dir`]; the task store's is the snapshot's root, as it
@@ -20,6 +22,7 @@
 //! manifest without such lines was written before parts existed: every
 //! file in it is the task store's.
 
+pub mod approval_journal;
 pub mod task_store;
 
 use std::fs::{self, File, OpenOptions};
@@ -95,8 +98,9 @@ pub trait Part: Sync {
     /// the root itself).
     fn snapshot_dir(&self) -> &'static str;
 
-    /// Its live directory: where its files are kept for `dir`.
-    fn live_dir(&self, dir: &StateDir) -> PathBuf;
+    /// Its live directory: where its files are kept for the state
+    /// directory `state_dir` under `config`.
+    fn live_dir(&self, state_dir: &Path, config: &Config) -> PathBuf;
 
     /// Everything a start would refuse, checked without writing, in a
     /// directory whose lock the caller holds: the lines `taskgate check`
@@ -185,6 +189,7 @@ macro_rules! parts {
 
 parts! {
     task_store: task_store::TaskStore,
+    approval_journal: approval_journal::ApprovalJournal,
 }
 
 impl Default for Parts {

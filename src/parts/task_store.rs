@@ -169,8 +169,8 @@ impl Part for TaskStore {
         ""
     }
 
-    fn live_dir(&self, dir: &StateDir) -> PathBuf {
-        dir.path().to_path_buf()
+    fn live_dir(&self, state_dir: &Path, _config: &Config) -> PathBuf {
+        state_dir.to_path_buf()
     }
 
     fn check(
