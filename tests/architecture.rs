@@ -97,7 +97,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "approvals",
             "backup",
             "config",
-            "events",
             "exit",
             "http",
             "parts",

@@ -468,7 +468,10 @@ fn the_manifest_names_each_part_and_a_manifest_without_parts_is_the_task_stores(
     assert_eq!(journal, lines.len() - 1, "{manifest}");
     let store = &lines[1..journal];
     assert!(store.iter().all(|l| !l.starts_with('#')), "{manifest}");
-    assert!(store.iter().any(|l| l.ends_with("  tasks.db")), "{manifest}");
+    assert!(
+        store.iter().any(|l| l.ends_with("  tasks.db")),
+        "{manifest}"
+    );
 
     let verify = || {
         run(&[

@@ -43,7 +43,7 @@
 pub mod client;
 pub mod server;
 
-pub use crate::tasks::ApprovalsStatus;
+pub use crate::tasks::{ApprovalsStatus, Decision};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -188,20 +188,6 @@ pub enum Request {
         id: String,
         decision: Decision,
     },
-}
-
-/// What an administrator decides.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "decision", rename_all = "snake_case")]
-pub enum Decision {
-    /// The identical call may run once, within `valid_for_ms` (at most
-    /// the execution window).
-    Approve {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        valid_for_ms: Option<i64>,
-    },
-    /// Refused; the reason stays in the journal, never shown to the caller.
-    Reject { reason: String },
 }
 
 /// One answer line.

@@ -671,9 +671,6 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
     }
 }
 
-/// The most proposals one listing shows.
-const MAX_LISTED_PROPOSALS: usize = 500;
-
 fn no_approvals() -> Answer {
     Answer::Error(AdminError::new(
         ExitClass::Usage,
@@ -681,41 +678,31 @@ fn no_approvals() -> Answer {
     ))
 }
 
-/// The proposals (or the one `id` names) and the journal's state.
+fn refused(e: crate::tasks::AdminRefusal) -> Answer {
+    use crate::tasks::AdminRefusal as R;
+    let class = match &e {
+        R::Disabled(_) | R::Unknown(_) | R::Refused(_) => ExitClass::CallFailed,
+        R::Failed(_) => ExitClass::Io,
+    };
+    Answer::Error(AdminError::new(class, e.to_string()))
+}
+
+/// The proposals (or the one `id` names) and the journal's state; with
+/// approvals disabled, none and the reason.
 fn approvals(ctx: &Context, id: Option<String>, pending: bool) -> Answer {
     let Some(approvals) = ctx.svc.approvals() else {
         return no_approvals();
     };
     let now = ctx.svc.store().clock().now_ms();
     let journal = approvals.status(now);
-    let Some(gate) = approvals.gate() else {
-        return Answer::Approvals {
+    match approvals.proposals(id.as_deref(), pending, now) {
+        Ok(proposals) => Answer::Approvals { proposals, journal },
+        Err(crate::tasks::AdminRefusal::Disabled(_)) if id.is_none() => Answer::Approvals {
             proposals: Vec::new(),
             journal,
-        };
-    };
-    let proposals = match id {
-        Some(id) => match gate.proposal(&id) {
-            Some(p) => vec![p],
-            None => {
-                return Answer::Error(AdminError::new(
-                    ExitClass::CallFailed,
-                    format!("no proposal {id} in the approval journal"),
-                ));
-            }
         },
-        None => gate
-            .list()
-            .into_iter()
-            .filter(|p| {
-                !pending
-                    || (p.state == crate::approvals::State::Pending
-                        && now <= p.decision_deadline_ms)
-            })
-            .take(MAX_LISTED_PROPOSALS)
-            .collect(),
-    };
-    Answer::Approvals { proposals, journal }
+        Err(e) => refused(e),
+    }
 }
 
 /// Journals an administrator's decision; the decider is the peer's uid.
@@ -723,54 +710,17 @@ async fn decide(ctx: &Context, id: String, decision: super::Decision, uid: u32) 
     let Some(approvals) = ctx.svc.approvals() else {
         return no_approvals();
     };
-    let Some(gate) = approvals.gate().cloned() else {
-        return Answer::Error(AdminError::new(
-            ExitClass::CallFailed,
-            "approvals are disabled (the approval journal failed its check); `taskgate status` says why",
-        ));
-    };
     let now = ctx.svc.store().clock().now_ms();
-    let decider = format!("uid {uid} (admin socket)");
-    let done = tokio::task::spawn_blocking(move || match decision {
-        super::Decision::Approve { valid_for_ms } => {
-            gate.approve_for(&id, &decider, &format!("uid:{uid}"), now, valid_for_ms)
-        }
-        super::Decision::Reject { reason } => gate.reject(&id, &decider, &reason, now),
-    })
-    .await;
-    let journal = approvals.status(now);
-    match done {
-        Ok(Ok(p)) => {
-            tracing::info!(
-                message_id = crate::events::APPROVAL_DECIDED,
-                proposal = %p.id,
-                tool = %p.tool,
-                state = p.state.as_str(),
-                decider = p.decider.as_deref().unwrap_or(""),
-                "proposal {} for {} is {} by {}",
-                p.id,
-                p.tool,
-                p.state.as_str(),
-                p.decider.as_deref().unwrap_or("-")
-            );
-            Answer::Approvals {
-                proposals: vec![p],
-                journal,
-            }
-        }
-        Ok(Err(e)) => Answer::Error(AdminError::new(
-            match e {
-                crate::approvals::GateError::Refused(_)
-                | crate::approvals::GateError::SelfApproval
-                | crate::approvals::GateError::ReasonTooLong => ExitClass::CallFailed,
-                _ => ExitClass::Io,
-            },
-            e.to_string(),
-        )),
-        Err(e) => Answer::Error(AdminError::new(
-            ExitClass::Io,
-            format!("the approval gate stopped: {e}"),
-        )),
+    let decider = crate::tasks::Decider {
+        name: format!("uid {uid} (admin socket)"),
+        identity: format!("uid:{uid}"),
+    };
+    match approvals.decide(&id, decision, decider, now).await {
+        Ok(p) => Answer::Approvals {
+            proposals: vec![p],
+            journal: approvals.status(now),
+        },
+        Err(e) => refused(e),
     }
 }
 

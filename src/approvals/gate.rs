@@ -63,7 +63,9 @@ pub enum GateError {
     Unreadable { seq: u64, reason: String },
     #[error("{0}")]
     Refused(Refusal),
-    #[error("an administrator may not approve a call of their own here (forbid_self_approval)")]
+    #[error(
+        "an administrator may not approve a call of their own (approvals.self_approval = \"forbid\"); another administrator must decide it"
+    )]
     SelfApproval,
     #[error("{limit} proposals are already waiting for a decision; decide some, then call again")]
     TooManyPending { limit: usize },

@@ -187,7 +187,7 @@ fn bearer(headers: &axum::http::HeaderMap) -> Presented {
 }
 
 /// Which refusal a challenge carries.
-enum Challenge {
+pub(super) enum Challenge {
     Missing,
     /// An `Authorization` header that is not a bearer credential
     /// (RFC 6750 §3.1 `invalid_request`).
@@ -235,7 +235,7 @@ pub fn metadata(settings: &AuthSettings) -> Value {
 
 /// A 401 or 403 with its `WWW-Authenticate` challenge and a JSON-RPC error
 /// body.
-fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
+pub(super) fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
     let mut params = vec![format!("realm=\"{}\"", quoted(&settings.realm))];
     let (code, message, data) = match &kind {
         Challenge::Missing => (

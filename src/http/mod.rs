@@ -29,6 +29,7 @@
 //! ends SSE streams and sessions. Ending them first would cut in-flight
 //! requests off with an empty 500.
 
+mod admin_api;
 pub mod auth;
 pub mod exposure;
 mod limits;

@@ -16,6 +16,7 @@ use crate::auth::Authenticator;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
 
+use super::admin_api;
 use super::limits::*;
 use super::sessions::*;
 use crate::tasks::TaskService;
@@ -60,6 +61,7 @@ impl App {
         let streams = CancellationToken::new();
         let hosts = allowed_hosts(settings, auth.as_deref());
         let origins = origin::OriginPolicy::new(&settings.allowed_origins, &hosts);
+        let (admin_gate, admin_origins) = (gate.clone(), origins.clone());
         let config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(hosts)
             // Plain JSON bodies when nothing is streamed: simpler for clients.
@@ -133,6 +135,13 @@ impl App {
                 origins,
                 origin::check_origin,
             ));
+        if auth.is_some() {
+            router = router.merge(
+                admin_api::routes(admin_gate, settings.body_read_timeout).layer(
+                    middleware::from_fn_with_state(admin_origins, origin::check_origin),
+                ),
+            );
+        }
         if let Some(authenticator) = &auth {
             let settings = authenticator.settings();
             if let Some(path) = auth::metadata_path(&settings) {

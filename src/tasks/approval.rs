@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+/// A proposal as the journal made it (what administrators list and show).
+pub use crate::approvals::Proposal;
 use crate::approvals::{
-    self, Admission, Gate, GateError, GateSettings, HeldCall, Principal, Proposal, State,
+    self, Admission, Gate, GateError, GateSettings, HeldCall, Principal, State,
 };
 use crate::auth::Caller;
 use crate::config::{ApprovalSettings, SelfApproval};
@@ -50,6 +52,58 @@ pub(super) enum Verdict {
         joined: bool,
     },
 }
+
+/// What an administrator decides about a proposal.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// The identical call may run once, within `valid_for_ms` (at most the
+    /// execution window, which is also the default).
+    Approve {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        valid_for_ms: Option<i64>,
+    },
+    /// Refused; the reason stays in the journal, never shown to the caller.
+    Reject { reason: String },
+}
+
+/// Who decides: a name for the record, and the identity compared with the
+/// caller's when self-approval is forbidden (an MCP caller's owner digest,
+/// or `uid:N` for an account on the admin socket).
+#[derive(Debug, Clone)]
+pub struct Decider {
+    pub name: String,
+    pub identity: String,
+}
+
+impl Decider {
+    /// An administrator who presented an MCP credential.
+    pub fn of(caller: &Caller) -> Decider {
+        let (_, shown) = principal_of(caller);
+        Decider {
+            name: shown,
+            identity: super::owner_of(caller).to_hex(),
+        }
+    }
+}
+
+/// Why an administrator's request about approvals was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminRefusal {
+    #[error("approvals are disabled ({0}); `taskgate status` says why")]
+    Disabled(String),
+    #[error("no proposal {0} in the approval journal")]
+    Unknown(String),
+    /// A decision the journal's rules refuse (already decided, too late,
+    /// self-approval, a reason too long).
+    #[error("{0}")]
+    Refused(String),
+    #[error("the approval journal could not record the decision: {0}")]
+    Failed(String),
+}
+
+/// The most proposals one listing shows.
+pub const MAX_LISTED_PROPOSALS: usize = 500;
 
 /// What `status` shows of approvals.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -127,6 +181,80 @@ impl Approvals {
                 head: String::new(),
                 disabled: Some(reason.clone()),
             },
+        }
+    }
+
+    fn open_gate(&self) -> Result<Arc<Gate>, AdminRefusal> {
+        match &self.gate {
+            Ok(g) => Ok(g.clone()),
+            Err(reason) => Err(AdminRefusal::Disabled(reason.clone())),
+        }
+    }
+
+    /// Proposals newest first (those waiting when `pending`, at most
+    /// [`MAX_LISTED_PROPOSALS`]), or the one `id` names.
+    pub fn proposals(
+        &self,
+        id: Option<&str>,
+        pending: bool,
+        now: i64,
+    ) -> Result<Vec<Proposal>, AdminRefusal> {
+        let gate = self.open_gate()?;
+        if let Some(id) = id {
+            return gate
+                .proposal(id)
+                .map(|p| vec![p])
+                .ok_or_else(|| AdminRefusal::Unknown(id.to_string()));
+        }
+        Ok(gate
+            .list()
+            .into_iter()
+            .filter(|p| !pending || (p.state == State::Pending && now <= p.decision_deadline_ms))
+            .take(MAX_LISTED_PROPOSALS)
+            .collect())
+    }
+
+    /// Journals an administrator's decision and logs it.
+    pub async fn decide(
+        &self,
+        id: &str,
+        decision: Decision,
+        decider: Decider,
+        now: i64,
+    ) -> Result<Proposal, AdminRefusal> {
+        let gate = self.open_gate()?;
+        let id = id.to_string();
+        let done = tokio::task::spawn_blocking(move || match decision {
+            Decision::Approve { valid_for_ms } => {
+                gate.approve_for(&id, &decider.name, &decider.identity, now, valid_for_ms)
+            }
+            Decision::Reject { reason } => gate.reject(&id, &decider.name, &reason, now),
+        })
+        .await
+        .map_err(|e| AdminRefusal::Failed(format!("the approval gate stopped: {e}")))?;
+        match done {
+            Ok(p) => {
+                tracing::info!(
+                    message_id = crate::events::APPROVAL_DECIDED,
+                    proposal = %p.id,
+                    tool = %p.tool,
+                    state = p.state.as_str(),
+                    decider = p.decider.as_deref().unwrap_or(""),
+                    "proposal {} for {} is {} by {}",
+                    p.id,
+                    p.tool,
+                    p.state.as_str(),
+                    p.decider.as_deref().unwrap_or("-")
+                );
+                Ok(p)
+            }
+            Err(GateError::Refused(approvals::Refusal::Unknown(id))) => {
+                Err(AdminRefusal::Unknown(id))
+            }
+            Err(
+                e @ (GateError::Refused(_) | GateError::SelfApproval | GateError::ReasonTooLong),
+            ) => Err(AdminRefusal::Refused(e.to_string())),
+            Err(e) => Err(AdminRefusal::Failed(e.to_string())),
         }
     }
 

@@ -49,7 +49,9 @@ use crate::testhooks;
 use crate::tools::{Lookup, Registry, RunError, Runner, ToolSpec};
 
 use approval::Verdict;
-pub use approval::{Approvals, ApprovalsStatus};
+pub use approval::{
+    AdminRefusal, Approvals, ApprovalsStatus, Decider, Decision, MAX_LISTED_PROPOSALS, Proposal,
+};
 pub use artifact_read::ARTIFACT_READ_TOOL;
 pub use error::TaskError;
 pub use polls::MAX_REMEMBERED_OUTCOME_BYTES;

@@ -1,0 +1,283 @@
+//! Approvals with credentials, attacked the way a caller with a valid token
+//! of their own would: the HTTP admin interface's 401 and 403, another
+//! owner's approval task reading like an unknown one, holds partitioned by
+//! subject and tenant, and an administrator who may not approve their own
+//! call.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+fn secret(seed: char) -> String {
+    format!("tgk_{}", seed.to_string().repeat(43))
+}
+
+const CALL: &[&str] = &[
+    "tools:call",
+    "taskgate:effect:non-idempotent-write",
+    "tasks:read",
+    "tasks:cancel",
+];
+
+/// (id, seed, tenant, subject, scopes)
+const TOKENS: &[(&str, char, &str, &str, &[&str])] = &[
+    ("alice", 'a', "acme", "alice", CALL),
+    ("mallory", 'm', "acme", "mallory", CALL),
+    ("alice-elsewhere", 'e', "other", "alice", CALL),
+    (
+        "ops",
+        'o',
+        "acme",
+        "ops",
+        &["approvals:read", "approvals:decide"],
+    ),
+    ("auditor", 'r', "acme", "auditor", &["approvals:read"]),
+    // alice's own identity, with the right to decide.
+    (
+        "alice-admin",
+        'x',
+        "acme",
+        "alice",
+        &["approvals:decide", "approvals:read"],
+    ),
+];
+
+fn tokens_file(path: &Path) {
+    let mut text = String::new();
+    for (id, seed, tenant, subject, scopes) in TOKENS {
+        let digest = Sha256::digest(secret(*seed).as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
+        text += &format!(
+            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = {tenant:?}\nsubject = {subject:?}\nscopes = [{}]\n\n",
+            scopes.join(", ")
+        );
+    }
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+struct Fixture {
+    root: tempfile::TempDir,
+    daemon: Daemon,
+    port: u16,
+}
+
+fn start() -> Fixture {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let tokens = root.path().join("tokens.toml");
+    tokens_file(&tokens);
+    let out = root.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let cfg: PathBuf = write_config(
+        root.path(),
+        &format!(
+            "[auth]\ntokens_file = \"{}\"\n[approvals]\npoll_interval_ms = 5000\n",
+            tokens.display()
+        ),
+        &[Tool::new("deploy")
+            .script(&format!(
+                "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
+                out.display()
+            ))
+            .args(&["{target}"])
+            .param("target", "string")
+            .extra(&format!(
+                "approval = \"required\"\nwrite_paths = [\"{}\"]",
+                out.display()
+            ))],
+    );
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
+    let port = daemon
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    Fixture { root, daemon, port }
+}
+
+impl Fixture {
+    fn client(&self, who: char, tasks: bool) -> taskgate::client::Client {
+        self.daemon.client(tasks).with_token(Some(secret(who)))
+    }
+
+    fn call(&self, who: char, tasks: bool, target: &str) -> Result<Value, Value> {
+        match runtime().block_on(self.client(who, tasks).call_tool(
+            "deploy",
+            json!({"target": target}),
+            None,
+        )) {
+            Ok(v) => Ok(v),
+            Err(taskgate::client::ClientError::Rpc { error, .. }) => Err(error),
+            Err(e) => panic!("call: {e}"),
+        }
+    }
+
+    fn task_op(&self, who: char, method: &str, id: &str) -> Result<Value, Value> {
+        let c = self.client(who, true);
+        let r = runtime().block_on(async {
+            match method {
+                "get" => c.get_task(id).await,
+                _ => c.cancel_task(id).await,
+            }
+        });
+        match r {
+            Ok(v) => Ok(v),
+            Err(taskgate::client::ClientError::Rpc { error, .. }) => Err(error),
+            Err(e) => panic!("{method}: {e}"),
+        }
+    }
+
+    /// One admin request: (status, WWW-Authenticate, JSON body).
+    fn admin(
+        &self,
+        who: Option<char>,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (u16, String, Value) {
+        let auth = who
+            .map(|w| format!("Authorization: Bearer {}\r\n", secret(w)))
+            .unwrap_or_default();
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        let r = http::exchange_on(
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap(),
+            request.as_bytes(),
+            Duration::from_secs(30),
+        )
+        .answer();
+        (
+            r.status,
+            r.header("www-authenticate").unwrap_or_default().to_string(),
+            serde_json::from_str(r.text().trim()).unwrap_or(Value::Null),
+        )
+    }
+
+    fn marker(&self) -> usize {
+        std::fs::read_to_string(self.root.path().join("out/marker"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+fn proposal_of(result: &Value) -> String {
+    assert_eq!(
+        result["structuredContent"]["status"], "approval_required",
+        "{result}"
+    );
+    result["structuredContent"]["proposal"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn the_http_admin_interface_needs_a_credential_with_its_scope() {
+    let f = start();
+    let proposal = proposal_of(&f.call('a', false, "prod").unwrap());
+    let list = "/admin/v1/approvals?pending=true";
+
+    // No credential: the loopback caller is never an administrator here.
+    let (status, challenge, _) = f.admin(None, "GET", list, "");
+    assert_eq!(status, 401);
+    assert!(challenge.starts_with("Bearer "), "{challenge}");
+    // A credential without the scope.
+    let (status, challenge, _) = f.admin(Some('a'), "GET", list, "");
+    assert_eq!(status, 403);
+    assert!(
+        challenge.contains("insufficient_scope") && challenge.contains("approvals:read"),
+        "{challenge}"
+    );
+    // A reader reads, and may not decide.
+    let (status, _, body) = f.admin(Some('r'), "GET", list, "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["proposals"][0]["id"], proposal.as_str(), "{body}");
+    let approve = format!("/admin/v1/approvals/{proposal}/approve");
+    let (status, challenge, _) = f.admin(Some('r'), "POST", &approve, "");
+    assert_eq!(status, 403);
+    assert!(challenge.contains("approvals:decide"), "{challenge}");
+    assert_eq!(f.marker(), 0);
+
+    // Malformed bodies and unknown proposals are named.
+    let (status, _, body) = f.admin(Some('o'), "POST", &approve, "{\"validFor\": 1}");
+    assert_eq!(status, 400, "{body}");
+    let (status, _, _) = f.admin(Some('o'), "GET", "/admin/v1/approvals/tgp-unknown", "");
+    assert_eq!(status, 404);
+    let big = format!("{{\"reason\": \"{}\"}}", "x".repeat(10_000));
+    let reject = format!("/admin/v1/approvals/{proposal}/reject");
+    let (status, _, _) = f.admin(Some('o'), "POST", &reject, &big);
+    assert_eq!(status, 413);
+
+    // The administrator approves; the decider is their identity.
+    let (status, _, body) = f.admin(Some('o'), "POST", &approve, "{\"validForSecs\": 120}");
+    assert_eq!(status, 200, "{body}");
+    let p = &body["proposals"][0];
+    assert_eq!(p["state"], "approved", "{body}");
+    assert!(p["decider"].as_str().unwrap().contains("\"ops\""), "{body}");
+    let window = p["execution_deadline_ms"].as_i64().unwrap() - p["decided_ms"].as_i64().unwrap();
+    assert_eq!(window, 120_000, "{body}");
+    // A decided proposal is not decided again.
+    let (status, _, body) = f.admin(Some('o'), "POST", &reject, "{\"reason\": \"late\"}");
+    assert_eq!(status, 409, "{body}");
+
+    assert_eq!(f.call('a', false, "prod").unwrap()["isError"], false);
+    assert_eq!(f.marker(), 1);
+}
+
+#[test]
+fn another_owners_approval_task_and_approval_are_not_theirs() {
+    let f = start();
+    let handle = f.call('a', true, "prod").unwrap();
+    let task = handle["taskId"].as_str().unwrap().to_string();
+    let unknown = f
+        .task_op('m', "get", "tg-00000000000000000000000000000000")
+        .unwrap_err();
+
+    // Mallory (same tenant, own token) and alice of another tenant read
+    // and cancel alice's task exactly as an unknown one.
+    for who in ['m', 'e'] {
+        for op in ["get", "cancel"] {
+            let e = f.task_op(who, op, &task).unwrap_err();
+            assert_eq!(e["code"], unknown["code"], "{who} {op}: {e}");
+            assert_eq!(e["message"], unknown["message"], "{who} {op}: {e}");
+        }
+    }
+    assert_eq!(f.task_op('a', "get", &task).unwrap()["status"], "working");
+
+    // Their identical calls are held apart, as proposals of their own.
+    let alices = f.admin(Some('o'), "GET", "/admin/v1/approvals", "").2["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mallorys = proposal_of(&f.call('m', false, "prod").unwrap());
+    let elsewhere = proposal_of(&f.call('e', false, "prod").unwrap());
+    assert!(mallorys != alices && elsewhere != alices && mallorys != elsewhere);
+
+    // Alice may not approve her own call, even with the scope.
+    let approve = format!("/admin/v1/approvals/{alices}/approve");
+    let (status, _, body) = f.admin(Some('x'), "POST", &approve, "");
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("self_approval"), "{body}");
+
+    // Approved by ops, it covers alice's call only.
+    assert_eq!(f.admin(Some('o'), "POST", &approve, "").0, 200);
+    let still = f.call('m', false, "prod").unwrap();
+    assert_eq!(proposal_of(&still), mallorys, "mallory's call still waits");
+    proposal_of(&f.call('e', false, "prod").unwrap());
+    assert_eq!(f.marker(), 0);
+    assert_eq!(f.call('a', false, "prod").unwrap()["isError"], false);
+    assert_eq!(f.marker(), 1);
+}
