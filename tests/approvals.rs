@@ -466,6 +466,7 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
     );
     let verify = s.cli(&["approvals", "verify"]);
     assert!(!verify.status.success(), "{verify:?}");
+    // `check` names it too (with the daemon stopped, below).
     // The receipt is read from the task store alone.
     assert_eq!(s.get(&receipt).expect("poll")["status"], "completed");
     // The waiting task is not guessed.
@@ -479,6 +480,29 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
         segment_kept(&s.journal_dir()),
         "the damaged segment is kept for investigation"
     );
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+    let st = state.to_string_lossy().into_owned();
+    let cfg = config(root.path());
+    let check = taskgate(
+        &[
+            "check",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--state-dir",
+            &st,
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains("DAMAGED") && text.contains("journal-000001.log"),
+        "{check:?}"
+    );
 }
 
 fn segment_kept(dir: &Path) -> bool {
@@ -487,7 +511,20 @@ fn segment_kept(dir: &Path) -> bool {
 
 #[test]
 fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
-    let s = Setup::start();
+    // At the most verbose level taskgate has.
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let daemon = Daemon::builder()
+        .config(&config(root.path()))
+        .state_dir(&state)
+        .log(&root.path().join("daemon.log"))
+        .env("TASKGATE_LOG", "trace")
+        .start();
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
     let task = s.call(true, "prod-eu")["taskId"]
         .as_str()
         .unwrap()
@@ -504,6 +541,10 @@ fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
     s.get(&task).expect("poll");
     proposal_of(&s.call(false, "prod-us"));
     let log = s.daemon.log_text();
+    assert!(
+        log.contains("task read from the store"),
+        "the log holds debug events: {log}"
+    );
     let Setup {
         root,
         state,
@@ -687,4 +728,62 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     assert!(s.decide("approve", &proposal, &[]).status.success());
     assert_eq!(s.get(&task).expect("poll")["status"], "completed");
     assert!(s.marker().is_empty());
+}
+
+/// The byte length of the first `n` frames of a journal segment (each an
+/// 8-byte little-endian length, the record padded to 8 bytes, a 32-byte
+/// hash).
+fn frames_len(segment: &[u8], n: usize) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        let len = u64::from_le_bytes(segment[at..at + 8].try_into().unwrap()) as usize;
+        at += 8 + len.div_ceil(8) * 8 + 32;
+    }
+    at
+}
+
+#[test]
+fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
+    let s = Setup::start();
+    let first = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second = s.call(true, "prod-us")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let Setup {
+        root,
+        state,
+        daemon,
+    } = s;
+    assert!(daemon.stop().success());
+    // A journal that ends, at a frame boundary, after the first proposal:
+    // an older copy of it. It chains, so only the tasks' records tell.
+    let segment = root.path().join("state-approvals/journal-000001.log");
+    let bytes = std::fs::read(&segment).unwrap();
+    let keep = frames_len(&bytes, 2);
+    assert!(keep < bytes.len());
+    std::fs::write(&segment, &bytes[..keep]).unwrap();
+
+    let daemon = Daemon::start(
+        &config(root.path()),
+        &state,
+        &root.path().join("daemon.log"),
+    );
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    let status = admin_status(&s.state);
+    assert!(status["approvals"]["disabled"].is_null(), "{status}");
+    assert_eq!(s.get(&first).expect("poll")["status"], "working");
+    let missing = s.get(&second).expect_err("evidence missing");
+    assert_eq!(missing["code"], -32059, "{missing}");
+    assert!(
+        missing["message"].as_str().unwrap().contains("shorter"),
+        "{missing}"
+    );
 }

@@ -739,6 +739,30 @@ mod tests {
     }
 
     #[test]
+    fn status_reads_never_wait_for_an_append() {
+        let d = tempfile::tempdir().unwrap();
+        let g = std::sync::Arc::new(open(d.path()));
+        let (p, _) = held(g.admit(&call("alice", "k", "t"), 0).unwrap());
+        // The journal's lock held, as by an append stuck in fsync.
+        let appending = lock(&g.journal);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = g.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((
+                reader.proposal(&p).map(|p| p.state),
+                reader.pending(1),
+                reader.head_seq(),
+                reader.list().len(),
+            ));
+        });
+        let read = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the reads answered while the journal was locked");
+        assert_eq!(read, (Some(State::Pending), 1, 1, 1));
+        drop(appending);
+    }
+
+    #[test]
     fn a_journal_holding_an_impossible_sequence_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let (mut j, _, _) = Journal::open(d.path(), settings().segment_max_bytes).unwrap();
