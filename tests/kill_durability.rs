@@ -7,6 +7,11 @@
 //! at least one round in 20 the kill cut off the acknowledgement of rows
 //! that had committed (the kill landed between a COMMIT and its answer).
 //!
+//! The approval journal gets the same treatment: a child appends proposals
+//! and approvals from several threads, printing each once its append
+//! returned (synced); after every kill the journal opens (a torn final
+//! record cut away) and holds every acknowledged decision.
+//!
 //! `TASKGATE_KILL_ROUNDS` sets the number of rounds (default 50, at least
 //! 20); `TASKGATE_KILL_SEED` replays the kill delays of an earlier run.
 
@@ -53,6 +58,12 @@ const MAX_DELAY_MS: u64 = 1500;
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// A child that was somehow never killed ends itself after this long.
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
+/// How long a writer takes to pass on an answer it got (a client's answer
+/// crossing a network, in effect). Without it, on a disk whose fsync takes
+/// a fraction of a millisecond, the window between a COMMIT and its
+/// answer is so small a share of each cycle that almost no kill lands in
+/// it, and the test could not show that it probed it.
+const ANSWER_DELAY: Duration = Duration::from_millis(2);
 
 fn options(db: PathBuf) -> StoreOptions {
     StoreOptions {
@@ -94,6 +105,7 @@ fn kill_child() {
                     match store.create(new_task(TTL_MS)).await {
                         // Printed only after the commit was acknowledged.
                         Ok(created) => {
+                            tokio::time::sleep(ANSWER_DELAY).await;
                             say(&format!("ack {}", created.record().id));
                             tokio::time::sleep(PACE).await
                         }
@@ -373,4 +385,187 @@ fn acknowledged_tasks_survive_sigkill() {
     let after = inspect(&db).expect("tasks table");
     assert!(acked.is_subset(&after), "acknowledged IDs lost by startup");
     println!("kill test took {:?}", started.elapsed());
+}
+
+/// Names the journal directory the journal child appends to.
+const JOURNAL_CHILD_ENV: &str = "TASKGATE_KILL_CHILD_JOURNAL";
+const JOURNAL_CHILD_TEST: &str = "journal_kill_child";
+/// Threads appending to the journal in the child.
+const JOURNAL_WRITERS: usize = 4;
+
+fn gate_settings() -> taskgate::approvals::GateSettings {
+    taskgate::approvals::GateSettings {
+        decision_window_ms: TTL_MS,
+        execution_window_ms: TTL_MS,
+        // The smallest segments, so that kills land in rotations too.
+        segment_max_bytes: 64 * 1024,
+        max_pending: 1_000_000,
+        forbid_self_approval: true,
+    }
+}
+
+/// The journal child's main (see `acknowledged_decisions_survive_sigkill`):
+/// proposes and approves calls from several threads, printing each once
+/// its append returned.
+#[test]
+#[ignore = "child entry point: run by acknowledged_decisions_survive_sigkill"]
+fn journal_kill_child() {
+    let Some(dir) = std::env::var_os(JOURNAL_CHILD_ENV) else {
+        return;
+    };
+    say("");
+    let (gate, _) = taskgate::approvals::Gate::open_dir(Path::new(&dir), gate_settings())
+        .expect("open the journal");
+    say("open");
+    let gate = std::sync::Arc::new(gate);
+    let pid = std::process::id();
+    let writers: Vec<_> = (0..JOURNAL_WRITERS)
+        .map(|w| {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                for n in 0u64.. {
+                    let held = taskgate::approvals::HeldCall {
+                        owner: "caller".into(),
+                        call: format!("{pid}-{w}-{n}"),
+                        tool: "deploy".into(),
+                        principal: "the kill test".into(),
+                        arguments: "0".repeat(64),
+                        preview: Default::default(),
+                    };
+                    let id = match gate.admit(&held, 1) {
+                        Ok(taskgate::approvals::Admission::Held { proposal, .. }) => proposal,
+                        other => panic!("admit: {other:?}"),
+                    };
+                    std::thread::sleep(ANSWER_DELAY);
+                    say(&format!("proposed {id}"));
+                    gate.approve(&id, "admin", "admin", 2).expect("approve");
+                    std::thread::sleep(ANSWER_DELAY);
+                    say(&format!("approved {id}"));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(CHILD_LIFETIME);
+    drop(writers);
+    say("lifetime over");
+    std::process::exit(3);
+}
+
+fn spawn_journal_child(dir: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            JOURNAL_CHILD_TEST,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(JOURNAL_CHILD_ENV, dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the journal child")
+}
+
+#[test]
+fn acknowledged_decisions_survive_sigkill() {
+    if std::env::var_os(CHILD_ENV).is_some() || std::env::var_os(JOURNAL_CHILD_ENV).is_some() {
+        return;
+    }
+    use taskgate::approvals::{Gate, State};
+    let rounds = rounds();
+    let seed = seed();
+    println!("journal kill test: {rounds} rounds, {SEED_ENV}={seed}");
+    let mut rng = XorShift(seed);
+    let root = private_dir();
+    let dir = root.path().join("approvals");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let mut proposed: HashSet<String> = HashSet::new();
+    let mut approved: HashSet<String> = HashSet::new();
+    let (mut opened_rounds, mut rounds_cut_off, mut torn_rounds) = (0u32, 0u32, 0u32);
+
+    for round in 1..=rounds {
+        let delay =
+            Duration::from_millis(MIN_DELAY_MS + rng.next() % (MAX_DELAY_MS - MIN_DELAY_MS + 1));
+        let mut child = spawn_journal_child(&dir);
+        let stdout = drain(child.stdout.take().unwrap());
+        let stderr = drain(child.stderr.take().unwrap());
+        std::thread::sleep(delay);
+        let early = child.try_wait().expect("poll the child");
+        kill(&child);
+        let status = wait_timeout(&mut child, REAP_TIMEOUT);
+        let out = stdout.join().unwrap();
+        let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
+        assert!(
+            early.is_none() && status.signal() == Some(libc::SIGKILL),
+            "round {round}: the child ended on its own ({status:?}); stderr:\n{err}"
+        );
+        let mut opened = false;
+        for line in complete_lines(&out) {
+            if let Some(id) = line.strip_prefix("proposed ") {
+                proposed.insert(id.to_string());
+            } else if let Some(id) = line.strip_prefix("approved ") {
+                approved.insert(id.to_string());
+            } else if line == "open" {
+                opened = true;
+            }
+        }
+        opened_rounds += u32::from(opened);
+
+        // What the next start sees: the chain verified, a torn final record
+        // cut away, every acknowledged decision there.
+        let (gate, report) = Gate::open(&dir, gate_settings()).unwrap_or_else(|e| {
+            panic!("round {round} (killed after {delay:?}, {SEED_ENV}={seed}): the journal did not open: {e}")
+        });
+        torn_rounds += u32::from(report.truncated > 0);
+        for id in &proposed {
+            let p = gate.proposal(id);
+            assert!(
+                p.is_some(),
+                "round {round}: acknowledged proposal {id} lost ({SEED_ENV}={seed})"
+            );
+        }
+        for id in &approved {
+            assert_eq!(
+                gate.proposal(id).map(|p| p.state),
+                Some(State::Approved),
+                "round {round}: acknowledged approval of {id} lost ({SEED_ENV}={seed})"
+            );
+        }
+        let all = gate.list();
+        // Appends this round made whose acknowledgement the kill cut off.
+        let cut_off = all.iter().filter(|p| !proposed.contains(&p.id)).count()
+            + all
+                .iter()
+                .filter(|p| p.state == State::Approved && !approved.contains(&p.id))
+                .count();
+        rounds_cut_off += u32::from(cut_off > 0);
+        // Every record held counts as known from now on.
+        proposed.extend(all.iter().map(|p| p.id.clone()));
+        approved.extend(
+            all.iter()
+                .filter(|p| p.state == State::Approved)
+                .map(|p| p.id.clone()),
+        );
+        println!(
+            "round {round:>3}: killed after {:>4} ms, opened={opened}, records {}, torn tail {} bytes, unacknowledged {cut_off}",
+            delay.as_millis(),
+            gate.head_seq(),
+            report.truncated
+        );
+    }
+    assert!(
+        opened_rounds > 0 && !approved.is_empty(),
+        "the child never acknowledged anything: the test proved nothing"
+    );
+    println!(
+        "journal kill test summary: rounds {rounds}, past open {opened_rounds}, cut off {rounds_cut_off}, torn tails {torn_rounds}, proposals {}, seed {seed}",
+        proposed.len()
+    );
+    assert!(
+        rounds_cut_off * CUT_OFF_SHARE >= opened_rounds,
+        "only {rounds_cut_off} of {opened_rounds} kills cut off synced appends (at least one in {CUT_OFF_SHARE} must) ({SEED_ENV}={seed})"
+    );
 }
