@@ -106,6 +106,7 @@ CHECKS=(
   restore-refuses-tampered-snapshot
   status-over-admin-socket
   verify-durable-tasks-under-the-unit
+  approval-held-call-under-the-unit
   online-snapshot-restores
   restore-refusal-after-stop-restarts-service
   journal-err-shows-refused-start
@@ -1262,6 +1263,76 @@ check_verify_durable() {
   INFO="$(grep '^durable-tasks qualification: ' <<<"$journal"), as taskgate under the unit's sandbox"
 }
 run_check verify-durable-tasks-under-the-unit check_verify_durable
+
+# An approval-held call under the unit: the journal in its own
+# StateDirectory=, a held call approved by the administrator with the CLI,
+# the identical re-issue run once (the daemon's run counter is the marker),
+# a second re-issue held again; a backup and restore carry the journal with
+# the tasks (a decision taken after the backup is gone after the restore).
+runs_started() { cx taskgate status --json | grep -o '"runs_started": *[0-9]*' | grep -o '[0-9]*$'; }
+check_approvals() {
+  local mode
+  mode=$(cx stat -c '%a %U' /var/lib/taskgate-approvals 2>&1)
+  [ "$mode" = "700 taskgate" ] || { WHY="/var/lib/taskgate-approvals is $mode, want 700 taskgate"; return 1; }
+  run_cx sh -c 'cat >>/etc/taskgate/taskgate.toml <<EOF
+
+# Added by scripts/system-test.sh: a tool that waits for an administrator.
+[[tool]]
+name = "guarded"
+description = "Prints its text back once an administrator approved the call (system test)."
+argv = ["/usr/bin/printf", "%s", "{text}"]
+effect = "read_only"
+approval = "required"
+approval_preview = ["text"]
+timeout_secs = 10
+[tool.input_schema]
+type = "object"
+required = ["text"]
+[tool.input_schema.properties.text]
+type = "string"
+maxLength = 64
+EOF
+systemctl reload taskgate.service'
+  [ "$RC" -eq 0 ] || { WHY="adding the guarded tool and reloading failed (exit $RC): $(oneline "$OUT")"; return 1; }
+  run_cx taskgate call guarded --args '{"text": "held-1"}'
+  local p1 p2 runs0 runs1
+  p1=$(grep -o 'tgp-[0-9a-f]*' <<<"$OUT" | head -n1)
+  [ "$RC" -eq 1 ] && grep -q approval_required <<<"$OUT" && [ -n "$p1" ] \
+    || { WHY="the held call answered exit $RC without approval_required and a proposal: $(oneline "$OUT")"; return 1; }
+  runs0=$(runs_started)
+  run_cx taskgate approvals show "$p1"
+  grep -q 'held-1' <<<"$OUT" || { WHY="approvals show $p1 lacks the preview: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate approvals approve "$p1"
+  [ "$RC" -eq 0 ] || { WHY="approvals approve $p1 exited $RC: $(oneline "$OUT")"; return 1; }
+  [ "$(runs_started)" = "$runs0" ] || { WHY="the approval ran something by itself"; return 1; }
+  run_cx taskgate call guarded --args '{"text": "held-1"}'
+  [ "$RC" -eq 0 ] && grep -q '"text": *"held-1"' <<<"$OUT" \
+    || { WHY="the approved re-issue exited $RC: $(oneline "$OUT")"; return 1; }
+  runs1=$(runs_started)
+  [ "$runs1" -eq $((runs0 + 1)) ] || { WHY="runs_started went $runs0 -> $runs1 on the re-issue, want one run"; return 1; }
+  run_cx taskgate call guarded --args '{"text": "held-1"}'
+  p2=$(grep -o 'tgp-[0-9a-f]*' <<<"$OUT" | head -n1)
+  [ "$RC" -eq 1 ] && [ -n "$p2" ] && [ "$p2" != "$p1" ] \
+    || { WHY="a second re-issue was not held as a new proposal (exit $RC): $(oneline "$OUT")"; return 1; }
+  [ "$(runs_started)" = "$runs1" ] || { WHY="the second re-issue ran"; return 1; }
+
+  run_cx taskgate-backup /root/backup-approvals
+  [ "$RC" -eq 0 ] || { WHY="taskgate-backup exited $RC: $(oneline "$OUT")"; return 1; }
+  cx test -f /root/backup-approvals/approvals/journal-000001.log || { WHY="the backup holds no approval journal"; return 1; }
+  run_cx taskgate approvals reject "$p2" --reason "after the backup"
+  [ "$RC" -eq 0 ] || { WHY="approvals reject $p2 exited $RC: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate-restore /root/backup-approvals
+  [ "$RC" -eq 0 ] || { WHY="taskgate-restore exited $RC: $(oneline "$OUT")"; return 1; }
+  [ "$(unit_prop ActiveState)" = active ] || { WHY="not active after the restore"; return 1; }
+  run_cx taskgate approvals show "$p2" --json
+  grep -q '"state": *"pending"' <<<"$OUT" || { WHY="after the restore $p2 is not pending again: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate approvals show "$p1" --json
+  grep -q '"state": *"consumed"' <<<"$OUT" || { WHY="after the restore $p1 is not consumed: $(oneline "$OUT")"; return 1; }
+  run_cx taskgate approvals verify
+  [ "$RC" -eq 0 ] || { WHY="approvals verify exited $RC after the restore: $(oneline "$OUT")"; return 1; }
+  INFO="$p1 approved and run once ($runs0 -> $runs1 runs), $p2 held; restore put $p2 back to pending"
+}
+run_check approval-held-call-under-the-unit check_approvals
 
 check_online_snapshot() {
   local pid_before id snap=/var/backups/taskgate/online-1
