@@ -190,24 +190,42 @@ impl Setup {
 }
 
 fn config(root: &Path) -> PathBuf {
+    config_with(root, false)
+}
+
+/// The configuration; with `notify`, a tool `page` that tells of new
+/// proposals by writing what it is given into the FIFO `out/notified`.
+fn config_with(root: &Path, notify: bool) -> PathBuf {
     let out = root.join("out");
     std::fs::create_dir_all(&out).unwrap();
-    write_config(
-        root,
-        "[approvals]\npoll_interval_ms = 5000\n",
-        &[Tool::new("deploy")
-            .script(&format!(
-                "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
-                out.display()
-            ))
-            .args(&["{target}"])
-            .param("target", "string")
-            .param("token", "string")
-            .extra(&format!(
-                "approval = \"required\"\napproval_preview = [\"target\"]\nwrite_paths = [\"{}\"]",
-                out.display()
-            ))],
-    )
+    let mut tools =
+        vec![Tool::new("deploy")
+        .script(&format!(
+            "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
+            out.display()
+        ))
+        .args(&["{target}"])
+        .param("target", "string")
+        .param("token", "string")
+        .extra(&format!(
+            "approval = \"required\"\napproval_preview = [\"target\"]\nwrite_paths = [\"{}\"]",
+            out.display()
+        ))];
+    let mut sections = "[approvals]\npoll_interval_ms = 5000\n".to_string();
+    if notify {
+        sections.push_str("notify_tool = \"page\"\n");
+        tools.push(
+            Tool::new("page")
+                .script(&format!("cat > {}/notified", out.display()))
+                .param("proposal", "string")
+                .param("tool", "string")
+                .param("principal", "string")
+                .param("decisionDeadlineMs", "integer")
+                .effect("idempotent_write")
+                .extra(&format!("write_paths = [\"{}\"]", out.display())),
+        );
+    }
+    write_config(root, &sections, &tools)
 }
 
 /// The proposal an `approval_required` result names.
@@ -786,4 +804,34 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
         missing["message"].as_str().unwrap().contains("shorter"),
         "{missing}"
     );
+}
+
+#[test]
+fn a_notify_tool_hears_of_each_new_proposal_without_its_arguments() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config_with(root.path(), true);
+    let fifo = Fifo::new(&root.path().join("out/notified"));
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    // A joining call is not a new proposal: no second notification (the
+    // run counter counts a notification when it is started, before the
+    // call is answered).
+    assert_eq!(proposal_of(&s.call(false, "prod-eu")), proposal);
+    assert_eq!(admin_status(&s.state)["runs_started"], 1);
+    let told: Value = serde_json::from_str(&fifo.read(std::time::Duration::from_secs(20)))
+        .expect("the notification as JSON");
+    assert_eq!(told["proposal"], proposal.as_str(), "{told}");
+    assert_eq!(told["tool"], "deploy", "{told}");
+    assert!(
+        told["principal"].as_str().unwrap().contains("local"),
+        "{told}"
+    );
+    assert!(!told.to_string().contains(SECRET) && !told.to_string().contains("prod-eu"));
+    assert!(s.marker().is_empty());
 }

@@ -157,6 +157,8 @@ pub enum TextRule {
     /// Text that can stand inside a quoted HTTP header parameter: printable
     /// ASCII without `"` or `\`, 1–64 characters.
     Realm,
+    /// The name of a `[[tool]]`: 1–64 ASCII letters, digits, `_`, `-`, `.`.
+    ToolName,
 }
 
 impl TextRule {
@@ -193,6 +195,18 @@ impl TextRule {
                     Ok(())
                 }
             }
+            TextRule::ToolName => {
+                if value.is_empty()
+                    || value.len() > 64
+                    || !value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+                {
+                    Err("must be a tool's name: 1-64 ASCII letters, digits, _, - or .")
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 
@@ -200,6 +214,7 @@ impl TextRule {
         match self {
             TextRule::Uri => "absolute http(s) URI",
             TextRule::Realm => "1–64 printable characters",
+            TextRule::ToolName => "a [[tool]] name",
         }
     }
 }
@@ -577,6 +592,9 @@ settings! {
         /// `forbid`: an administrator whose identity is the caller's (the same issuer, tenant and subject) may not approve that call. `allow` lets them, for a single-person setup.
         #[key(APPROVALS_SELF_APPROVAL, "self_approval", choice::<SelfApproval>("forbid"))]
         pub self_approval: SelfApproval,
+        /// A `[[tool]]` run when a call is held as a new proposal, so an administrator hears of it: confined and bounded like any tool, given `{"proposal", "tool", "principal", "decisionDeadlineMs"}` as its arguments (on stdin, and for `{placeholders}` in its argv), never the call's arguments. It must not need approval itself; its failure is logged and holds nothing up.
+        #[key(APPROVALS_NOTIFY_TOOL, "notify_tool", Kind::Text { default: None, example: "page-oncall", rule: TextRule::ToolName })]
+        pub notify_tool: Option<String>,
         not_a_key
         /// The journal's directory in force (configured, or the default
         /// beside the state directory).

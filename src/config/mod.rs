@@ -441,6 +441,21 @@ impl Config {
                 ),
             });
         }
+        if let Some(name) = &approvals.notify_tool {
+            let refuse = |why: &str| ConfigError::Invalid {
+                origin: layers.origin_of(&keys::APPROVALS_NOTIFY_TOOL),
+                message: format!("{} = {name:?} {why}", keys::APPROVALS_NOTIFY_TOOL.dotted()),
+            };
+            match tools.iter().find(|t| &t.name == name) {
+                None => return Err(refuse("names no [[tool]] of this file")),
+                Some(t) if t.approval == Approval::Required => {
+                    return Err(refuse(
+                        "names a tool that itself needs approval; a notification must run at once",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         // `[auth]` counts only with credentials, its issuers from their tables.
         let auth = auth::settings(auth, tables.jwt, &tables.origin)?;
 
@@ -1364,6 +1379,74 @@ mod tests {
 
     /// `[tools]` gives every tool its limits and read paths; a tool's own
     /// value overrides them, and each is checked against the same range.
+    #[test]
+    fn approval_settings_are_held_to_their_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let write = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            Config::load_from(
+                &Overrides {
+                    config_path: Some(file.clone()),
+                    state_dir: Some(PathBuf::from("/srv/tg/state")),
+                    ..Default::default()
+                },
+                &env(&[("HOME", "/h")]),
+            )
+        };
+        let tool = |extra: &str| {
+            format!(
+                "[[tool]]\nname = \"deploy\"\nargv = [\"/bin/true\", \"{{target}}\"]\n{extra}\n\
+                 [tool.input_schema]\ntype = \"object\"\nproperties.target = {{ type = \"string\" }}\n"
+            )
+        };
+        // The journal's directory defaults to the state directory's sibling.
+        let c = write(&tool(
+            "approval = \"required\"\napproval_preview = [\"target\"]",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.approvals.directory,
+            PathBuf::from("/srv/tg/state-approvals")
+        );
+        assert_eq!(c.tools[0].approval, Approval::Required);
+        assert_eq!(c.tools[0].approval_preview, ["target"]);
+        let refused = |text: &str, needle: &str| {
+            let e = write(text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        };
+        refused(
+            &format!(
+                "[approvals]\ndirectory = \"/srv/tg/state/journal\"\n{}",
+                tool("")
+            ),
+            "overlaps the state directory",
+        );
+        refused(
+            &tool("approval_preview = [\"target\"]"),
+            "needs approval = \"required\"",
+        );
+        refused(
+            &tool("approval = \"required\"\napproval_preview = [\"nope\"]"),
+            "not a property of input_schema",
+        );
+        refused(
+            &format!("[approvals]\nnotify_tool = \"page\"\n{}", tool("")),
+            "names no [[tool]]",
+        );
+        refused(
+            &format!(
+                "[approvals]\nnotify_tool = \"deploy\"\n{}",
+                tool("approval = \"required\"")
+            ),
+            "itself needs approval",
+        );
+        refused(
+            "[approvals]\nnotify_tool = \"a b\"\n",
+            "must be a tool's name",
+        );
+    }
+
     #[test]
     fn tools_defaults_apply_unless_a_tool_sets_its_own() {
         let dir = tempfile::tempdir().unwrap();

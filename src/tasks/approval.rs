@@ -38,6 +38,8 @@ pub struct Approvals {
     directory: PathBuf,
     poll_interval: Duration,
     execution_window_ms: i64,
+    /// The `[[tool]]` run to tell an administrator of a new proposal.
+    notify_tool: Option<String>,
 }
 
 /// What the gate decided for a call.
@@ -153,6 +155,27 @@ impl Approvals {
             directory: settings.directory.clone(),
             poll_interval: settings.poll_interval,
             execution_window_ms: settings.execution_window.as_millis() as i64,
+            notify_tool: settings.notify_tool.clone(),
+        }
+    }
+
+    /// The tool that tells an administrator of a new proposal, if any.
+    pub(super) fn notify_tool(&self) -> Option<&str> {
+        self.notify_tool.as_deref()
+    }
+
+    /// What the notification tool is given about `proposal`: never the
+    /// call's arguments.
+    pub(super) fn notification(&self, proposal: &str) -> Option<Map<String, Value>> {
+        let p = self.gate()?.proposal(proposal)?;
+        match json!({
+            "proposal": p.id,
+            "tool": p.tool,
+            "principal": p.principal,
+            "decisionDeadlineMs": p.decision_deadline_ms,
+        }) {
+            Value::Object(m) => Some(m),
+            _ => None,
         }
     }
 

@@ -597,6 +597,7 @@ impl TaskService {
                             "a call to {} waits for an administrator's approval as proposal {proposal}",
                             call.tool
                         );
+                        self.notify(approvals, &proposal);
                     }
                     return Ok(self
                         .held(
@@ -683,6 +684,53 @@ impl TaskService {
             &proposal,
             decision_deadline_ms,
         ))
+    }
+
+    /// Runs `approvals.notify_tool` about a new proposal, in the
+    /// background and within `tasks.max_running`; a notification that
+    /// cannot run is logged and skipped, never holding the call up.
+    fn notify(self: &Arc<Self>, approvals: &Approvals, proposal: &str) {
+        let Some(name) = approvals.notify_tool() else {
+            return;
+        };
+        let skipped = |why: String| {
+            tracing::warn!(
+                proposal,
+                tool = name,
+                "the notification of proposal {proposal} by tool {name} was skipped: {why}"
+            );
+        };
+        let Some(tool) = self.live().tools.get(name) else {
+            return skipped("no such tool is served (a reload removed it?)".into());
+        };
+        let Some(args) = approvals.notification(proposal) else {
+            return skipped("the proposal is not in the journal".into());
+        };
+        if let Err(e) = tool.validate(&Value::Object(args.clone())) {
+            return skipped(format!(
+                "its input_schema refuses the notification's fields: {e}"
+            ));
+        }
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            return skipped(format!(
+                "all {} running slots are busy (tasks.max_running)",
+                self.settings.max_running
+            ));
+        };
+        let (svc, proposal, name) = (self.clone(), proposal.to_string(), name.to_string());
+        self.runs_started.fetch_add(1, Ordering::Relaxed);
+        self.tracker.spawn(async move {
+            let _slot = slot;
+            let token = svc.stop.child_token();
+            match tool.run(&args, svc.settings.cancel_grace, &token).await {
+                Ok(_) => tracing::info!(proposal = %proposal, tool = %name,
+                    "tool {name} was told of proposal {proposal}"),
+                Err(e) => {
+                    tracing::warn!(proposal = %proposal, tool = %name, error = %e.message(&name),
+                    "tool {name} failed to tell of proposal {proposal}: {}", e.message(&name))
+                }
+            }
+        });
     }
 
     /// Brings a waiting approval task level with the journal: its
