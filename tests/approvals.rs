@@ -190,12 +190,12 @@ impl Setup {
 }
 
 fn config(root: &Path) -> PathBuf {
-    config_with(root, false)
+    config_with(root, false, "")
 }
 
 /// The configuration; with `notify`, a tool `page` that tells of new
 /// proposals by writing what it is given into the FIFO `out/notified`.
-fn config_with(root: &Path, notify: bool) -> PathBuf {
+fn config_with(root: &Path, notify: bool, sections: &str) -> PathBuf {
     let out = root.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let mut tools =
@@ -211,7 +211,7 @@ fn config_with(root: &Path, notify: bool) -> PathBuf {
             "approval = \"required\"\napproval_preview = [\"target\"]\nwrite_paths = [\"{}\"]",
             out.display()
         ))];
-    let mut sections = "[approvals]\npoll_interval_ms = 5000\n".to_string();
+    let mut sections = format!("{sections}[approvals]\npoll_interval_ms = 5000\n");
     if notify {
         sections.push_str("notify_tool = \"page\"\n");
         tools.push(
@@ -325,7 +325,17 @@ fn a_tasks_client_polls_an_approval_task_to_its_receipt() {
 
     let waiting = s.get(&task).expect("poll");
     assert_eq!(waiting["status"], "working", "{waiting}");
+    // tasks/update is acknowledged (unknown keys too) and approves nothing.
+    runtime()
+        .block_on(s.daemon.client(true).request(
+            "tasks/update",
+            json!({"taskId": task, "inputResponses": {"approve": {"decision": "approved"}}}),
+            Some(&task),
+            None,
+        ))
+        .expect("tasks/update is acknowledged");
     let listed = s.approvals_json(&["list", "--pending"]);
+    assert_eq!(listed["proposals"][0]["state"], "pending", "{listed}");
     let proposal = listed["proposals"][0]["id"].as_str().unwrap().to_string();
 
     assert!(
@@ -810,7 +820,7 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
 fn a_notify_tool_hears_of_each_new_proposal_without_its_arguments() {
     let root = private_dir();
     let state = state_dir(root.path());
-    let cfg = config_with(root.path(), true);
+    let cfg = config_with(root.path(), true, "");
     let fifo = Fifo::new(&root.path().join("out/notified"));
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
     let s = Setup {
@@ -834,4 +844,23 @@ fn a_notify_tool_hears_of_each_new_proposal_without_its_arguments() {
     );
     assert!(!told.to_string().contains(SECRET) && !told.to_string().contains("prod-eu"));
     assert!(s.marker().is_empty());
+}
+
+#[test]
+fn an_approval_task_outlives_a_short_task_ttl() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config_with(root.path(), false, "[tasks]\ndefault_ttl_secs = 60\n");
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    let handle = s.call(true, "prod-eu");
+    // Decision window (1 h) + execution window (15 min) + an hour, not the
+    // minute ordinary tasks get.
+    let ttl = handle["ttlMs"].as_i64().unwrap();
+    assert!(ttl >= (3600 + 900 + 3600) * 1000, "{handle}");
+    assert!(ttl <= (3600 + 900 + 3600 + 60) * 1000, "{handle}");
 }
