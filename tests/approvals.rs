@@ -864,3 +864,30 @@ fn an_approval_task_outlives_a_short_task_ttl() {
     assert!(ttl >= (3600 + 900 + 3600) * 1000, "{handle}");
     assert!(ttl <= (3600 + 900 + 3600 + 60) * 1000, "{handle}");
 }
+
+#[test]
+fn a_full_task_store_answers_approval_required_and_loses_no_proposal() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config_with(root.path(), false, "[store]\nmax_live_tasks = 1\n");
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    // The first approval task takes the one live task the store holds.
+    assert_eq!(s.call(true, "prod-eu")["resultType"], "task");
+    // The next, though it asked for Tasks, gets the proposal in the
+    // approval_required answer: the workflow is not lost.
+    let fallback = s.call(true, "prod-us");
+    let proposal = proposal_of(&fallback);
+    assert_eq!(
+        s.approvals_json(&["show", &proposal])["proposals"][0]["state"],
+        "pending"
+    );
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    let ran = s.call(false, "prod-us");
+    assert_eq!(text_of(&ran), "deployed", "{ran}");
+    assert_eq!(s.marker(), vec!["prod-us".to_string()]);
+}
