@@ -6,6 +6,8 @@ connection) and the daemon's CPU per request, for three paths:
   ordinary   tools/call of a tool without approval (it runs);
   held       the first call of an approval-required tool with new
              arguments (a proposal journaled and synced; nothing runs);
+  held_task  the same from a request that negotiated Tasks (the proposal
+             journaled, then its approval-status task committed);
   reissue    the identical call again once approved (the approval spent,
              journaled and synced, then the tool runs).
 
@@ -47,14 +49,15 @@ class Taskgate:
         self.path = u.path or "/mcp"
         self.next_id = 0
 
-    def call(self, tool, args):
+    def call(self, tool, args, tasks=False):
         self.next_id += 1
+        caps = {"extensions": {"io.modelcontextprotocol/tasks": {}}} if tasks else {}
         params = {
             "name": tool,
             "arguments": args,
             "_meta": {
                 "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientCapabilities": caps,
                 "io.modelcontextprotocol/clientInfo": {"name": "approval-cost", "version": "1"},
             },
         }
@@ -119,6 +122,14 @@ def main():
         return took
 
     held, held_cpu = measured(hold)
+
+    def hold_task(i):
+        took, result = tg.call(a.held, {"text": f"t-{run}-{i}"}, tasks=True)
+        if result.get("resultType") != "task":
+            raise SystemExit(f"no approval task: {result}")
+        return took
+
+    held_task, held_task_cpu = measured(hold_task)
     for pid in proposals:
         subprocess.run([a.bin, "approvals", "approve", pid, "--state-dir", a.state_dir],
                        check=True, stdout=subprocess.DEVNULL)
@@ -131,15 +142,18 @@ def main():
 
     reissued, reissue_cpu = measured(reissue)
     o, h, r = summary(ordinary), summary(held), summary(reissued)
+    ht = summary(held_task)
     out = {
         "calls": a.calls,
         "ordinary_call": o,
         "held_call": h,
+        "held_task": ht,
         "approved_reissue": r,
         "held_latency_ratio": round(h["median_ms"] / o["median_ms"], 2),
         "reissue_latency_ratio": round(r["median_ms"] / o["median_ms"], 2),
         "daemon_cpu_ms_per_ordinary_call": round(ordinary_cpu * 1000 / n, 3),
         "daemon_cpu_ms_per_held_call": round(held_cpu * 1000 / n, 3),
+        "daemon_cpu_ms_per_held_task": round(held_task_cpu * 1000 / n, 3),
         "daemon_cpu_ms_per_reissue": round(reissue_cpu * 1000 / n, 3),
     }
     print(json.dumps(out, indent=2))

@@ -1495,10 +1495,11 @@ check_purge() {
   run_cx dpkg --purge taskgate
   [ "$RC" -eq 0 ] || { WHY="dpkg --purge exited $RC: $(oneline "$OUT")"; return 1; }
   ! cx test -e /var/lib/taskgate || { WHY="/var/lib/taskgate still exists after purge"; return 1; }
+  ! cx test -e /var/lib/taskgate-approvals || { WHY="/var/lib/taskgate-approvals still exists after purge"; return 1; }
   local st
   st=$(cx dpkg-query -W -f '${Status}' taskgate 2>&1)
   case $st in *not-installed* | *"no packages found"*) ;; *) WHY="dpkg-query says: $st"; return 1 ;; esac
-  INFO="/var/lib/taskgate removed"
+  INFO="/var/lib/taskgate and /var/lib/taskgate-approvals removed"
 }
 PURGE_OUT=""
 check_purge_wrap() { check_purge; local rc=$?; PURGE_OUT=$OUT; return $rc; }
