@@ -891,3 +891,26 @@ fn a_full_task_store_answers_approval_required_and_loses_no_proposal() {
     assert_eq!(text_of(&ran), "deployed", "{ran}");
     assert_eq!(s.marker(), vec!["prod-us".to_string()]);
 }
+
+#[test]
+fn a_reload_that_adds_the_first_held_tool_opens_the_journal() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    // First without any tool that needs approval (and no journal yet).
+    let cfg = write_config(root.path(), "", &[Tool::new("echo").script("printf hi")]);
+    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
+    assert!(!root.path().join("state-approvals").exists());
+    assert!(admin_status(&state)["approvals"].is_null());
+    config(root.path());
+    let s = Setup {
+        root,
+        state,
+        daemon,
+    };
+    let reloaded = s.cli(&["reload", "--config", cfg.to_str().unwrap()]);
+    assert!(reloaded.status.success(), "{reloaded:?}");
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    assert!(s.journal_dir().join("journal-000001.log").exists());
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    assert_eq!(text_of(&s.call(false, "prod-eu")), "deployed");
+}

@@ -223,6 +223,20 @@ impl Process {
             poll_interval.as_millis()
         );
         new.tools.log_confinement();
+        // The first tool that needs approval opens the journal now (its
+        // settings are the ones the daemon started with).
+        if self.svc.approvals().is_none()
+            && new
+                .config
+                .tools
+                .iter()
+                .any(|t| t.approval == crate::config::Approval::Required)
+        {
+            self.svc
+                .attach_approvals(std::sync::Arc::new(crate::tasks::Approvals::open(
+                    &self.reload.applied.approvals,
+                )));
+        }
         self.svc
             .reload(new.tools.with_source(self.upstreams.clone()), poll_interval);
         set_log_filter(&new.config.log.filter);
