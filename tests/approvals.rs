@@ -26,11 +26,26 @@ impl Setup {
     fn start() -> Setup {
         let root = private_dir();
         let state = state_dir(root.path());
-        let daemon = Daemon::start(
-            &config(root.path()),
-            &state,
-            &root.path().join("daemon.log"),
-        );
+        let cfg = config(root.path());
+        Setup::serve(root, state, &cfg, None)
+    }
+
+    /// A daemon on `root` and `state` with the configuration `cfg`,
+    /// aborting at `crash_point` when one is named.
+    fn serve(
+        root: tempfile::TempDir,
+        state: PathBuf,
+        cfg: &Path,
+        crash_point: Option<&str>,
+    ) -> Setup {
+        let mut builder = Daemon::builder()
+            .config(cfg)
+            .state_dir(&state)
+            .log(&root.path().join("daemon.log"));
+        if let Some(point) = crash_point {
+            builder = builder.env(taskgate::testhooks::CRASH_AT_ENV, point);
+        }
+        let daemon = builder.start();
         Setup {
             root,
             state,
@@ -38,45 +53,34 @@ impl Setup {
         }
     }
 
-    fn restart(self) -> Setup {
+    /// A clean stop; what the next daemon serves.
+    fn stop(self) -> (tempfile::TempDir, PathBuf) {
         let Setup {
             root,
             state,
             daemon,
         } = self;
         assert!(daemon.stop().success(), "a clean stop");
-        let daemon = Daemon::start(
-            &config(root.path()),
-            &state,
-            &root.path().join("daemon.log"),
-        );
-        Setup {
-            root,
-            state,
-            daemon,
-        }
+        (root, state)
+    }
+
+    /// The same directories served again with the default configuration.
+    fn again(root: tempfile::TempDir, state: PathBuf) -> Setup {
+        let cfg = config(root.path());
+        Setup::serve(root, state, &cfg, None)
+    }
+
+    fn restart(self) -> Setup {
+        let (root, state) = self.stop();
+        Setup::again(root, state)
     }
 
     /// Restarts the daemon (cleanly) with a test hook that aborts it at
     /// `crash_point`.
     fn arm(self, crash_point: &str) -> Setup {
-        let Setup {
-            root,
-            state,
-            daemon,
-        } = self;
-        assert!(daemon.stop().success(), "a clean stop");
-        let daemon = Daemon::builder()
-            .config(&config(root.path()))
-            .state_dir(&state)
-            .log(&root.path().join("daemon.log"))
-            .env(taskgate::testhooks::CRASH_AT_ENV, crash_point)
-            .start();
-        Setup {
-            root,
-            state,
-            daemon,
-        }
+        let (root, state) = self.stop();
+        let cfg = config(root.path());
+        Setup::serve(root, state, &cfg, Some(crash_point))
     }
 
     /// Waits for the armed daemon to abort, then starts it unarmed.
@@ -88,16 +92,7 @@ impl Setup {
         } = self;
         let status = daemon.wait_exit(std::time::Duration::from_secs(30));
         assert!(!status.success(), "the daemon aborted at its crash point");
-        let daemon = Daemon::start(
-            &config(root.path()),
-            &state,
-            &root.path().join("daemon.log"),
-        );
-        Setup {
-            root,
-            state,
-            daemon,
-        }
+        Setup::again(root, state)
     }
 
     /// The newest proposal listed: its ID and state.
@@ -461,12 +456,7 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
         .as_str()
         .unwrap()
         .to_string();
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
 
     // One flipped byte in the middle of the first segment.
     let segment = root.path().join("state-approvals/journal-000001.log");
@@ -475,16 +465,7 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
     bytes[at] ^= 0x01;
     std::fs::write(&segment, &bytes).unwrap();
 
-    let daemon = Daemon::start(
-        &config(root.path()),
-        &state,
-        &root.path().join("daemon.log"),
-    );
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::again(root, state);
     let status = admin_status(&s.state);
     assert!(
         status["approvals"]["disabled"]
@@ -508,12 +489,7 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
         segment_kept(&s.journal_dir()),
         "the damaged segment is kept for investigation"
     );
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
     let st = state.to_string_lossy().into_owned();
     let cfg = config(root.path());
     let check = taskgate(
@@ -573,12 +549,7 @@ fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
         log.contains("task read from the store"),
         "the log holds debug events: {log}"
     );
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
     let mut store_bytes = Vec::new();
     for entry in std::fs::read_dir(&state).unwrap() {
         let path = entry.unwrap().path();
@@ -677,12 +648,7 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     assert!(out.status.success(), "{out:?}");
     assert!(online.join("approvals/journal-000001.log").exists());
 
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
     let offline = root.path().join("offline");
     let st = state.to_string_lossy().into_owned();
     let out = taskgate(
@@ -704,24 +670,10 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     );
 
     // After the backup the proposal is approved and the task completes.
-    let daemon = Daemon::start(
-        &config(root.path()),
-        &state,
-        &root.path().join("daemon.log"),
-    );
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::again(root, state);
     assert!(s.decide("approve", &proposal, &[]).status.success());
     assert_eq!(s.get(&task).expect("poll")["status"], "completed");
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
 
     // Restoring both puts both back as they were at the backup: the task
     // waits again and the journal holds the proposal pending.
@@ -738,16 +690,7 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("approval journal"), "{text}");
-    let daemon = Daemon::start(
-        &config(root.path()),
-        &state,
-        &root.path().join("daemon.log"),
-    );
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::again(root, state);
     assert_eq!(s.get(&task).expect("poll")["status"], "working");
     assert_eq!(
         s.newest_proposal(),
@@ -781,12 +724,7 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
         .as_str()
         .unwrap()
         .to_string();
-    let Setup {
-        root,
-        state,
-        daemon,
-    } = s;
-    assert!(daemon.stop().success());
+    let (root, state) = s.stop();
     // A journal that ends, at a frame boundary, after the first proposal:
     // an older copy of it. It chains, so only the tasks' records tell.
     let segment = root.path().join("state-approvals/journal-000001.log");
@@ -795,16 +733,7 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
     assert!(keep < bytes.len());
     std::fs::write(&segment, &bytes[..keep]).unwrap();
 
-    let daemon = Daemon::start(
-        &config(root.path()),
-        &state,
-        &root.path().join("daemon.log"),
-    );
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::again(root, state);
     let status = admin_status(&s.state);
     assert!(status["approvals"]["disabled"].is_null(), "{status}");
     assert_eq!(s.get(&first).expect("poll")["status"], "working");
@@ -822,12 +751,7 @@ fn a_notify_tool_hears_of_each_new_proposal_without_its_arguments() {
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), true, "");
     let fifo = Fifo::new(&root.path().join("out/notified"));
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::serve(root, state, &cfg, None);
     let proposal = proposal_of(&s.call(false, "prod-eu"));
     // A joining call is not a new proposal: no second notification (the
     // run counter counts a notification when it is started, before the
@@ -851,12 +775,7 @@ fn an_approval_task_outlives_a_short_task_ttl() {
     let root = private_dir();
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), false, "[tasks]\ndefault_ttl_secs = 60\n");
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::serve(root, state, &cfg, None);
     let handle = s.call(true, "prod-eu");
     // Decision window (1 h) + execution window (15 min) + an hour, not the
     // minute ordinary tasks get.
@@ -870,12 +789,7 @@ fn a_full_task_store_answers_approval_required_and_loses_no_proposal() {
     let root = private_dir();
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), false, "[store]\nmax_live_tasks = 1\n");
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let s = Setup {
-        root,
-        state,
-        daemon,
-    };
+    let s = Setup::serve(root, state, &cfg, None);
     // The first approval task takes the one live task the store holds.
     assert_eq!(s.call(true, "prod-eu")["resultType"], "task");
     // The next, though it asked for Tasks, gets the proposal in the

@@ -179,15 +179,21 @@ fn rounds() -> u32 {
 }
 
 fn spawn_child(db: &Path) -> Child {
+    spawn(CHILD_TEST, CHILD_ENV, db)
+}
+
+/// This test binary again, running only the child entry point `test`, with
+/// `env` naming `path`.
+fn spawn(test: &str, env: &str, path: &Path) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            CHILD_TEST,
+            test,
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, db)
+        .env(env, path)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -209,6 +215,29 @@ fn kill(child: &Child) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("SIGKILL the child");
+}
+
+/// SIGKILLs `child` after `delay` (it must still be running then) and
+/// returns what it printed.
+fn kill_after(mut child: Child, delay: Duration, round: u32) -> Vec<u8> {
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    std::thread::sleep(delay);
+    let early = child.try_wait().expect("poll the child");
+    kill(&child);
+    let status = wait_timeout(&mut child, REAP_TIMEOUT);
+    let out = stdout.join().unwrap();
+    let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
+    assert!(
+        early.is_none(),
+        "round {round}: the child ended before the kill ({status:?}); stderr:\n{err}"
+    );
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "round {round}: {status:?}; stderr:\n{err}"
+    );
+    out
 }
 
 /// Complete lines only: a trailing fragment without its newline is dropped.
@@ -282,24 +311,7 @@ fn acknowledged_tasks_survive_sigkill() {
     for round in 1..=rounds {
         let delay =
             Duration::from_millis(MIN_DELAY_MS + rng.next() % (MAX_DELAY_MS - MIN_DELAY_MS + 1));
-        let mut child = spawn_child(&db);
-        let stdout = drain(child.stdout.take().unwrap());
-        let stderr = drain(child.stderr.take().unwrap());
-        std::thread::sleep(delay);
-        let early = child.try_wait().expect("poll the child");
-        kill(&child);
-        let status = wait_timeout(&mut child, REAP_TIMEOUT);
-        let out = stdout.join().unwrap();
-        let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
-        assert!(
-            early.is_none(),
-            "round {round}: the child ended before the kill ({status:?}); stderr:\n{err}"
-        );
-        assert_eq!(
-            status.signal(),
-            Some(libc::SIGKILL),
-            "round {round}: {status:?}; stderr:\n{err}"
-        );
+        let out = kill_after(spawn_child(&db), delay, round);
 
         let mut round_acks = 0usize;
         let mut opened = false;
@@ -452,20 +464,7 @@ fn journal_kill_child() {
 }
 
 fn spawn_journal_child(dir: &Path) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            JOURNAL_CHILD_TEST,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(JOURNAL_CHILD_ENV, dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the journal child")
+    spawn(JOURNAL_CHILD_TEST, JOURNAL_CHILD_ENV, dir)
 }
 
 #[test]
@@ -489,19 +488,7 @@ fn acknowledged_decisions_survive_sigkill() {
     for round in 1..=rounds {
         let delay =
             Duration::from_millis(MIN_DELAY_MS + rng.next() % (MAX_DELAY_MS - MIN_DELAY_MS + 1));
-        let mut child = spawn_journal_child(&dir);
-        let stdout = drain(child.stdout.take().unwrap());
-        let stderr = drain(child.stderr.take().unwrap());
-        std::thread::sleep(delay);
-        let early = child.try_wait().expect("poll the child");
-        kill(&child);
-        let status = wait_timeout(&mut child, REAP_TIMEOUT);
-        let out = stdout.join().unwrap();
-        let err = String::from_utf8_lossy(&stderr.join().unwrap()).to_string();
-        assert!(
-            early.is_none() && status.signal() == Some(libc::SIGKILL),
-            "round {round}: the child ended on its own ({status:?}); stderr:\n{err}"
-        );
+        let out = kill_after(spawn_journal_child(&dir), delay, round);
         let mut opened = false;
         for line in complete_lines(&out) {
             if let Some(id) = line.strip_prefix("proposed ") {
