@@ -736,12 +736,37 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
     let s = Setup::again(root, state);
     let status = admin_status(&s.state);
     assert!(status["approvals"]["disabled"].is_null(), "{status}");
+    // status names it: the journal is older than the task store.
+    assert!(
+        status["approvals"]["stale"]
+            .as_str()
+            .is_some_and(|m| m.contains("older than the task store")),
+        "{status}"
+    );
     assert_eq!(s.get(&first).expect("poll")["status"], "working");
     let missing = s.get(&second).expect_err("evidence missing");
     assert_eq!(missing["code"], -32059, "{missing}");
     assert!(
         missing["message"].as_str().unwrap().contains("shorter"),
         "{missing}"
+    );
+    // And check does, with the daemon stopped.
+    let (root, state) = s.stop();
+    let cfg = config(root.path());
+    let check = taskgate(
+        &[
+            "check",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains("STALE") && text.contains("2 approval tasks wait"),
+        "{check:?}"
     );
 }
 

@@ -522,6 +522,9 @@ pub fn render(s: &Status) -> Vec<String> {
                 &a.head[..a.head.len().min(16)]
             ),
         });
+        if let Some(stale) = &a.stale {
+            lines.push(format!("approvals        STALE: {stale}"));
+        }
     }
     if let Some(c) = &s.confinement {
         lines.extend(c.lines());

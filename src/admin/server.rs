@@ -593,7 +593,19 @@ async fn status(ctx: &Context) -> Status {
                 _ => None,
             },
         },
-        approvals: svc.approvals().map(|a| a.status(store.clock().now_ms())),
+        approvals: match svc.approvals() {
+            None => None,
+            Some(a) => {
+                // How far waiting approval tasks reached into the journal:
+                // one ending before is older than the task store.
+                let needed =
+                    match tokio::time::timeout(STATS_LIMIT, store.approval_seq_needed()).await {
+                        Ok(Ok(n)) => n,
+                        _ => 0,
+                    };
+                Some(a.status_against(store.clock().now_ms(), needed))
+            }
+        },
     }
 }
 

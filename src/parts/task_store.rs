@@ -102,7 +102,7 @@ pub fn describe(report: &CheckReport) -> String {
 }
 
 /// What `check` prints about a checked database in the directory `d`.
-fn check_lines(d: &str, report: &CheckReport) -> Vec<String> {
+fn check_lines(d: &str, report: &CheckReport, journal: &Path) -> Vec<String> {
     match report {
         CheckReport::Missing => vec![format!(
             "ok: {d} is private; no database yet (serve creates it)"
@@ -116,6 +116,8 @@ fn check_lines(d: &str, report: &CheckReport) -> Vec<String> {
             unexpired,
             nonterminal,
             cancel_requested,
+            awaiting_approval,
+            approval_seq,
         } => {
             let mut lines = vec![format!(
                 "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
@@ -131,9 +133,33 @@ fn check_lines(d: &str, report: &CheckReport) -> Vec<String> {
                     nonterminal - cancel_requested
                 ));
             }
+            if *awaiting_approval > 0 {
+                lines.push(format!(
+                    "note: {awaiting_approval} approval tasks wait on the approval journal (they recorded it up to record {approval_seq})"
+                ));
+                lines.extend(stale_journal(journal, *approval_seq));
+            }
             lines
         }
     }
+}
+
+/// A line when the approval journal in `dir` ends before `needed`, the
+/// record waiting approval tasks reached: a journal older than the task
+/// store, whose tasks will be unavailable.
+fn stale_journal(dir: &Path, needed: u64) -> Option<String> {
+    let records = match crate::approvals::Journal::verify(dir) {
+        Ok((c, _)) => c.records,
+        // A damaged journal is the journal part's line to tell.
+        Err(crate::approvals::JournalError::Damaged { .. }) => return None,
+        Err(_) => 0,
+    };
+    (records < needed).then(|| {
+        format!(
+            "STALE: the approval journal in {} ends at record {records}, before the record {needed} waiting approval tasks reached: it is older than the task store (restored without it?); those tasks stay unavailable until the journal taken with this task store is restored",
+            dir.display()
+        )
+    })
 }
 
 fn is_artifact(rel: &Path) -> bool {
@@ -187,7 +213,11 @@ impl Part for TaskStore {
             config.store.max_db_pages,
             recorded_store(lock).as_ref(),
         )?;
-        Ok(check_lines(&dir.path().display().to_string(), &report))
+        Ok(check_lines(
+            &dir.path().display().to_string(),
+            &report,
+            &config.approvals.directory,
+        ))
     }
 
     fn present(&self, live: &Path) -> bool {

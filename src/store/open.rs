@@ -73,6 +73,11 @@ pub enum CheckReport {
         /// Of those, the ones whose cancel was committed: they end
         /// cancelled.
         cancel_requested: u64,
+        /// Approval tasks still waiting on the approval journal (recovery
+        /// leaves them to it).
+        awaiting_approval: u64,
+        /// The highest journal sequence one of them recorded.
+        approval_seq: u64,
     },
 }
 
@@ -761,7 +766,7 @@ fn validate_read_only(
     let kinds = Kinds::new(&StoreOptions::new(db_path));
     verify_shape(conn, &kinds, db_path, version)?;
     decode_all(conn, &kinds, db_path, version)?;
-    let (nonterminal, cancel_requested) = tasks::count_nonterminal(conn)
+    let unfinished = tasks::count_nonterminal(conn, version)
         .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
     let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
     let identity = read_identity(conn, db_path, version)?;
@@ -770,8 +775,10 @@ fn validate_read_only(
             version,
             retained,
             unexpired,
-            nonterminal,
-            cancel_requested,
+            nonterminal: unfinished.ended,
+            cancel_requested: unfinished.cancel_requested,
+            awaiting_approval: unfinished.awaiting_approval,
+            approval_seq: unfinished.approval_seq,
         },
         identity,
     ))

@@ -612,15 +612,60 @@ fn count_live_of(conn: &Connection, owner: &Digest, now: i64) -> rusqlite::Resul
         .map(|n| n as u64)
 }
 
-/// `(nonterminal tasks, of which their cancel was committed)`.
-pub(super) fn count_nonterminal(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
-    conn.query_row(
+/// The tasks that were not finished at the last stop, as `check` tells them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Nonterminal {
+    /// Tasks restart recovery ends (approval tasks are not among them).
+    pub ended: u64,
+    /// Of those, the ones whose cancel was committed.
+    pub cancel_requested: u64,
+    /// Approval tasks still waiting on the approval journal.
+    pub awaiting_approval: u64,
+    /// The highest journal sequence a waiting approval task recorded: a
+    /// journal that ends before it is older than the task store.
+    pub approval_seq: u64,
+}
+
+/// The unfinished tasks of a database at schema `version`.
+pub(super) fn count_nonterminal(conn: &Connection, version: i64) -> rusqlite::Result<Nonterminal> {
+    let generic = if version >= 2 {
+        "AND proposal IS NULL"
+    } else {
+        ""
+    };
+    let (ended, cancel_requested) = conn.query_row(
         &format!(
-            "SELECT count(*), coalesce(sum(cancel_requested != 0), 0) FROM tasks WHERE status IN {NONTERMINAL}"
+            "SELECT count(*), coalesce(sum(cancel_requested != 0), 0) FROM tasks WHERE status IN {NONTERMINAL} {generic}"
         ),
         [],
         |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
-    )
+    )?;
+    let (awaiting_approval, approval_seq) = match version {
+        ..=1 => (0, 0),
+        2..=3 => (
+            conn.query_row(
+                &format!(
+                    "SELECT count(*) FROM tasks WHERE status IN {NONTERMINAL} AND proposal IS NOT NULL"
+                ),
+                [],
+                |r| r.get::<_, i64>(0),
+            )? as u64,
+            0,
+        ),
+        _ => conn.query_row(
+            &format!(
+                "SELECT count(*), coalesce(max(proposal_seq), 0) FROM tasks WHERE status IN {NONTERMINAL} AND proposal IS NOT NULL"
+            ),
+            [],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)?.max(0) as u64)),
+        )?,
+    };
+    Ok(Nonterminal {
+        ended,
+        cancel_requested,
+        awaiting_approval,
+        approval_seq,
+    })
 }
 
 /// A task that was working when the last process stopped.
@@ -875,6 +920,16 @@ impl Store {
                 .map(|id| find_unexpired(cx.conn, id, cx.now).map(|r| r.is_some()))
                 .collect::<rusqlite::Result<Vec<bool>>>()
                 .map_err(OpError::from)
+        })
+        .await
+    }
+
+    /// The highest approval-journal sequence an unfinished approval task
+    /// recorded (0 when none waits): a journal that ends before it is
+    /// older than the store.
+    pub async fn approval_seq_needed(&self) -> Result<u64, StoreError> {
+        self.read_op("reading approval tasks", move |cx| {
+            Ok(count_nonterminal(cx.conn, super::SCHEMA_VERSION)?.approval_seq)
         })
         .await
     }

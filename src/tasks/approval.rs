@@ -119,6 +119,10 @@ pub struct ApprovalsStatus {
     /// Why approvals are disabled, when they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled: Option<String>,
+    /// When the journal ends before a record waiting approval tasks
+    /// reached (it is older than the task store): what that means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
 }
 
 impl Approvals {
@@ -194,6 +198,7 @@ impl Approvals {
                     bytes: c.bytes,
                     head: c.head,
                     disabled: None,
+                    stale: None,
                 }
             }
             Err(reason) => ApprovalsStatus {
@@ -203,6 +208,7 @@ impl Approvals {
                 bytes: 0,
                 head: String::new(),
                 disabled: Some(reason.clone()),
+                stale: None,
             },
         }
     }
@@ -212,6 +218,19 @@ impl Approvals {
             Ok(g) => Ok(g.clone()),
             Err(reason) => Err(AdminRefusal::Disabled(reason.clone())),
         }
+    }
+
+    /// [`Approvals::status`], told when the journal ends before the
+    /// record the waiting approval tasks reached (`needed`).
+    pub fn status_against(&self, now: i64, needed: u64) -> ApprovalsStatus {
+        let mut status = self.status(now);
+        if status.disabled.is_none() && status.records < needed {
+            status.stale = Some(format!(
+                "the journal ends at record {}, before record {needed} that waiting approval tasks reached: it is older than the task store (restored without it?); those tasks are unavailable until the journal taken with this task store is restored",
+                status.records
+            ));
+        }
+        status
     }
 
     /// Proposals newest first (those waiting when `pending`, at most
