@@ -22,6 +22,9 @@ pub const BUSY_FILE_ENV: &str = "TASKGATE_TEST_BUSY_FILE";
 pub const HOLD_SWEEP_FILE_ENV: &str = "TASKGATE_TEST_HOLD_SWEEP_FILE";
 /// Names a crash point at which the process aborts (SIGABRT, no cleanup).
 pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
+/// Milliseconds added to the wall clock the store reads, so that a test of
+/// the real binary can start a daemon an hour later without waiting one.
+pub const CLOCK_SKEW_MS_ENV: &str = "TASKGATE_TEST_CLOCK_SKEW_MS";
 
 /// The crash point between the two statements of the v1 → v2 migration.
 pub const CRASH_MID_MIGRATION: &str = "mid-migration";
@@ -72,6 +75,18 @@ pub fn hold_sweep_file() -> Option<PathBuf> {
         return None;
     }
     std::env::var_os(HOLD_SWEEP_FILE_ENV).map(PathBuf::from)
+}
+
+/// The wall-clock skew the environment asks for, when hooks are compiled
+/// in (0 otherwise, or when it is not a number).
+pub fn clock_skew_ms() -> i64 {
+    if !compiled_in() {
+        return 0;
+    }
+    std::env::var(CLOCK_SKEW_MS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Aborts the process when the environment names this crash point.

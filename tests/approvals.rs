@@ -27,23 +27,18 @@ impl Setup {
         let root = private_dir();
         let state = state_dir(root.path());
         let cfg = config(root.path());
-        Setup::serve(root, state, &cfg, None)
+        Setup::serve(root, state, &cfg, &[])
     }
 
-    /// A daemon on `root` and `state` with the configuration `cfg`,
-    /// aborting at `crash_point` when one is named.
-    fn serve(
-        root: tempfile::TempDir,
-        state: PathBuf,
-        cfg: &Path,
-        crash_point: Option<&str>,
-    ) -> Setup {
+    /// A daemon on `root` and `state` with the configuration `cfg` and
+    /// the test hooks `hooks` in its environment.
+    fn serve(root: tempfile::TempDir, state: PathBuf, cfg: &Path, hooks: &[(&str, &str)]) -> Setup {
         let mut builder = Daemon::builder()
             .config(cfg)
             .state_dir(&state)
             .log(&root.path().join("daemon.log"));
-        if let Some(point) = crash_point {
-            builder = builder.env(taskgate::testhooks::CRASH_AT_ENV, point);
+        for (key, value) in hooks {
+            builder = builder.env(key, value);
         }
         let daemon = builder.start();
         Setup {
@@ -67,7 +62,7 @@ impl Setup {
     /// The same directories served again with the default configuration.
     fn again(root: tempfile::TempDir, state: PathBuf) -> Setup {
         let cfg = config(root.path());
-        Setup::serve(root, state, &cfg, None)
+        Setup::serve(root, state, &cfg, &[])
     }
 
     fn restart(self) -> Setup {
@@ -80,7 +75,12 @@ impl Setup {
     fn arm(self, crash_point: &str) -> Setup {
         let (root, state) = self.stop();
         let cfg = config(root.path());
-        Setup::serve(root, state, &cfg, Some(crash_point))
+        Setup::serve(
+            root,
+            state,
+            &cfg,
+            &[(taskgate::testhooks::CRASH_AT_ENV, crash_point)],
+        )
     }
 
     /// Waits for the armed daemon to abort, then starts it unarmed.
@@ -776,7 +776,7 @@ fn a_notify_tool_hears_of_each_new_proposal_without_its_arguments() {
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), true, "");
     let fifo = Fifo::new(&root.path().join("out/notified"));
-    let s = Setup::serve(root, state, &cfg, None);
+    let s = Setup::serve(root, state, &cfg, &[]);
     let proposal = proposal_of(&s.call(false, "prod-eu"));
     // A joining call is not a new proposal: no second notification (the
     // run counter counts a notification when it is started, before the
@@ -800,7 +800,7 @@ fn an_approval_task_outlives_a_short_task_ttl() {
     let root = private_dir();
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), false, "[tasks]\ndefault_ttl_secs = 60\n");
-    let s = Setup::serve(root, state, &cfg, None);
+    let s = Setup::serve(root, state, &cfg, &[]);
     let handle = s.call(true, "prod-eu");
     // Decision window (1 h) + execution window (15 min) + an hour, not the
     // minute ordinary tasks get.
@@ -814,7 +814,7 @@ fn a_full_task_store_answers_approval_required_and_loses_no_proposal() {
     let root = private_dir();
     let state = state_dir(root.path());
     let cfg = config_with(root.path(), false, "[store]\nmax_live_tasks = 1\n");
-    let s = Setup::serve(root, state, &cfg, None);
+    let s = Setup::serve(root, state, &cfg, &[]);
     // The first approval task takes the one live task the store holds.
     assert_eq!(s.call(true, "prod-eu")["resultType"], "task");
     // The next, though it asked for Tasks, gets the proposal in the
@@ -871,7 +871,7 @@ fn a_confined_tool_can_neither_read_nor_append_to_the_journal() {
     );
     let cfg = root.path().join("snoop.toml");
     std::fs::write(&cfg, cfg_text).unwrap();
-    let s = Setup::serve(root, state, &cfg, None);
+    let s = Setup::serve(root, state, &cfg, &[]);
     proposal_of(&s.call(false, "prod-eu"));
     let before = std::fs::read(journal.join("journal-000001.log")).unwrap();
     let snooped = runtime()
@@ -914,4 +914,66 @@ fn a_confined_tool_can_neither_read_nor_append_to_the_journal() {
         String::from_utf8_lossy(&out.stderr).contains("state-approvals"),
         "{out:?}"
     );
+}
+
+#[test]
+fn a_crash_between_an_expiry_and_its_projection_is_reconciled_after_it() {
+    let s = Setup::start();
+    let task = s.call(true, "prod-eu")["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (proposal, _) = s.newest_proposal();
+    // Restarted an hour and a second later (the decision window is an
+    // hour), armed to abort once a decision is read and before the task
+    // shows it.
+    let later = (3_601 * 1000).to_string();
+    let (root, state) = s.stop();
+    let cfg = config(root.path());
+    let s = Setup::serve(
+        root,
+        state,
+        &cfg,
+        &[
+            (taskgate::testhooks::CLOCK_SKEW_MS_ENV, &later),
+            (
+                taskgate::testhooks::CRASH_AT_ENV,
+                taskgate::testhooks::CRASH_APPROVAL_DECIDED,
+            ),
+        ],
+    );
+    // The read journals the expiry, then the daemon aborts.
+    assert!(
+        runtime()
+            .block_on(s.daemon.client(true).get_task(&task))
+            .is_err()
+    );
+    let Setup {
+        root,
+        state,
+        mut daemon,
+    } = s;
+    assert!(
+        !daemon
+            .wait_exit(std::time::Duration::from_secs(30))
+            .success()
+    );
+    let s = Setup::serve(
+        root,
+        state,
+        &cfg,
+        &[(taskgate::testhooks::CLOCK_SKEW_MS_ENV, &later)],
+    );
+    // Journaled before the crash, projected by the next read.
+    assert_eq!(
+        s.approvals_json(&["show", &proposal])["proposals"][0]["state"],
+        "expired"
+    );
+    let done = s.get(&task).expect("poll");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["isError"], true, "{done}");
+    assert!(text_of(&done["result"]).contains("expired"), "{done}");
+    // The identical call asks afresh; nothing ran.
+    assert_ne!(proposal_of(&s.call(false, "prod-eu")), proposal);
+    assert!(s.marker().is_empty());
 }

@@ -14,8 +14,9 @@ pub struct Clock(Source);
 #[derive(Clone, Debug)]
 enum Source {
     /// Wall time for records; a monotonic clock for timers, so that a wall
-    /// clock step neither bursts nor stalls the sweep.
-    System { started: Instant },
+    /// clock step neither bursts nor stalls the sweep. `skew_ms` is 0 but
+    /// under a test hook (`testhooks::CLOCK_SKEW_MS_ENV`).
+    System { started: Instant, skew_ms: i64 },
     /// Milliseconds since the Unix epoch, moved only by [`ManualClock`].
     Manual(Arc<AtomicI64>),
 }
@@ -25,6 +26,7 @@ impl Clock {
     pub fn system() -> Clock {
         Clock(Source::System {
             started: Instant::now(),
+            skew_ms: crate::testhooks::clock_skew_ms(),
         })
     }
 
@@ -38,10 +40,11 @@ impl Clock {
     /// Milliseconds since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         match &self.0 {
-            Source::System { .. } => SystemTime::now()
+            Source::System { skew_ms, .. } => SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as i64)
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .saturating_add(*skew_ms),
             Source::Manual(now) => now.load(Ordering::SeqCst),
         }
     }
@@ -49,7 +52,7 @@ impl Clock {
     /// Time that only moves forward, for scheduling the store's timers.
     pub(crate) fn monotonic(&self) -> Duration {
         match &self.0 {
-            Source::System { started } => started.elapsed(),
+            Source::System { started, .. } => started.elapsed(),
             Source::Manual(now) => Duration::from_millis(now.load(Ordering::SeqCst).max(0) as u64),
         }
     }
