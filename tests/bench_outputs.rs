@@ -67,6 +67,8 @@ fn bench_writes_json_markdown_and_svg() {
         assert!(!json["host"][key].is_null(), "host.{key}");
     }
     for phase in [
+        "noop_serial",
+        "noop",
         "serial_create",
         "create",
         "complete_polls",
@@ -98,7 +100,26 @@ fn bench_writes_json_markdown_and_svg() {
     );
     assert!(json["peak_wal_bytes"].as_u64().is_some());
     assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(json["targets"].as_array().unwrap().len(), 5);
+    assert_eq!(json["targets"].as_array().unwrap().len(), 9);
+    // The floor: the daemon's CPU per request of each phase was measured
+    // (5,000 no-op requests at least), and the ratios to it are reported.
+    let cpu = &json["daemon_cpu_per_request"];
+    for key in ["noop_us", "create_us", "poll_us"] {
+        assert!(cpu[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {cpu}");
+    }
+    assert!(json["noop"]["latency"]["n"].as_u64().unwrap() >= 5000);
+    for key in [
+        "serial_create_p50_to_noop_plus_commit_p50",
+        "create_throughput_to_noop_throughput",
+        "create_cpu_to_noop_cpu",
+        "poll_cpu_to_noop_cpu",
+    ] {
+        assert!(
+            json["ratios"][key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}"
+        );
+    }
+    assert!(stdout.contains("daemon CPU per request: no-op"), "{stdout}");
     // Every task created was completed (the run would have failed otherwise).
     let created = json["create"]["latency"]["n"].as_u64().unwrap();
     let synchronous = json["synchronous_fallbacks"].as_u64().unwrap();
@@ -108,6 +129,7 @@ fn bench_writes_json_markdown_and_svg() {
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.starts_with("# taskgate bench"));
     assert!(md.contains("| baseline: 1-row commit |"));
+    assert!(md.contains("| no-op (tools/list), conc. 1 |"), "{md}");
     assert!(md.contains("![latency distribution](latency.svg)"));
     let reserved = cfg["server"]["reserved_control_requests"].as_u64().unwrap();
     assert!(

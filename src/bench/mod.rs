@@ -51,6 +51,10 @@ const BASELINE_BATCHES: usize = 60;
 const SERIAL_TASKS: usize = 500;
 /// Polls of the retained phase, at most.
 const RETAINED_POLLS: usize = 5000;
+/// No-op requests (`tools/list`) of the floor phase at concurrency C, at
+/// least: enough that the daemon's CPU (read in 10 ms ticks) per request
+/// is known to a few percent.
+const NOOP_REQUESTS: usize = 5000;
 /// How often the WAL size is sampled.
 const WAL_SAMPLE: Duration = Duration::from_millis(10);
 /// The poll interval the benchmark daemon advertises.
@@ -231,6 +235,11 @@ fn proc_jiffies(pid: &str) -> u64 {
 }
 
 impl CpuClock {
+    /// The daemon's CPU per request since `before`, in microseconds.
+    fn daemon_us_per_request(self, before: CpuClock, requests: usize) -> f64 {
+        (self.daemon - before.daemon) as f64 * 10_000.0 / requests.max(1) as f64
+    }
+
     fn now(daemon: u32) -> CpuClock {
         let (mut busy, mut total) = (0, 0);
         if let Some(line) = std::fs::read_to_string("/proc/stat")
@@ -337,6 +346,42 @@ async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase,
     phase.elapsed = start.elapsed();
     phase.busy = client.busy_answers();
     Ok(phase)
+}
+
+/// The floor: `n` no-op requests (`tools/list`, which reads nothing from
+/// the store) on `c` clients, and the daemon's CPU per request.
+async fn noop_phase(
+    url: &str,
+    n: usize,
+    c: usize,
+    daemon_pid: u32,
+    progress: &Progress,
+    name: &str,
+) -> Result<(Phase, f64), Refusal> {
+    let count = Arc::new(AtomicUsize::new(0));
+    let before = CpuClock::now(daemon_pid);
+    let run = with_progress(
+        progress,
+        name,
+        n,
+        count.clone(),
+        concurrent(url, n, c, count, |client, _| async move {
+            let t = Instant::now();
+            client.request("tools/list", json!({}), None, None).await?;
+            Ok((vec![t.elapsed()], None, 0))
+        }),
+    )
+    .await?;
+    let cpu = CpuClock::now(daemon_pid).daemon_us_per_request(before, n);
+    Ok((
+        Phase {
+            latencies: run.latencies,
+            elapsed: run.elapsed,
+            refused: 0,
+            busy: run.busy,
+        },
+        cpu,
+    ))
 }
 
 fn client_refusal(e: ClientError) -> Refusal {
@@ -549,6 +594,17 @@ fn run_in(
     let url = daemon.url.clone();
     let daemon_pid = daemon.child.id();
     let phases = rt.block_on(async {
+        // The floor: what a request costs that does no task work at all.
+        let (noop_serial, _) =
+            noop_phase(&url, SERIAL_TASKS, 1, daemon_pid, &progress, "no-op, 1").await?;
+        let noop_n = NOOP_REQUESTS.max(n);
+        let (noop, noop_cpu_us) =
+            noop_phase(&url, noop_n, c, daemon_pid, &progress, "no-op").await?;
+        progress.done(&format!(
+            "no-op (tools/list): p50 {:.3} ms one at a time; {noop_n} at concurrency {c} at {:.0}/s, daemon CPU {noop_cpu_us:.0} µs each",
+            Summary::of(&noop_serial.latencies).p50_ms,
+            noop_n as f64 / noop.elapsed.as_secs_f64().max(1e-9)
+        ));
         let serial = serial_phase(&url, SERIAL_TASKS.min(n), &progress).await?;
         progress.done(&format!(
             "serial: {} tasks created one after another, p50 {:.3} ms",
@@ -572,7 +628,9 @@ fn run_in(
         .await?;
         let create_elapsed = create.elapsed;
         let ids = create.ids;
-        let create_cpu = CpuClock::now(daemon_pid).since(cpu_before, create_elapsed);
+        let cpu_after = CpuClock::now(daemon_pid);
+        let create_cpu = cpu_after.since(cpu_before, create_elapsed);
+        let create_cpu_us = cpu_after.daemon_us_per_request(cpu_before, n);
         // A call the daemon could not take as a task (slots or store busy)
         // ran synchronously: correct behaviour, reported as a figure.
         let synchronous = n - ids.len();
@@ -639,6 +697,7 @@ fn run_in(
         let order = Arc::new(order);
         let count = Arc::new(AtomicUsize::new(0));
         let all = ids.clone();
+        let poll_before = CpuClock::now(daemon_pid);
         let retained = with_progress(
             &progress,
             "poll",
@@ -654,8 +713,16 @@ fn run_in(
             }),
         )
         .await?;
+        let poll_cpu_us = CpuClock::now(daemon_pid).daemon_us_per_request(poll_before, polls);
         progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
         Ok::<_, Refusal>((
+            report::CpuPerRequest {
+                noop_us: noop_cpu_us,
+                create_us: create_cpu_us,
+                poll_us: poll_cpu_us,
+            },
+            noop_serial,
+            noop,
             create_cpu,
             synchronous,
             serial,
@@ -692,7 +759,17 @@ fn run_in(
         .map(|m| m.len())
         .unwrap_or(0);
 
-    let (create_cpu, synchronous, serial, create, complete, retained) = phases;
+    let (
+        cpu_per_request,
+        noop_serial,
+        noop,
+        create_cpu,
+        synchronous,
+        serial,
+        create,
+        complete,
+        retained,
+    ) = phases;
     let facts = report::HostFacts::of(scratch);
     let r = report::Report {
         tasks: n,
@@ -701,6 +778,14 @@ fn run_in(
         host: facts,
         baseline: base,
         daemon_config: sizing.clone(),
+        noop_serial: report::PhaseFigures::of(
+            &noop_serial.latencies,
+            noop_serial.elapsed,
+            0,
+            noop_serial.busy,
+        ),
+        noop: report::PhaseFigures::of(&noop.latencies, noop.elapsed, 0, noop.busy),
+        cpu_per_request,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

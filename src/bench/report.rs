@@ -141,6 +141,12 @@ pub struct Report {
     /// The benchmark daemon's configuration, sized from the load.
     pub daemon_config: super::Sizing,
     pub baseline: Baseline,
+    /// The floor: no-op requests (`tools/list`) one at a time and at the
+    /// run's concurrency.
+    pub noop_serial: PhaseFigures,
+    pub noop: PhaseFigures,
+    /// The daemon's CPU per request of the no-op, create and poll phases.
+    pub cpu_per_request: CpuPerRequest,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
@@ -157,6 +163,14 @@ pub struct Report {
     pub create_latencies: Vec<Duration>,
     pub poll_latencies: Vec<Duration>,
     pub serial_latencies: Vec<Duration>,
+}
+
+/// The daemon's CPU per request (µs), from /proc in 10 ms ticks.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CpuPerRequest {
+    pub noop_us: f64,
+    pub create_us: f64,
+    pub poll_us: f64,
 }
 
 /// A target of the capacity requirements, judged as information only.
@@ -178,6 +192,9 @@ struct BenchJson<'a> {
     daemon_config: serde_json::Value,
     host: &'a HostFacts,
     baseline: BaselineJson,
+    noop_serial: PhaseFigures,
+    noop: PhaseFigures,
+    daemon_cpu_per_request: CpuPerRequest,
     serial_create: PhaseFigures,
     create: PhaseFigures,
     complete_polls: PhaseFigures,
@@ -231,7 +248,15 @@ struct Ratios {
     serial_create_p50_to_commit_p50: f64,
     create_throughput_to_single_commit_rate: f64,
     create_throughput_to_batch_row_rate: f64,
+    serial_create_p50_to_noop_plus_commit_p50: f64,
+    create_throughput_to_noop_throughput: f64,
+    create_cpu_to_noop_cpu: f64,
+    poll_cpu_to_noop_cpu: f64,
 }
+
+/// Ratios to the floor: (create p50 / (no-op p50 + commit p50), create
+/// rate / no-op rate, create CPU / no-op CPU, poll CPU / no-op CPU).
+type FloorRatios = (f64, f64, f64, f64);
 
 impl Report {
     fn single(&self) -> Summary {
@@ -247,9 +272,49 @@ impl Report {
         )
     }
 
+    fn floor(&self) -> FloorRatios {
+        let cpu = &self.cpu_per_request;
+        let noop_cpu = cpu.noop_us.max(1e-9);
+        (
+            self.serial.latency.p50_ms
+                / (self.noop_serial.latency.p50_ms + self.single().p50_ms).max(1e-9),
+            self.create.per_sec / self.noop.per_sec.max(1e-9),
+            cpu.create_us / noop_cpu,
+            cpu.poll_us / noop_cpu,
+        )
+    }
+
     fn targets(&self) -> Vec<Target> {
         let (lat, vs_single, vs_batch) = self.ratios();
+        let (floor_lat, floor_rate, create_cpu, poll_cpu) = self.floor();
         vec![
+            Target {
+                name: "create p50 at concurrency 1 vs no-op p50 + commit p50".into(),
+                goal: "≤ 1.3×".into(),
+                value: format!("{floor_lat:.2}×"),
+                met: floor_lat <= 1.3,
+            },
+            Target {
+                name: format!(
+                    "create throughput vs no-op throughput (concurrency {})",
+                    self.concurrency
+                ),
+                goal: "≥ 0.6×".into(),
+                value: format!("{floor_rate:.2}×"),
+                met: floor_rate >= 0.6,
+            },
+            Target {
+                name: "daemon CPU per create vs per no-op".into(),
+                goal: "≤ 1.5×".into(),
+                value: format!("{create_cpu:.2}×"),
+                met: create_cpu <= 1.5,
+            },
+            Target {
+                name: "daemon CPU per poll vs per no-op".into(),
+                goal: "≤ 1.2×".into(),
+                value: format!("{poll_cpu:.2}×"),
+                met: poll_cpu <= 1.2,
+            },
             Target {
                 name: "create p50 at concurrency 1 vs one-row commit p50".into(),
                 goal: "≤ 1.3×".into(),
@@ -285,6 +350,7 @@ impl Report {
 
     fn json(&self) -> BenchJson<'_> {
         let (lat, vs_single, vs_batch) = self.ratios();
+        let (floor_lat, floor_rate, create_cpu, poll_cpu) = self.floor();
         BenchJson {
             taskgate_version: self.host.version,
             generated_at: chrono::Utc::now().to_rfc3339(),
@@ -307,6 +373,9 @@ impl Report {
                     rows_per_sec: self.baseline.batch_rows_per_sec(),
                 },
             },
+            noop_serial: self.noop_serial,
+            noop: self.noop,
+            daemon_cpu_per_request: self.cpu_per_request,
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -324,6 +393,10 @@ impl Report {
                 serial_create_p50_to_commit_p50: lat,
                 create_throughput_to_single_commit_rate: vs_single,
                 create_throughput_to_batch_row_rate: vs_batch,
+                serial_create_p50_to_noop_plus_commit_p50: floor_lat,
+                create_throughput_to_noop_throughput: floor_rate,
+                create_cpu_to_noop_cpu: create_cpu,
+                poll_cpu_to_noop_cpu: poll_cpu,
             },
             targets: self.targets(),
         }
@@ -353,6 +426,16 @@ impl Report {
                 format!("{:.0} rows/s", self.baseline.batch_rows_per_sec()),
             ),
             row(
+                "no-op (tools/list), conc. 1",
+                &self.noop_serial.latency,
+                format!("{:.0} requests/s", self.noop_serial.per_sec),
+            ),
+            row(
+                &format!("no-op, concurrency {}", self.concurrency),
+                &self.noop.latency,
+                format!("{:.0} requests/s", self.noop.per_sec),
+            ),
+            row(
                 "create, concurrency 1",
                 &self.serial.latency,
                 format!("{:.0} tasks/s", self.serial.per_sec),
@@ -373,6 +456,15 @@ impl Report {
                 format!("{:.0} polls/s", self.retained.per_sec),
             ),
         ]
+    }
+
+    /// The daemon's CPU per request, as one line.
+    fn cpu_line(&self) -> String {
+        let c = &self.cpu_per_request;
+        format!(
+            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs",
+            c.noop_us, c.create_us, c.poll_us
+        )
     }
 
     /// Busy answers per phase, as one line.
@@ -416,6 +508,7 @@ impl Report {
             "create phase CPU: host {:.0}% busy; daemon {:.0}%, bench client {:.0}% of one CPU ({} CPUs)",
             self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
         );
+        let _ = writeln!(s, "{}", self.cpu_line());
         let _ = writeln!(
             s,
             "peak WAL {:.2} MiB, final database {:.2} MiB, daemon peak RSS {}",
@@ -485,6 +578,12 @@ impl Report {
              benchmark client {:.0}% of one CPU ({} CPUs). Near 100% busy, the figures measure the CPU, \
              not the disk.\n",
             self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
+        );
+        let _ = writeln!(
+            s,
+            "The no-op rows are the floor: `tools/list`, which touches no task, on the same clients. \
+             {}; the targets below read create and poll as ratios to it.\n",
+            upper_first(&self.cpu_line())
         );
         let _ = writeln!(s, "{}.\n", upper_first(&self.busy_line()));
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
