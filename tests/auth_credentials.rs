@@ -937,3 +937,91 @@ fn token_commands_new_list_revoke_round_trip_and_the_secret_stays_off_disk() {
     names.sort();
     assert_eq!(names, ["taskgate.toml", "tokens.toml"]);
 }
+
+/// A JWT that verified is remembered (by its digest) so that the next
+/// request skips the signature check; the answer is the same as a fresh
+/// verification at every moment, and a reload's revocation applies to it.
+#[test]
+fn a_remembered_jwt_answers_as_a_fresh_verification_would() {
+    let site = Site::new("", "");
+    let auth = authenticator(&site.config());
+    let k = &site.keys;
+    // Valid from NOW - 10 - 30 (nbf and iat, with the 30 s leeway) until
+    // NOW + 600 + 30 (exp with the leeway).
+    let token = k.sign_ed(&claims());
+    let fresh = auth.authenticate_at(&token, NOW_MS).expect("verifies");
+    // Remembered now: the same principal within the window, at its edges.
+    for at in [NOW_MS, (NOW - 40) * 1000, (NOW + 630) * 1000 - 1] {
+        assert_eq!(
+            auth.authenticate_at(&token, at).as_ref(),
+            Ok(&fresh),
+            "at {at}"
+        );
+    }
+    // Outside it, the reason a fresh verification gives.
+    assert_eq!(
+        auth.authenticate_at(&token, (NOW + 630) * 1000).map(|_| ()),
+        Err(Rejection::Expired)
+    );
+    assert_eq!(
+        auth.authenticate_at(&token, (NOW - 40) * 1000 - 1)
+            .map(|_| ()),
+        Err(Rejection::NotYetValid)
+    );
+    // Without iat the lifetime counts from now: the window opens when exp
+    // is within the 3600 s cap.
+    let no_iat = k.sign_ed(&without(without(claims(), "iat"), "nbf"));
+    assert!(auth.authenticate_at(&no_iat, NOW_MS).is_ok());
+    assert_eq!(
+        auth.authenticate_at(&no_iat, (NOW + 600 - 3600) * 1000 - 1)
+            .map(|_| ()),
+        Err(Rejection::LifetimeTooLong)
+    );
+    // One changed byte of the signature is another token: verified afresh
+    // and refused.
+    let mut forged = token.clone().into_bytes();
+    let last = forged.len() - 2;
+    forged[last] = if forged[last] == b'A' { b'B' } else { b'A' };
+    assert!(
+        auth.authenticate_at(&String::from_utf8(forged).unwrap(), NOW_MS)
+            .is_err()
+    );
+    // A revocation a reload brings applies to the remembered token at once.
+    write(
+        &site.path("revocations.toml"),
+        &format!(
+            "[[revoke]]\nissuer = \"{ED_ISSUER}\"\njti = \"jti-1\"\nuntil = \"2030-03-18T00:00:00Z\"\n"
+        ),
+        0o644,
+    );
+    auth.reload(&load(&site.config())).expect("reload");
+    assert_eq!(
+        auth.authenticate_at(&token, NOW_MS).map(|_| ()),
+        Err(Rejection::Revoked)
+    );
+}
+
+/// The remembered JWTs are bounded: past the bound the expired ones go,
+/// then all of them, and every token still answers as it should.
+#[test]
+fn remembered_jwts_are_bounded() {
+    let site = Site::new("", "");
+    let auth = authenticator(&site.config());
+    let k = &site.keys;
+    let max = taskgate::auth::MAX_CACHED_JWTS;
+    let tokens: Vec<String> = (0..=max)
+        .map(|i| k.sign_ed(&with(claims(), "jti", json!(format!("jti-{i}")))))
+        .collect();
+    for (i, t) in tokens.iter().enumerate() {
+        assert!(auth.authenticate_at(t, NOW_MS).is_ok(), "token {i}");
+        assert!(
+            auth.cached_jwts() <= max,
+            "after token {i}: {}",
+            auth.cached_jwts()
+        );
+    }
+    // The bound was reached and the cache emptied to take the last one.
+    assert_eq!(auth.cached_jwts(), 1);
+    assert!(auth.authenticate_at(&tokens[0], NOW_MS).is_ok());
+    assert_eq!(auth.cached_jwts(), 2);
+}

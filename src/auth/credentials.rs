@@ -3,7 +3,9 @@
 //! never changed once built; a reload builds a new one.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use sha2::Digest as _;
 
 use super::jwt::{self, Issuer};
 use super::revocation::Revocations;
@@ -16,7 +18,17 @@ pub struct CredentialSet {
     tokens: StaticTokens,
     issuers: HashMap<String, Issuer>,
     revocations: Revocations,
+    /// JWTs whose signature and claims verified, by the SHA-256 of the
+    /// token (never the token): a request presenting one again skips the
+    /// signature check while its time window holds. The revocations are
+    /// checked on every request all the same, and a reload (new keys, new
+    /// revocations) builds a new set with an empty cache.
+    verified: Mutex<HashMap<[u8; 32], jwt::Verified>>,
 }
+
+/// The most verified JWTs remembered; past it the expired ones go, and if
+/// none has, all of them.
+pub const MAX_CACHED_JWTS: usize = 4096;
 
 impl CredentialSet {
     /// Reads every file the settings name; any problem refuses the whole set.
@@ -54,7 +66,36 @@ impl CredentialSet {
             tokens,
             issuers,
             revocations,
+            verified: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Verified JWTs remembered now (at most [`MAX_CACHED_JWTS`]).
+    pub fn cached_jwts(&self) -> usize {
+        self.verified
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// The verified JWT the cache holds for `key`, if it verifies at `now_ms`.
+    fn cached(&self, key: &[u8; 32], now_ms: i64) -> Option<jwt::Verified> {
+        let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(key)
+            .filter(|v| v.valid_from_ms <= now_ms && now_ms < v.valid_until_ms)
+            .cloned()
+    }
+
+    fn remember(&self, key: [u8; 32], verified: &jwt::Verified, now_ms: i64) {
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= MAX_CACHED_JWTS {
+            cache.retain(|_, v| now_ms < v.valid_until_ms);
+            if cache.len() >= MAX_CACHED_JWTS {
+                cache.clear();
+            }
+        }
+        cache.insert(key, verified.clone());
     }
 
     pub fn settings(&self) -> Arc<AuthSettings> {
@@ -84,9 +125,17 @@ impl CredentialSet {
         if token.bytes().filter(|b| *b == b'.').count() != 2 {
             return Err(Rejection::Malformed);
         }
-        let (header, iss) = jwt::peek(token)?;
-        let issuer = self.issuers.get(&iss).ok_or(Rejection::UnknownIssuer)?;
-        let verified = issuer.verify(token, &header, now_ms)?;
+        let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        let verified = match self.cached(&key, now_ms) {
+            Some(v) => v,
+            None => {
+                let (header, iss) = jwt::peek(token)?;
+                let issuer = self.issuers.get(&iss).ok_or(Rejection::UnknownIssuer)?;
+                let v = issuer.verify(token, &header, now_ms)?;
+                self.remember(key, &v, now_ms);
+                v
+            }
+        };
         let p = &verified.principal;
         if self.revocations.jwt(
             &p.issuer,

@@ -296,6 +296,17 @@ impl Issuer {
             .filter(|g| KNOWN_SCOPES.contains(g))
             .map(str::to_string)
             .collect();
+        let nbf = numeric_date(c, "nbf")?;
+        let valid_from_ms = [
+            nbf.map(|n| n.saturating_sub(leeway)),
+            iat.map(|i| i.saturating_sub(leeway)),
+            // Without iat the lifetime is counted from now.
+            iat.is_none().then(|| exp.saturating_sub(max)),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(i64::MIN);
         Ok(Verified {
             principal: Principal {
                 issuer: s.issuer.clone(),
@@ -307,6 +318,8 @@ impl Issuer {
             },
             jti,
             iat_ms: iat,
+            valid_from_ms,
+            valid_until_ms: exp.saturating_add(leeway),
         })
     }
 }
@@ -379,10 +392,16 @@ pub struct RawHeader {
 }
 
 /// What a verified token gave, beside the principal: revocation inputs.
+#[derive(Debug, Clone)]
 pub struct Verified {
     pub principal: Principal,
     pub jti: Option<String>,
     pub iat_ms: Option<i64>,
+    /// The times (Unix ms) between which the same token verifies again:
+    /// from when `nbf`, `iat` and the lifetime bound allow it, until `exp`
+    /// (both with the leeway). What a cache of verified tokens checks.
+    pub valid_from_ms: i64,
+    pub valid_until_ms: i64,
 }
 
 /// The unverified header and `iss` of a three-part token: enough to pick

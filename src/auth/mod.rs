@@ -13,6 +13,7 @@
 //! tokens are never written anywhere (disk, log, error text).
 
 mod credentials;
+pub use credentials::MAX_CACHED_JWTS;
 mod files;
 mod jwt;
 mod revocation;
@@ -293,6 +294,12 @@ impl Authenticator {
     /// [`Authenticator::authenticate`] at a given time (Unix milliseconds).
     pub fn authenticate_at(&self, bearer_token: &str, now_ms: i64) -> Result<Principal, Rejection> {
         self.set().authenticate(bearer_token, now_ms)
+    }
+
+    /// Verified JWTs the current set remembers (bounded by
+    /// [`MAX_CACHED_JWTS`]).
+    pub fn cached_jwts(&self) -> usize {
+        self.set().cached_jwts()
     }
 
     /// The settings of the current set: local owner rule, realm, resource,
