@@ -95,6 +95,15 @@ impl Setup {
         Setup::again(root, state)
     }
 
+    /// The ID of the approval task a Tasks request for `target` gets.
+    fn task_of(&self, target: &str) -> String {
+        let handle = self.call(true, target);
+        handle["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no approval task: {handle}"))
+            .to_string()
+    }
+
     /// The newest proposal listed: its ID and state.
     fn newest_proposal(&self) -> (String, String) {
         let listed = self.approvals_json(&["list"]);
@@ -363,10 +372,7 @@ fn a_rejection_refuses_the_identical_call_and_never_shows_its_reason() {
     let s = Setup::start();
     let handle = s.call(true, "prod-eu");
     let task = handle["taskId"].as_str().unwrap().to_string();
-    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let proposal = s.newest_proposal().0;
     let rejected = s.decide("reject", &proposal, &["--reason", REASON]);
     assert!(rejected.status.success(), "{rejected:?}");
 
@@ -393,10 +399,7 @@ fn cancelling_an_approval_task_releases_the_hold() {
     let s = Setup::start();
     let handle = s.call(true, "prod-eu");
     let task = handle["taskId"].as_str().unwrap().to_string();
-    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let proposal = s.newest_proposal().0;
     runtime()
         .block_on(s.daemon.client(true).cancel_task(&task))
         .expect("cancel");
@@ -438,24 +441,15 @@ fn a_waiting_task_survives_a_restart_and_completes_from_the_journal() {
 fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
     let s = Setup::start();
     // One receipt (rejected), one task still waiting.
-    let receipt = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let first = s.approvals_json(&["list"])["proposals"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let receipt = s.task_of("prod-eu");
+    let first = s.newest_proposal().0;
     assert!(
         s.decide("reject", &first, &["--reason", REASON])
             .status
             .success()
     );
     assert_eq!(s.get(&receipt).expect("poll")["status"], "completed");
-    let waiting = s.call(true, "prod-us")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let waiting = s.task_of("prod-us");
     let (root, state) = s.stop();
 
     // One flipped byte in the middle of the first segment.
@@ -529,14 +523,8 @@ fn no_argument_value_or_reason_reaches_the_task_store_or_the_log() {
         state,
         daemon,
     };
-    let task = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let proposal = s.approvals_json(&["list"])["proposals"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let task = s.task_of("prod-eu");
+    let proposal = s.newest_proposal().0;
     assert!(
         s.decide("reject", &proposal, &["--reason", REASON])
             .status
@@ -590,10 +578,7 @@ fn a_crash_between_the_proposal_and_its_task_loses_nothing_and_the_retry_reuses_
 #[test]
 fn a_crash_between_a_decision_and_its_projection_is_reconciled_on_the_next_read() {
     let s = Setup::start();
-    let task = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let task = s.task_of("prod-eu");
     let s = s.arm(taskgate::testhooks::CRASH_APPROVAL_DECIDED);
     let (proposal, _) = s.newest_proposal();
     assert!(
@@ -637,10 +622,7 @@ fn a_crash_between_consuming_an_approval_and_the_run_never_runs_it_twice() {
 #[test]
 fn backup_and_restore_carry_the_journal_with_the_tasks() {
     let s = Setup::start();
-    let task = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let task = s.task_of("prod-eu");
     let (proposal, _) = s.newest_proposal();
     // An online snapshot while serving holds the journal too.
     let online = s.root.path().join("online");
@@ -716,14 +698,8 @@ fn frames_len(segment: &[u8], n: usize) -> usize {
 #[test]
 fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
     let s = Setup::start();
-    let first = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let second = s.call(true, "prod-us")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let first = s.task_of("prod-eu");
+    let second = s.task_of("prod-us");
     let (root, state) = s.stop();
     // A journal that ends, at a frame boundary, after the first proposal:
     // an older copy of it. It chains, so only the tasks' records tell.
@@ -919,10 +895,7 @@ fn a_confined_tool_can_neither_read_nor_append_to_the_journal() {
 #[test]
 fn a_crash_between_an_expiry_and_its_projection_is_reconciled_after_it() {
     let s = Setup::start();
-    let task = s.call(true, "prod-eu")["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let task = s.task_of("prod-eu");
     let (proposal, _) = s.newest_proposal();
     // Restarted an hour and a second later (the decision window is an
     // hour), armed to abort once a decision is read and before the task
