@@ -633,16 +633,13 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     let (root, state) = s.stop();
     let offline = root.path().join("offline");
     let st = state.to_string_lossy().into_owned();
-    let out = taskgate(
-        &[
-            "backup",
-            "--state-dir",
-            &st,
-            "--to",
-            offline.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let offline_run = |command: &str, flag: &str| {
+        taskgate(
+            &[command, "--state-dir", &st, flag, offline.to_str().unwrap()],
+            &[],
+        )
+    };
+    let out = offline_run("backup", "--to");
     assert!(out.status.success(), "{out:?}");
     let manifest = std::fs::read_to_string(offline.join("MANIFEST.sha256")).unwrap();
     assert!(
@@ -659,16 +656,7 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
 
     // Restoring both puts both back as they were at the backup: the task
     // waits again and the journal holds the proposal pending.
-    let out = taskgate(
-        &[
-            "restore",
-            "--state-dir",
-            &st,
-            "--from",
-            offline.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = offline_run("restore", "--from");
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("approval journal"), "{text}");

@@ -223,20 +223,14 @@ async fn approve(
     Path(id): Path<String>,
     request: Request<Body>,
 ) -> Response {
-    let approvals = match admit(&api, &caller, SCOPE_APPROVALS_DECIDE) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
-    let b: ApproveBody = match body(&api, request, false).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let decision = Decision::Approve {
-        valid_for_ms: b
-            .valid_for_secs
-            .map(|s| s.saturating_mul(1000).min(i64::MAX as u64) as i64),
-    };
-    decide(&api, &approvals, &caller, &id, decision).await
+    decision(&api, &caller, &id, request, false, |b: ApproveBody| {
+        Decision::Approve {
+            valid_for_ms: b
+                .valid_for_secs
+                .map(|s| s.saturating_mul(1000).min(i64::MAX as u64) as i64),
+        }
+    })
+    .await
 }
 
 async fn reject(
@@ -245,22 +239,30 @@ async fn reject(
     Path(id): Path<String>,
     request: Request<Body>,
 ) -> Response {
-    let approvals = match admit(&api, &caller, SCOPE_APPROVALS_DECIDE) {
+    decision(&api, &caller, &id, request, true, |b: RejectBody| {
+        Decision::Reject { reason: b.reason }
+    })
+    .await
+}
+
+/// A decision's request: `approvals:decide`, then its body (`required`
+/// or not), then the decision it makes.
+async fn decision<B: for<'de> Deserialize<'de> + Default>(
+    api: &Api,
+    caller: &Caller,
+    id: &str,
+    request: Request<Body>,
+    required: bool,
+    make: impl FnOnce(B) -> Decision,
+) -> Response {
+    let approvals = match admit(api, caller, SCOPE_APPROVALS_DECIDE) {
         Ok(a) => a,
         Err(r) => return *r,
     };
-    let b: RejectBody = match body(&api, request, true).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    decide(
-        &api,
-        &approvals,
-        &caller,
-        &id,
-        Decision::Reject { reason: b.reason },
-    )
-    .await
+    match body(api, request, required).await {
+        Ok(b) => decide(api, &approvals, caller, id, make(b)).await,
+        Err(r) => r,
+    }
 }
 
 async fn decide(
