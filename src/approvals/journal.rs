@@ -341,9 +341,10 @@ impl Journal {
                 {
                     identity.get_or_insert(s.journal);
                 }
-                None if n == last && scanned.torn && scanned.valid == 0 => {
-                    // The crash came while the segment's first frame was
-                    // being written: the segment never held anything.
+                None if n == last && scanned.valid == 0 => {
+                    // The crash came after the segment was created and
+                    // before its first frame was whole (the file empty or
+                    // cut short): the segment never held anything.
                 }
                 _ => {
                     return Err(damaged(
@@ -802,6 +803,32 @@ mod tests {
         let (j, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
         assert!(entries.is_empty());
         assert_eq!(j.checkpoint().records, 0);
+    }
+
+    #[test]
+    fn a_segment_created_but_never_written_is_started_again() {
+        // A crash between creating the next segment and writing its first
+        // record leaves the file empty or cut short; nothing in it was ever
+        // acknowledged, so the journal opens with every earlier record.
+        for cut in [0usize, 5, 20] {
+            let d = dir();
+            let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+            fill(&mut j, 1, 401);
+            let good = j.checkpoint();
+            assert!(good.segments >= 1, "{good:?}");
+            let next = good.segments + 1;
+            drop(j);
+            let (bytes, _) = frame(&ZERO_HASH, b"{}");
+            std::fs::write(seg(d.path(), next), &bytes[..cut.min(bytes.len() - 1)]).unwrap();
+            let (check, _) = Journal::verify(d.path()).unwrap();
+            assert_eq!(check.records, good.records, "cut {cut}");
+            let (mut j, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+            assert_eq!(entries.len(), 400, "cut {cut}");
+            assert_eq!(j.append(&record(401)).unwrap(), 401);
+            drop(j);
+            let (_, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+            assert_eq!(entries.len(), 401, "cut {cut}");
+        }
     }
 
     #[test]
