@@ -88,6 +88,7 @@ check_prereqs() {
   [ -x /usr/sbin/useradd ] || apt_need useradd passwd "a service user the daemon runs as in the confinement tests"
   [ -x /usr/bin/perl ] || apt_need perl perl-base "a tool that probes the admin socket"
   command -v groff >/dev/null || apt_need groff groff-base "rendering the man pages without a warning"
+  command -v promtool >/dev/null || apt_need promtool prometheus "checks /metrics and the shipped alert rules (promtool)"
   # npm may come from elsewhere than Debian (with its own node): only ask
   # apt for it when there is none at all.
   command -v npm >/dev/null || apt_need npm npm "fetches Node 22 and the MCP conformance suite"

@@ -16,6 +16,7 @@ pub mod exit;
 pub mod http;
 pub mod logging;
 pub mod mcp;
+pub mod metrics;
 pub mod parts;
 pub mod route;
 pub mod service;

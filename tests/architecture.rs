@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
         "auth",
         "approvals",
     ],
-    &["config", "wire", "exit", "events"],
+    &["config", "wire", "exit", "events", "metrics"],
 ];
 
 /// Arrows inside one layer, each for a reason.
@@ -140,11 +140,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "auth", "config", "exit", "route", "store", "tasks", "tools", "upstream",
         ],
     ),
-    ("http", &["auth", "config", "exit", "mcp", "tasks", "wire"]),
+    (
+        "http",
+        &["auth", "config", "exit", "mcp", "metrics", "tasks", "wire"],
+    ),
     (
         "mcp",
         &[
-            "auth", "config", "store", "tasks", "tools", "upstream", "wire",
+            "auth", "config", "metrics", "store", "tasks", "tools", "upstream", "wire",
         ],
     ),
     (
@@ -155,6 +158,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "auth",
             "config",
             "events",
+            "metrics",
             "route",
             "store",
             "testhooks",
@@ -189,19 +193,27 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // Upstream MCP servers are a source of tools the registry asks; the
     // registry knows nothing of them.
-    ("upstream", &["auth", "config", "exit", "tools", "wire"]),
+    (
+        "upstream",
+        &["auth", "config", "exit", "metrics", "tools", "wire"],
+    ),
     ("tools", &["config", "exit", "wire"]),
     ("auth", &["config", "exit"]),
-    ("store", &["config", "events", "exit", "testhooks", "wire"]),
+    (
+        "store",
+        &["config", "events", "exit", "metrics", "testhooks", "wire"],
+    ),
     ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
     ("state_dir", &["exit"]),
     ("testhooks", &[]),
-    // The approval journal is a file format of its own.
-    ("approvals", &[]),
+    // The approval journal is a file format of its own; its events are
+    // counted.
+    ("approvals", &["metrics"]),
     ("config", &["exit"]),
     ("wire", &[]),
     ("exit", &[]),
     ("events", &[]),
+    ("metrics", &[]),
 ];
 
 fn src() -> PathBuf {

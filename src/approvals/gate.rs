@@ -205,6 +205,7 @@ impl Gate {
         self.read().check(event).map_err(GateError::Refused)?;
         let record = event.to_record().map_err(|_| GateError::ReasonTooLong)?;
         let seq = journal.append(&record)?;
+        crate::metrics::get().approval_event(event.kind());
         self.head_seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
         let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
@@ -442,6 +443,19 @@ impl Gate {
             .iter()
             .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms)
             .count()
+    }
+
+    /// The proposals waiting and when the oldest of them was made.
+    pub fn pending_since(&self, now: i64) -> (usize, Option<i64>) {
+        let view = self.read();
+        let waiting = view
+            .all()
+            .into_iter()
+            .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms);
+        waiting.fold((0, None), |(n, oldest), p| {
+            let o: Option<i64> = oldest;
+            (n + 1, Some(o.map_or(p.created_ms, |o| o.min(p.created_ms))))
+        })
     }
 
     /// A proposal as it stands: a read that never waits for an append.

@@ -185,6 +185,18 @@ impl Event {
         }
     }
 
+    /// The event's kind, as `taskgate_approval_events_total` labels it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::ProposalCreated { .. } => "proposed",
+            Event::Approved { .. } => "approved",
+            Event::Rejected { .. } => "rejected",
+            Event::Expired { .. } => "expired",
+            Event::Consumed { .. } => "consumed",
+            Event::CallCancellation { .. } => "cancelled",
+        }
+    }
+
     /// Reads a journal record back as an event.
     pub fn from_record(record: &serde_json::Value) -> Result<Event, String> {
         serde_json::from_value(record.clone()).map_err(|e| e.to_string())

@@ -46,6 +46,8 @@ pub const SCOPE_TASKS_CANCEL: &str = "tasks:cancel";
 pub const SCOPE_APPROVALS_READ: &str = "approvals:read";
 /// Approving or rejecting a held call.
 pub const SCOPE_APPROVALS_DECIDE: &str = "approvals:decide";
+/// Reading `/metrics` with a credential.
+pub const SCOPE_METRICS_READ: &str = "metrics:read";
 /// Implies every other scope.
 pub const SCOPE_ADMIN: &str = "admin";
 
@@ -59,6 +61,7 @@ pub const KNOWN_SCOPES: &[&str] = &[
     SCOPE_TASKS_CANCEL,
     SCOPE_APPROVALS_READ,
     SCOPE_APPROVALS_DECIDE,
+    SCOPE_METRICS_READ,
     SCOPE_ADMIN,
 ];
 
@@ -146,6 +149,25 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The reason as a metric label: lower case, no spaces, fixed.
+    pub fn label(self) -> &'static str {
+        match self {
+            Rejection::Malformed => "malformed_token",
+            Rejection::UnknownToken => "unknown_token",
+            Rejection::Expired => "expired",
+            Rejection::NotYetValid => "not_yet_valid",
+            Rejection::Revoked => "revoked",
+            Rejection::UnknownIssuer => "unknown_issuer",
+            Rejection::AlgorithmNotAllowed => "algorithm_not_allowed",
+            Rejection::WrongType => "wrong_type",
+            Rejection::UnknownKey => "unknown_key",
+            Rejection::BadSignature => "bad_signature",
+            Rejection::WrongAudience => "wrong_audience",
+            Rejection::LifetimeTooLong => "lifetime_too_long",
+            Rejection::BadClaims => "bad_claims",
+        }
+    }
+
     /// A short, fixed reason.
     pub fn reason(self) -> &'static str {
         match self {

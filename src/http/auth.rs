@@ -81,6 +81,7 @@ pub async fn authenticate(State(gate): State<Gate>, mut request: Request, next: 
         Some(token) => match auth.authenticate(&token) {
             Ok(principal) => Caller::Authenticated(Arc::new(principal)),
             Err(rejection) => {
+                crate::metrics::get().auth_failure(rejection.label());
                 tracing::debug!(
                     reason = rejection.reason(),
                     "a bearer token was rejected ({})",
@@ -237,6 +238,15 @@ pub fn metadata(settings: &AuthSettings) -> Value {
 /// body.
 pub(super) fn challenge(settings: &AuthSettings, kind: Challenge, id: Value) -> Response {
     let mut params = vec![format!("realm=\"{}\"", quoted(&settings.realm))];
+    // An invalid token is counted with its reason where it was rejected.
+    match &kind {
+        Challenge::Missing => crate::metrics::get().auth_failure("missing"),
+        Challenge::InvalidRequest => crate::metrics::get().auth_failure("malformed_header"),
+        Challenge::InsufficientScope { .. } => {
+            crate::metrics::get().auth_failure("insufficient_scope")
+        }
+        Challenge::InvalidToken => {}
+    }
     let (code, message, data) = match &kind {
         Challenge::Missing => (
             wire::UNAUTHENTICATED,

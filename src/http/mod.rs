@@ -34,6 +34,7 @@ pub mod auth;
 pub mod exposure;
 mod limits;
 mod listener;
+mod metrics_api;
 pub mod origin;
 pub mod respond;
 mod router;

@@ -82,6 +82,7 @@ pub fn from_library(refusal: &Refused, status: StatusCode) -> Response {
 }
 
 fn answer(refusal: &Refused, d: Disposition) -> Response {
+    crate::metrics::get().error(refusal.code.name);
     let mut response = (
         d.status,
         [(header::CONTENT_TYPE, "application/json")],

@@ -16,9 +16,9 @@ use crate::auth::Authenticator;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
 
-use super::admin_api;
 use super::limits::*;
 use super::sessions::*;
+use super::{admin_api, metrics_api};
 use crate::tasks::TaskService;
 
 use super::{auth, origin};
@@ -62,6 +62,7 @@ impl App {
         let hosts = allowed_hosts(settings, auth.as_deref());
         let origins = origin::OriginPolicy::new(&settings.allowed_origins, &hosts);
         let (admin_gate, admin_origins) = (gate.clone(), origins.clone());
+        let (metrics_gate, metrics_origins) = (gate.clone(), origins.clone());
         let config = StreamableHttpServerConfig::default()
             .with_allowed_hosts(hosts)
             // Plain JSON bodies when nothing is streamed: simpler for clients.
@@ -159,9 +160,13 @@ impl App {
             }
         }
         let router = router
+            .merge(metrics_api::routes(metrics_gate, sessions.clone()).layer(
+                middleware::from_fn_with_state(metrics_origins, origin::check_origin),
+            ))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .with_state(readiness);
+            .with_state(readiness)
+            .layer(middleware::from_fn(metrics_api::count_requests));
         App {
             router,
             limits,

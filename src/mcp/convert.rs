@@ -88,6 +88,7 @@ pub fn tool_result(v: Value) -> Result<CallToolResult, ErrorData> {
 
 /// A JSON-RPC error from a registered code, with extra `data` fields.
 pub fn from_code(code: WireCode, message: impl Into<String>, extra: Option<Value>) -> ErrorData {
+    crate::metrics::get().error(code.name);
     let data = match extra {
         Some(e) => code.data_with(e),
         None => code.data(),

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelTaskParams, CreateTaskResult, GetTaskParams,
@@ -118,6 +119,54 @@ impl Handler {
 
 /// A tool as `tools/list` shows it: schema, behaviour hints, and whether it
 /// runs as a task.
+/// What `mcp_server_operation_duration_seconds` calls an error: the
+/// registered name taskgate sent, else the JSON-RPC code's meaning.
+fn error_type(e: &ErrorData) -> &'static str {
+    let name = e
+        .data
+        .as_ref()
+        .and_then(|d| d.get("name"))
+        .and_then(Value::as_str);
+    if let Some(code) = name.and_then(|n| wire::ALL.iter().find(|c| c.name == n)) {
+        return code.name;
+    }
+    // An error the protocol library made itself: the JSON-RPC meaning of
+    // its code.
+    let code = i64::from(e.code.0);
+    [
+        (wire::PARSE_ERROR, "parse_error"),
+        (wire::INVALID_REQUEST, "invalid_request"),
+        (wire::METHOD_NOT_FOUND, "method_not_found"),
+        (wire::INVALID_PARAMS, "invalid_params"),
+        (wire::INTERNAL, "internal_error"),
+    ]
+    .into_iter()
+    .find(|(w, _)| w.code == code)
+    .map_or(crate::metrics::OTHER, |(_, meaning)| meaning)
+}
+
+/// Counts one request served: its method, the tool (for a call of a tool
+/// that exists), how long it took and how it ended.
+fn observe<T>(
+    method: &str,
+    tool: Option<&str>,
+    started: Instant,
+    outcome: &Result<T, ErrorData>,
+    tool_error: bool,
+) {
+    let error_type = match outcome {
+        Err(e) => error_type(e),
+        Ok(_) if tool_error => "tool_error",
+        Ok(_) => "",
+    };
+    // A name nobody configured is not worth a series of its own.
+    let tool = match error_type == wire::UNKNOWN_TOOL.name {
+        true => tool.map(|_| crate::metrics::OTHER),
+        false => tool,
+    };
+    crate::metrics::get().operation(method, tool, error_type, started.elapsed().as_secs_f64());
+}
+
 fn wire_tool(spec: &ToolSpec) -> WireTool {
     let schema = match &spec.input_schema {
         Value::Object(m) => m.clone(),
@@ -188,9 +237,12 @@ impl ServerHandler for Handler {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         // A legacy session: the Tasks extension does not exist for it.
+        let started = Instant::now();
         self.legacy.store(true, Ordering::Relaxed);
         context.peer.set_peer_info(request.clone());
-        self.negotiate_initialize(&request)
+        let outcome = self.negotiate_initialize(&request);
+        observe("initialize", None, started, &outcome, false);
+        outcome
     }
 
     async fn list_tools(
@@ -198,10 +250,63 @@ impl ServerHandler for Handler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.wire_tools()))
+        let started = Instant::now();
+        let outcome = Ok(ListToolsResult::with_all_items(self.wire_tools()));
+        observe("tools/list", None, started, &outcome, false);
+        outcome
     }
 
     async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let started = Instant::now();
+        let tool = request.name.to_string();
+        let outcome = self.call(request, context).await;
+        let tool_error =
+            matches!(&outcome, Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true));
+        observe("tools/call", Some(&tool), started, &outcome, tool_error);
+        outcome
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let started = Instant::now();
+        let outcome = self.get(request, context).await;
+        observe("tasks/get", None, started, &outcome, false);
+        outcome
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let started = Instant::now();
+        let outcome = self.cancel(request, context).await;
+        observe("tasks/cancel", None, started, &outcome, false);
+        outcome
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let started = Instant::now();
+        let outcome = self.update(request, context).await;
+        observe("tasks/update", None, started, &outcome, false);
+        outcome
+    }
+}
+
+/// The requests' work, which the trait's methods time and count.
+impl Handler {
+    async fn call(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
@@ -245,7 +350,7 @@ impl ServerHandler for Handler {
         }
     }
 
-    async fn get_task(
+    async fn get(
         &self,
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
@@ -259,7 +364,7 @@ impl ServerHandler for Handler {
         Ok(GetTaskResult::new(convert::detailed(&record)))
     }
 
-    async fn cancel_task(
+    async fn cancel(
         &self,
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
@@ -271,7 +376,7 @@ impl ServerHandler for Handler {
             .map_err(convert::error)
     }
 
-    async fn update_task(
+    async fn update(
         &self,
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,

@@ -646,6 +646,7 @@ impl Engine {
             writes.into_iter().for_each(|(_, w)| w.failed(e.clone()));
             return;
         }
+        let (started, batch) = (std::time::Instant::now(), writes.len());
         if let Err(e) = Self::exec(self.conn(), "BEGIN IMMEDIATE") {
             let err = self.fail(e, "beginning a transaction");
             writes.into_iter().for_each(|(_, w)| w.failed(err.clone()));
@@ -700,6 +701,7 @@ impl Engine {
 
         match Self::exec(self.conn(), "COMMIT") {
             Ok(()) => {
+                crate::metrics::get().commit(batch, started.elapsed().as_secs_f64());
                 self.kinds.committed();
                 done.into_iter().for_each(|w| w.committed());
             }
@@ -810,6 +812,7 @@ impl Engine {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
+        let started = std::time::Instant::now();
         let report = self
             .conn()
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
@@ -820,6 +823,7 @@ impl Engine {
                 })
             })
             .map_err(|e| self.fail(e, "checkpointing"))?;
+        crate::metrics::get().checkpoint(started.elapsed().as_secs_f64());
         if !report.busy {
             self.shared
                 .last_checkpoint_ms

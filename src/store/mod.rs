@@ -369,6 +369,8 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 /// State shared between the handles and the store thread.
 struct Shared {
     depth: usize,
+    /// The database's write-ahead log, whose size `/metrics` shows.
+    wal_path: PathBuf,
     /// Test hook: while this file exists every command is refused as busy.
     busy_file: Option<PathBuf>,
     /// Set once, never cleared: the reason the service latched disabled.
@@ -429,8 +431,11 @@ impl Store {
     pub fn begin_open(options: StoreOptions) -> Result<Opening, OpenError> {
         let (tx, rx) = mpsc::sync_channel(options.settings.queue_depth);
         let clock = options.clock.clone();
+        let mut wal_path = options.db_path.clone().into_os_string();
+        wal_path.push("-wal");
         let shared = Arc::new(Shared {
             depth: options.settings.queue_depth,
+            wal_path: PathBuf::from(wal_path),
             busy_file: options.busy_file.clone(),
             disabled: Mutex::new(None),
             progress: AtomicU64::new(0),
@@ -581,6 +586,11 @@ impl Store {
     }
 
     /// The bound on the store's queue (`store.queue_depth`).
+    /// The database's write-ahead log file.
+    pub fn wal_path(&self) -> &Path {
+        &self.shared.wal_path
+    }
+
     pub fn queue_capacity(&self) -> usize {
         self.shared.depth
     }

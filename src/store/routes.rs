@@ -306,6 +306,21 @@ impl RouteCounts {
         *slot += n;
     }
 
+    /// Each phase with its count, as `/metrics` labels them.
+    pub fn by_phase(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            (RoutePhase::Prepared.as_str(), self.prepared),
+            (RoutePhase::Dispatching.as_str(), self.dispatching),
+            (RoutePhase::Routed.as_str(), self.routed),
+            (RoutePhase::CancelRequested.as_str(), self.cancel_requested),
+            (
+                RoutePhase::ReconciliationRequired.as_str(),
+                self.reconciliation_required,
+            ),
+            (RoutePhase::Terminal.as_str(), self.terminal),
+        ]
+    }
+
     pub fn total(&self) -> u64 {
         self.prepared
             + self.dispatching

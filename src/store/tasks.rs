@@ -934,6 +934,36 @@ impl Store {
         .await
     }
 
+    /// Unexpired tasks by status, every status named (0 when none).
+    pub async fn status_counts(&self) -> Result<Vec<(&'static str, u64)>, StoreError> {
+        self.read_op("counting tasks by status", move |cx| {
+            let mut counts: Vec<(&'static str, u64)> = [
+                TaskStatus::Working,
+                TaskStatus::InputRequired,
+                TaskStatus::Completed,
+                TaskStatus::Failed,
+                TaskStatus::Cancelled,
+            ]
+            .into_iter()
+            .map(|s| (s.as_str(), 0))
+            .collect();
+            let mut stmt = cx.conn.prepare_cached(
+                "SELECT status, count(*) FROM tasks WHERE expires_ms > ?1 GROUP BY status",
+            )?;
+            let rows = stmt.query_map(params![cx.now], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })?;
+            for row in rows {
+                let (status, n) = row?;
+                if let Some(slot) = counts.iter_mut().find(|(s, _)| *s == status) {
+                    slot.1 = n as u64;
+                }
+            }
+            Ok(counts)
+        })
+        .await
+    }
+
     /// Tasks retained and unexpired.
     pub async fn stats(&self) -> Result<StoreStats, StoreError> {
         self.read_op("counting tasks", move |cx| {

@@ -151,7 +151,7 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
-    const ALL: [FallbackReason; 4] = [
+    pub const ALL: [FallbackReason; 4] = [
         FallbackReason::StoreCapacity,
         FallbackReason::SlotsBusy,
         FallbackReason::StoreBusy,
@@ -674,7 +674,12 @@ impl TaskService {
                 proposal: Some(approval::reference(&proposal, seq)),
             };
             match self.store.create(new).await {
-                Ok(created) => return Delivery::Task(created.record().clone()),
+                Ok(created) => {
+                    if matches!(created, Created::New(_)) {
+                        crate::metrics::get().task_created();
+                    }
+                    return Delivery::Task(created.record().clone());
+                }
                 Err(e) => tracing::warn!(error = %e, proposal = %proposal,
                     "the approval task for proposal {proposal} could not be committed ({e}); answering approval_required with the proposal instead"),
             }
@@ -824,6 +829,7 @@ impl TaskService {
         };
         match self.store.create(new).await {
             Ok(Created::New(record)) => {
+                crate::metrics::get().task_created();
                 let running = Arc::new(Running {
                     token: self.stop.child_token(),
                     cancel_requested: AtomicBool::new(false),
@@ -935,6 +941,7 @@ impl TaskService {
         self.runs_started.fetch_add(1, Ordering::Relaxed);
         let run = tool.run(args, self.settings.cancel_grace, &token).await;
         watch.abort();
+        count_result(&run);
         run.map_err(|e| TaskError::run(&tool.spec().name, &e))
     }
 
@@ -952,6 +959,7 @@ impl TaskService {
         let run = tool
             .run(&args, self.settings.cancel_grace, &running.token)
             .await;
+        count_result(&run);
         let (status, outcome) = match run {
             Err(RunError::Cancelled) if running.cancel_requested.load(Ordering::SeqCst) => {
                 (TaskStatus::Cancelled, None)
@@ -1059,6 +1067,7 @@ impl TaskService {
         if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
             match self.polls.hold(&owner) {
                 Some(_held) => {
+                    crate::metrics::get().poll_held();
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = self.stop.cancelled() => {}
@@ -1073,6 +1082,7 @@ impl TaskService {
                 }
                 None => {
                     if let Some(record) = self.unexpired(last) {
+                        crate::metrics::get().poll_from_memory();
                         return Ok(record);
                     }
                 }
@@ -1253,6 +1263,18 @@ impl TaskService {
             }
         }
     }
+}
+
+/// Counts how a tool run ended (`taskgate_tool_results_total`).
+fn count_result(run: &Result<Value, RunError>) {
+    use crate::metrics::ToolResult;
+    let result = match run {
+        Ok(v) if v.get("isError").and_then(Value::as_bool) == Some(true) => ToolResult::ToolError,
+        Ok(_) => ToolResult::Success,
+        Err(RunError::Cancelled) => ToolResult::Cancelled,
+        Err(_) => ToolResult::Failed,
+    };
+    crate::metrics::get().tool_result(result);
 }
 
 #[cfg(test)]

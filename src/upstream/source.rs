@@ -152,6 +152,11 @@ impl Shared {
         } else {
             SystemTime::now()
         };
+        let alias = &self.config().alias;
+        crate::metrics::get().upstream_state(alias, state == State::Ready);
+        if error.is_some() {
+            crate::metrics::get().upstream_error(alias);
+        }
         write(
             &self.snapshot,
             Arc::new(Snapshot {
