@@ -20,6 +20,10 @@ afterwards. Readiness and the port come from the systemd notify protocol
               Ed25519 key; every request carries one EdDSA-signed JWT.
   jwt-es256   the same with a generated P-256 key and ES256.
   jwt-rs256   the same with a generated 2048-bit RSA key and RS256.
+  scraped     no [auth], like none, while a scraper reads its /metrics
+              every second (--scrape-every) for the whole run: what being
+              monitored costs a create (the scrapes that fall inside its
+              chunks are counted in its CPU, in proportion to their time).
 
 The authenticated modes set auth.local_owner = "never", so no request can
 pass as the local owner: each one is authenticated.
@@ -78,7 +82,7 @@ PROTOCOL = "2026-07-28"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 BENCH_TOOL = "taskgate_bench_noop"
 HOST = "127.0.0.1"
-MODES = ["none", "static", "jwt-eddsa", "jwt-es256", "jwt-rs256"]
+MODES = ["none", "static", "jwt-eddsa", "jwt-es256", "jwt-rs256", "scraped"]
 RESOURCE = "https://taskgate.auth-cost.invalid/mcp"
 ISSUER = "https://issuer.auth-cost.invalid"
 SCOPES = "tools:call tasks:read"
@@ -561,9 +565,47 @@ class Mode:
         }
 
 
+class Scraper:
+    """Reads a daemon's /metrics every `every` seconds on a thread of its
+    own until stopped; counts the scrapes and their bytes."""
+
+    def __init__(self, port, every):
+        import threading
+        self.port, self.every = port, every
+        self.scrapes, self.bytes, self.failures = 0, 0, 0
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop_flag.wait(self.every):
+            try:
+                with socket.create_connection((HOST, self.port), timeout=10) as s:
+                    s.sendall("GET /metrics HTTP/1.1\r\nHost: {}:{}\r\nAccept: "
+                              "application/openmetrics-text;version=1.0.0\r\n"
+                              "Connection: close\r\n\r\n".format(HOST, self.port).encode())
+                    data = b""
+                    while True:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                if not data.startswith(b"HTTP/1.1 200"):
+                    self.failures += 1
+                    continue
+                self.scrapes += 1
+                self.bytes += len(data)
+            except OSError:
+                self.failures += 1
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join()
+
+
 def auth_config(mode):
     """([auth] configuration text, {file name: (content, mode)}) of a mode."""
-    if mode == "none":
+    if mode in ("none", "scraped"):
         return "", {}
     if mode == "static":
         return ('[auth]\nlocal_owner = "never"\ntokens_file = "{tokens.toml}"\n'), None
@@ -587,7 +629,7 @@ def one_run(opts, run_index, modes, report):
         for name in modes:
             text, extra = auth_config(name)
             files = {}
-            if name == "none":
+            if name in ("none", "scraped"):
                 token = None
             elif name == "static":
                 token = static_secret()
@@ -598,7 +640,7 @@ def one_run(opts, run_index, modes, report):
                 token = issuer.token("auth-cost@bench")
             running.append(Mode(name, Daemon(opts, name, root, text, files), token))
         for m in running:
-            if m.name == "none":
+            if m.name in ("none", "scraped"):
                 continue
             # A create without the token must be refused, or the mode
             # would not be measuring authentication at all.
@@ -617,6 +659,8 @@ def one_run(opts, run_index, modes, report):
             if opts.warmup and set(outs) != {"task"}:
                 raise RuntimeError("the {} daemon did not answer creates with tasks: {}\n{}"
                                    .format(m.name, outs, m.daemon.log_tail()))
+        scrapers = {m.name: Scraper(m.daemon.port, opts.scrape_every)
+                    for m in running if m.name == "scraped"}
         rounds = -(-opts.creates // opts.chunk)
         started = time.monotonic()
         for r in range(rounds):
@@ -626,7 +670,15 @@ def one_run(opts, run_index, modes, report):
                 m.chunk(n)
         elapsed = time.monotonic() - started
         load_after = loadavg()
+        for sc in scrapers.values():
+            sc.stop()
         figures = {m.name: m.figures() for m in running}
+        for name, sc in scrapers.items():
+            if sc.failures or not sc.scrapes:
+                raise RuntimeError("the scraper of {} read {} scrapes and failed {} times"
+                                   .format(name, sc.scrapes, sc.failures))
+            figures[name]["scrapes"] = sc.scrapes
+            figures[name]["scrape_bytes_mean"] = sc.bytes // sc.scrapes
         for m in running:
             if m.conn is not None:
                 m.conn.close()
@@ -711,6 +763,8 @@ def main():
                          "medians across runs (1)")
     ap.add_argument("--modes", default=",".join(MODES),
                     help="comma-separated subset of: " + ", ".join(MODES) + " (all)")
+    ap.add_argument("--scrape-every", type=float, default=1.0,
+                    help="seconds between scrapes of /metrics in the scraped mode (1)")
     ap.add_argument("--json", metavar="FILE",
                     help="where to write every figure (default ./auth-cost-<UTC time>.json)")
     ap.add_argument("--user", default="nobody",

@@ -10,7 +10,7 @@
 //! names a task, an owner, a token or an argument.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
@@ -30,11 +30,26 @@ use crate::tasks::FallbackReason;
 /// the count is left out of that scrape rather than delaying it.
 const STORE_READ_LIMIT: Duration = Duration::from_secs(1);
 
+/// The store's counts are read at most once per this interval, however
+/// often (and however many at once) `/metrics` is asked for: a local
+/// process hammering it cannot keep the store thread busy counting.
+const STORE_COUNTS_EVERY: Duration = Duration::from_secs(1);
+
+/// Counts read on the store thread, and when.
+type StoreCounts = (
+    Option<Vec<(&'static str, u64)>>,
+    Option<u64>,
+    Option<Vec<(&'static str, u64)>>,
+);
+
 #[derive(Clone)]
 struct Scrape {
     gate: auth::Gate,
     sessions: Arc<BoundedSessions>,
     wal: std::path::PathBuf,
+    /// The last store counts; the lock also makes concurrent scrapes wait
+    /// for one read instead of each making its own.
+    counts: Arc<tokio::sync::Mutex<Option<(Instant, StoreCounts)>>>,
 }
 
 /// The route, behind the same authentication as `/mcp`.
@@ -47,6 +62,7 @@ pub(super) fn routes<S: Clone + Send + Sync + 'static>(
         gate: gate.clone(),
         sessions,
         wal,
+        counts: Arc::default(),
     };
     Router::new()
         .route("/metrics", get(serve))
@@ -97,13 +113,7 @@ async fn snapshot(s: &Scrape) -> Snapshot {
     let (tasks_by_status, tasks_retained, routes_by_phase) = if store_disabled {
         (None, None, None)
     } else {
-        (
-            within_stats(store.status_counts()).await,
-            within_stats(store.stats()).await.map(|s| s.retained),
-            within_stats(store.route_counts())
-                .await
-                .map(|c| c.by_phase()),
-        )
+        store_counts(s).await
     };
     let f = svc.fallbacks();
     let now = store.clock().now_ms();
@@ -139,6 +149,27 @@ async fn snapshot(s: &Scrape) -> Snapshot {
         approvals,
         routes_by_phase,
     }
+}
+
+/// Tasks by status, rows retained and routes by phase, read afresh only
+/// when the last read is older than [`STORE_COUNTS_EVERY`].
+async fn store_counts(s: &Scrape) -> StoreCounts {
+    let mut last = s.counts.lock().await;
+    if let Some((at, counts)) = last.as_ref()
+        && at.elapsed() < STORE_COUNTS_EVERY
+    {
+        return counts.clone();
+    }
+    let store = s.gate.svc.store();
+    let counts = (
+        within_stats(store.status_counts()).await,
+        within_stats(store.stats()).await.map(|s| s.retained),
+        within_stats(store.route_counts())
+            .await
+            .map(|c| c.by_phase()),
+    );
+    *last = Some((Instant::now(), counts.clone()));
+    counts
 }
 
 /// A count from the store thread, or nothing when it does not come within
