@@ -54,7 +54,6 @@ pub use approval::{
 };
 pub use artifact_read::ARTIFACT_READ_TOOL;
 pub use error::TaskError;
-pub use polls::MAX_REMEMBERED_OUTCOME_BYTES;
 
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
