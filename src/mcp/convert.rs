@@ -57,11 +57,12 @@ fn object(v: Value) -> JsonObject {
     }
 }
 
-/// `tasks/get`'s detailed view: status with its inlined result or error.
-pub fn detailed(r: &TaskRecord) -> DetailedTask {
-    let payload = match (r.status, &r.outcome) {
+/// `tasks/get`'s detailed view: status with its inlined result or error
+/// (moved out of the record, not copied: a result may be large).
+pub fn detailed(mut r: TaskRecord) -> DetailedTask {
+    let payload = match (r.status, r.outcome.take()) {
         (TaskStatus::Completed, Some(Outcome::Result(v))) => TaskPayload::Completed {
-            result: object(v.clone()),
+            result: object(v),
         },
         (TaskStatus::Failed, Some(Outcome::Error(e))) => TaskPayload::Failed {
             error: object(serde_json::to_value(e).unwrap_or_default()),
@@ -71,7 +72,7 @@ pub fn detailed(r: &TaskRecord) -> DetailedTask {
         // and a record without its payload reads as still working.
         _ => TaskPayload::Working,
     };
-    DetailedTask::new(task(r), payload)
+    DetailedTask::new(task(&r), payload)
 }
 
 /// A tool result in the protocol's shape.

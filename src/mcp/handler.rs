@@ -361,7 +361,7 @@ impl Handler {
             .get(&request.task_id, &self.caller(&context)?)
             .await
             .map_err(convert::error)?;
-        Ok(GetTaskResult::new(convert::detailed(&record)))
+        Ok(GetTaskResult::new(convert::detailed(record)))
     }
 
     async fn cancel(
