@@ -159,6 +159,10 @@ fn create_params() -> Value {
     json!({"name": BENCH_TOOL, "arguments": {}})
 }
 
+/// Answers kept by a case to be checked once it is over, each with the task
+/// it is about.
+type Answers = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 #[derive(serde::Deserialize)]
 struct Answered {
     id: i64,
@@ -472,32 +476,40 @@ fn main() {
             let answers = std::mem::take(&mut *answers.lock().expect("answers"));
             answers.iter().map(|a| task_of(a)).collect()
         };
+        // Each answer is checked once the case is over.
+        let check = |polls: &Answers| {
+            for (id, answer) in std::mem::take(&mut *polls.lock().expect("polls")) {
+                let r = result_of(&answer);
+                assert_eq!(r["taskId"], id.as_str(), "{r}");
+            }
+        };
         let ids = Arc::new(take(&serial_answers));
-        let w = wire.clone();
+        let polls = Arc::new(Mutex::new(Vec::with_capacity(ids.len())));
+        let (w, p) = (wire.clone(), polls.clone());
         let f = serial(ids.len(), |i| {
-            let (w, ids) = (w.clone(), ids.clone());
+            let (w, ids, p) = (w.clone(), ids.clone(), p.clone());
             async move {
                 let (t, answer) = w.timed("tasks/get", json!({"taskId": ids[i]})).await;
-                let r = result_of(&answer);
-                assert_eq!(r["taskId"], ids[i].as_str(), "{r}");
+                p.lock().expect("polls").push((ids[i].clone(), answer));
                 t
             }
         })
         .await;
+        check(&polls);
         report("tasks/get (whole path), 1 caller", &f, Some(&floor));
         let ids = Arc::new(take(&concurrent_answers));
-        let w = wire.clone();
+        let (w, p) = (wire.clone(), polls.clone());
         let f = concurrent(move |caller, i| {
-            let (w, ids) = (w.clone(), ids.clone());
+            let (w, ids, p) = (w.clone(), ids.clone(), p.clone());
             async move {
                 let id = &ids[caller * PER_CALLER + i];
                 let (t, answer) = w.timed("tasks/get", json!({"taskId": id})).await;
-                let r = result_of(&answer);
-                assert_eq!(r["taskId"], id.as_str(), "{r}");
+                p.lock().expect("polls").push((id.clone(), answer));
                 t
             }
         })
         .await;
+        check(&polls);
         report(
             &format!("tasks/get (whole path), {CALLERS} callers"),
             &f,
