@@ -111,6 +111,22 @@ struct Answer {
     text: String,
 }
 
+/// The `_meta` this client puts into every request: the 2026-07-28
+/// protocol version, its capabilities (the Tasks extension when `tasks`)
+/// and its identity. Public so that the request micro-benchmark
+/// (`benches/request.rs`) sends exactly what the client sends.
+pub fn request_meta(tasks: bool) -> Value {
+    let mut extensions = serde_json::Map::new();
+    if tasks {
+        extensions.insert(TASKS_EXTENSION.into(), json!({}));
+    }
+    json!({
+        "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+        "io.modelcontextprotocol/clientInfo": {"name": "taskgate-cli", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
 impl Client {
     pub fn new(url: &str, tasks: bool) -> Result<Client, ClientError> {
         let uri: Uri = url.parse().map_err(|_| ClientError::BadUrl(url.into()))?;
@@ -153,15 +169,7 @@ impl Client {
     }
 
     fn meta(&self, extra: Option<(&str, Value)>) -> Value {
-        let mut extensions = serde_json::Map::new();
-        if self.tasks {
-            extensions.insert(TASKS_EXTENSION.into(), json!({}));
-        }
-        let mut meta = json!({
-            "io.modelcontextprotocol/protocolVersion": PROTOCOL_VERSION,
-            "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
-            "io.modelcontextprotocol/clientInfo": {"name": "taskgate-cli", "version": env!("CARGO_PKG_VERSION")},
-        });
+        let mut meta = request_meta(self.tasks);
         if let Some((k, v)) = extra {
             meta[k] = v;
         }
