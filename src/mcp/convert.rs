@@ -61,9 +61,9 @@ fn object(v: Value) -> JsonObject {
 /// (moved out of the record, not copied: a result may be large).
 pub fn detailed(mut r: TaskRecord) -> DetailedTask {
     let payload = match (r.status, r.outcome.take()) {
-        (TaskStatus::Completed, Some(Outcome::Result(v))) => TaskPayload::Completed {
-            result: object(v),
-        },
+        (TaskStatus::Completed, Some(Outcome::Result(v))) => {
+            TaskPayload::Completed { result: object(v) }
+        }
         (TaskStatus::Failed, Some(Outcome::Error(e))) => TaskPayload::Failed {
             error: object(serde_json::to_value(e).unwrap_or_default()),
         },
