@@ -270,6 +270,13 @@ pub struct BenchArgs {
     /// Keep the scratch directory (its database included) afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// The bare rmcp server (the `bare_rmcp` example of the source tree)
+    /// that the no-op load is also run on, for the daemon's CPU per no-op
+    /// against the library's own. Default: examples/bare_rmcp beside this
+    /// executable, where cargo builds it; without one that target is
+    /// reported as not measured.
+    #[arg(long, value_name = "PATH")]
+    pub bare_rmcp: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

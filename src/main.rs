@@ -226,6 +226,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                 out: args.out,
                 config: args.config,
                 keep: args.keep,
+                bare_rmcp: args.bare_rmcp,
             })?;
             out(table.trim_end())
         }

@@ -100,7 +100,51 @@ fn bench_writes_json_markdown_and_svg() {
     );
     assert!(json["peak_wal_bytes"].as_u64().is_some());
     assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(json["targets"].as_array().unwrap().len(), 9);
+    let targets = json["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 10);
+    // Each target is met, not met, or (null) not measured, saying why.
+    for t in targets {
+        assert!(t["met"].is_boolean() || t["met"].is_null(), "{t}");
+        if t["met"].is_null() {
+            assert!(
+                t["value"].as_str().unwrap().starts_with("not measured: "),
+                "{t}"
+            );
+        }
+    }
+    // The bare rmcp server is measured when cargo built it beside the
+    // binary (a whole `cargo test` builds the examples), and otherwise
+    // reported as not measured, with the reason.
+    let bare = &json["bare_rmcp"];
+    let built = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .join("examples/bare_rmcp")
+        .is_file();
+    assert_eq!(bare["measured"].as_bool(), Some(built), "{bare}");
+    let bare_target = targets
+        .iter()
+        .find(|t| t["name"].as_str().unwrap().contains("bare rmcp"))
+        .unwrap();
+    if built {
+        assert!(
+            bare["cpu_us_per_noop"].as_f64().is_some_and(|v| v > 0.0),
+            "{bare}"
+        );
+        assert!(
+            bare["daemon_cpu_to_reference_cpu"].as_f64().is_some(),
+            "{bare}"
+        );
+        assert!(
+            bare["noop"]["latency"]["n"].as_u64().unwrap() >= 5000,
+            "{bare}"
+        );
+        assert_eq!(bare["noop"]["busy_answers"], 0, "{bare}");
+        assert!(bare_target["met"].is_boolean(), "{bare_target}");
+    } else {
+        assert!(bare["reason"].as_str().is_some(), "{bare}");
+        assert!(bare_target["met"].is_null(), "{bare_target}");
+    }
     // The floor: the daemon's CPU per request of each phase was measured
     // (5,000 no-op requests at least), and the ratios to it are reported.
     let cpu = &json["daemon_cpu_per_request"];
@@ -138,6 +182,7 @@ fn bench_writes_json_markdown_and_svg() {
         "{md}"
     );
     assert!(md.contains("Busy answers (TG_SERVER_BUSY"), "{md}");
+    assert_eq!(md.contains("| bare rmcp no-op, conc. 32 |"), built, "{md}");
 
     let svg = std::fs::read_to_string(out.join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -154,6 +199,47 @@ fn bench_writes_json_markdown_and_svg() {
         .filter(|n| n.starts_with("taskgate-bench-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A bare rmcp server that cannot be started is a target not measured, with
+/// the reason, never a failed run.
+#[test]
+fn bench_reports_a_bare_rmcp_it_cannot_start_as_not_measured() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    let missing = root.path().join("no-such-bare-rmcp");
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "10",
+            "--concurrency",
+            "2",
+            "--bare-rmcp",
+            missing.to_str().unwrap(),
+            "--dir",
+            root.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("not measured"), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    let bare = &json["bare_rmcp"];
+    assert_eq!(bare["measured"], false, "{bare}");
+    assert!(
+        bare["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-bare-rmcp"),
+        "{bare}"
+    );
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.contains("| not measured |"), "{md}");
 }
 
 /// A concurrency the daemon's ranges cannot serve is a usage error naming

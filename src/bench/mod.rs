@@ -12,6 +12,10 @@
 //! 3. completion: every task polled until it ended (all must complete);
 //! 4. retained: polls of random tasks with all N retained.
 //!
+//! The no-op floor is also measured, in the same run, on the bare rmcp
+//! service ([`reference`]): what taskgate's HTTP and MCP layers cost
+//! beyond the library they are built on.
+//!
 //! The daemon is configured for the load the benchmark drives
 //! ([`sizing`]), and that configuration is recorded with the results. A
 //! busy answer is sent again after the wait it asks for, a bounded number
@@ -20,6 +24,7 @@
 //! The WAL size is sampled throughout and the daemon's peak RSS read at
 //! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
 
+mod reference;
 mod report;
 mod sizing;
 
@@ -76,6 +81,9 @@ pub struct BenchOptions {
     pub config: Option<PathBuf>,
     /// Keep the scratch directory (database included) afterwards.
     pub keep: bool,
+    /// The bare rmcp server to measure the no-op floor on; by default the
+    /// example beside this executable.
+    pub bare_rmcp: Option<PathBuf>,
 }
 
 fn refusal(class: ExitClass, msg: impl Into<String>) -> Refusal {
@@ -237,7 +245,7 @@ fn proc_jiffies(pid: &str) -> u64 {
 impl CpuClock {
     /// The daemon's CPU per request since `before`, in microseconds.
     fn daemon_us_per_request(self, before: CpuClock, requests: usize) -> f64 {
-        (self.daemon - before.daemon) as f64 * 10_000.0 / requests.max(1) as f64
+        self.daemon.saturating_sub(before.daemon) as f64 * 10_000.0 / requests.max(1) as f64
     }
 
     fn now(daemon: u32) -> CpuClock {
@@ -349,17 +357,18 @@ async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase,
 }
 
 /// The floor: `n` no-op requests (`tools/list`, which reads nothing from
-/// the store) on `c` clients, and the daemon's CPU per request.
+/// the store) on `c` clients, and the server's CPU per request when its
+/// process is known.
 async fn noop_phase(
     url: &str,
     n: usize,
     c: usize,
-    daemon_pid: u32,
+    pid: Option<u32>,
     progress: &Progress,
     name: &str,
-) -> Result<(Phase, f64), Refusal> {
+) -> Result<(Phase, Option<f64>), Refusal> {
     let count = Arc::new(AtomicUsize::new(0));
-    let before = CpuClock::now(daemon_pid);
+    let before = pid.map(CpuClock::now);
     let run = with_progress(
         progress,
         name,
@@ -372,7 +381,9 @@ async fn noop_phase(
         }),
     )
     .await?;
-    let cpu = CpuClock::now(daemon_pid).daemon_us_per_request(before, n);
+    let cpu = pid
+        .zip(before)
+        .map(|(pid, before)| CpuClock::now(pid).daemon_us_per_request(before, n));
     Ok((
         Phase {
             latencies: run.latencies,
@@ -593,18 +604,45 @@ fn run_in(
         .map_err(|e| refusal(ExitClass::Io, format!("runtime: {e}")))?;
     let url = daemon.url.clone();
     let daemon_pid = daemon.child.id();
+    // The bare rmcp service, for the same no-op load; its absence is
+    // reported, never a failed run.
+    let bare = reference::bare_rmcp_path(opts.bare_rmcp.as_deref())
+        .and_then(|p| reference::start_bare(&p, &scratch.join("bare_rmcp.log")));
     let phases = rt.block_on(async {
         // The floor: what a request costs that does no task work at all.
         let (noop_serial, _) =
-            noop_phase(&url, SERIAL_TASKS, 1, daemon_pid, &progress, "no-op, 1").await?;
+            noop_phase(&url, SERIAL_TASKS, 1, Some(daemon_pid), &progress, "no-op, 1").await?;
         let noop_n = NOOP_REQUESTS.max(n);
         let (noop, noop_cpu_us) =
-            noop_phase(&url, noop_n, c, daemon_pid, &progress, "no-op").await?;
+            noop_phase(&url, noop_n, c, Some(daemon_pid), &progress, "no-op").await?;
+        let noop_cpu_us = noop_cpu_us.unwrap_or(0.0);
         progress.done(&format!(
             "no-op (tools/list): p50 {:.3} ms one at a time; {noop_n} at concurrency {c} at {:.0}/s, daemon CPU {noop_cpu_us:.0} µs each",
             Summary::of(&noop_serial.latencies).p50_ms,
             noop_n as f64 / noop.elapsed.as_secs_f64().max(1e-9)
         ));
+        // The same load on the bare rmcp service. A failure there is its
+        // figure, not the run's.
+        let bare = match &bare {
+            Ok(server) => {
+                match noop_phase(&server.url, noop_n, c, Some(server.pid()), &progress, "bare rmcp").await {
+                    Ok((phase, cpu)) => Ok(report::Reference {
+                        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
+                        cpu_us: cpu,
+                    }),
+                    Err(e) => Err(format!("the no-op load on the bare rmcp server failed: {e}")),
+                }
+            }
+            Err(why) => Err(why.clone()),
+        };
+        progress.done(&match &bare {
+            Ok(r) => format!(
+                "bare rmcp (tools/list): {noop_n} at concurrency {c} at {:.0}/s, CPU {:.0} µs each",
+                r.noop.per_sec,
+                r.cpu_us.unwrap_or(0.0)
+            ),
+            Err(why) => format!("bare rmcp: not measured: {why}"),
+        });
         let serial = serial_phase(&url, SERIAL_TASKS.min(n), &progress).await?;
         progress.done(&format!(
             "serial: {} tasks created one after another, p50 {:.3} ms",
@@ -716,6 +754,7 @@ fn run_in(
         let poll_cpu_us = CpuClock::now(daemon_pid).daemon_us_per_request(poll_before, polls);
         progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
         Ok::<_, Refusal>((
+            bare,
             report::CpuPerRequest {
                 noop_us: noop_cpu_us,
                 create_us: create_cpu_us,
@@ -759,7 +798,9 @@ fn run_in(
         .map(|m| m.len())
         .unwrap_or(0);
 
+    drop(bare);
     let (
+        bare_rmcp,
         cpu_per_request,
         noop_serial,
         noop,
@@ -786,6 +827,7 @@ fn run_in(
         ),
         noop: report::PhaseFigures::of(&noop.latencies, noop.elapsed, 0, noop.busy),
         cpu_per_request,
+        bare_rmcp,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

@@ -147,6 +147,9 @@ pub struct Report {
     pub noop: PhaseFigures,
     /// The daemon's CPU per request of the no-op, create and poll phases.
     pub cpu_per_request: CpuPerRequest,
+    /// The same no-op load at the run's concurrency on the bare rmcp
+    /// service, or why it was not measured.
+    pub bare_rmcp: Result<Reference, String>,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
@@ -173,13 +176,81 @@ pub struct CpuPerRequest {
     pub poll_us: f64,
 }
 
-/// A target of the capacity requirements, judged as information only.
+/// The no-op load on another server: its figures and, when its process
+/// is known, its CPU per request (µs).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Reference {
+    pub noop: PhaseFigures,
+    pub cpu_us: Option<f64>,
+}
+
+/// A reference server in bench.json: measured, with its figures and
+/// taskgate's ratios to them, or not, with the reason.
+#[derive(Serialize)]
+struct ReferenceJson {
+    measured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop: Option<PhaseFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_us_per_noop: Option<f64>,
+    /// taskgate's figure over the reference's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    daemon_cpu_to_reference_cpu: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_throughput_to_reference: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_p50_to_reference: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_p99_to_reference: Option<f64>,
+}
+
+impl ReferenceJson {
+    fn of(r: &Result<Reference, String>, noop: &PhaseFigures, cpu_us: f64) -> ReferenceJson {
+        match r {
+            Ok(r) => ReferenceJson {
+                measured: true,
+                reason: None,
+                noop: Some(r.noop),
+                cpu_us_per_noop: r.cpu_us,
+                daemon_cpu_to_reference_cpu: r.cpu_us.map(|c| cpu_us / c.max(1e-9)),
+                noop_throughput_to_reference: Some(noop.per_sec / r.noop.per_sec.max(1e-9)),
+                noop_p50_to_reference: Some(noop.latency.p50_ms / r.noop.latency.p50_ms.max(1e-9)),
+                noop_p99_to_reference: Some(noop.latency.p99_ms / r.noop.latency.p99_ms.max(1e-9)),
+            },
+            Err(why) => ReferenceJson {
+                measured: false,
+                reason: Some(why.clone()),
+                noop: None,
+                cpu_us_per_noop: None,
+                daemon_cpu_to_reference_cpu: None,
+                noop_throughput_to_reference: None,
+                noop_p50_to_reference: None,
+                noop_p99_to_reference: None,
+            },
+        }
+    }
+}
+
+/// A target of the capacity requirements, judged as information only;
+/// `met` is null when it could not be measured (`value` says why).
 #[derive(Serialize)]
 struct Target {
     name: String,
     goal: String,
     value: String,
-    met: bool,
+    met: Option<bool>,
+}
+
+impl Target {
+    fn verdict(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "not measured",
+        }
+    }
 }
 
 /// bench.json: every figure of a run, for machines.
@@ -195,6 +266,8 @@ struct BenchJson<'a> {
     noop_serial: PhaseFigures,
     noop: PhaseFigures,
     daemon_cpu_per_request: CpuPerRequest,
+    /// The no-op load on the bare rmcp service.
+    bare_rmcp: ReferenceJson,
     serial_create: PhaseFigures,
     create: PhaseFigures,
     complete_polls: PhaseFigures,
@@ -287,12 +360,34 @@ impl Report {
     fn targets(&self) -> Vec<Target> {
         let (lat, vs_single, vs_batch) = self.ratios();
         let (floor_lat, floor_rate, create_cpu, poll_cpu) = self.floor();
+        let bare = match &self.bare_rmcp {
+            Ok(Reference {
+                cpu_us: Some(bare), ..
+            }) => {
+                let r = self.cpu_per_request.noop_us / bare.max(1e-9);
+                (format!("{r:.2}×"), Some(r <= 1.2))
+            }
+            Ok(_) => (
+                "not measured: the bare server's CPU was not read".into(),
+                None,
+            ),
+            Err(why) => (format!("not measured: {why}"), None),
+        };
         vec![
+            Target {
+                name: format!(
+                    "daemon CPU per no-op vs bare rmcp's (concurrency {})",
+                    self.concurrency
+                ),
+                goal: "≤ 1.2×".into(),
+                value: bare.0,
+                met: bare.1,
+            },
             Target {
                 name: "create p50 at concurrency 1 vs no-op p50 + commit p50".into(),
                 goal: "≤ 1.3×".into(),
                 value: format!("{floor_lat:.2}×"),
-                met: floor_lat <= 1.3,
+                met: Some(floor_lat <= 1.3),
             },
             Target {
                 name: format!(
@@ -301,49 +396,49 @@ impl Report {
                 ),
                 goal: "≥ 0.6×".into(),
                 value: format!("{floor_rate:.2}×"),
-                met: floor_rate >= 0.6,
+                met: Some(floor_rate >= 0.6),
             },
             Target {
                 name: "daemon CPU per create vs per no-op".into(),
                 goal: "≤ 1.5×".into(),
                 value: format!("{create_cpu:.2}×"),
-                met: create_cpu <= 1.5,
+                met: Some(create_cpu <= 1.5),
             },
             Target {
                 name: "daemon CPU per poll vs per no-op".into(),
                 goal: "≤ 1.2×".into(),
                 value: format!("{poll_cpu:.2}×"),
-                met: poll_cpu <= 1.2,
+                met: Some(poll_cpu <= 1.2),
             },
             Target {
                 name: "create p50 at concurrency 1 vs one-row commit p50".into(),
                 goal: "≤ 1.3×".into(),
                 value: format!("{lat:.2}×"),
-                met: lat <= 1.3,
+                met: Some(lat <= 1.3),
             },
             Target {
                 name: "create throughput vs one-row serial commit rate".into(),
                 goal: "≥ 5×".into(),
                 value: format!("{vs_single:.2}×"),
-                met: vs_single >= 5.0,
+                met: Some(vs_single >= 5.0),
             },
             Target {
                 name: format!("create throughput vs {BATCH_ROWS}-row transactions"),
                 goal: "≥ 0.5×".into(),
                 value: format!("{vs_batch:.2}×"),
-                met: vs_batch >= 0.5,
+                met: Some(vs_batch >= 0.5),
             },
             Target {
                 name: "poll p99 with all tasks retained".into(),
                 goal: "< 3 ms".into(),
                 value: format!("{:.3} ms", self.retained.latency.p99_ms),
-                met: self.retained.latency.p99_ms < 3.0,
+                met: Some(self.retained.latency.p99_ms < 3.0),
             },
             Target {
                 name: "peak WAL".into(),
                 goal: "< 4 MiB".into(),
                 value: format!("{:.2} MiB", self.peak_wal_bytes as f64 / 1048576.0),
-                met: self.peak_wal_bytes < 4 * 1024 * 1024,
+                met: Some(self.peak_wal_bytes < 4 * 1024 * 1024),
             },
         ]
     }
@@ -376,6 +471,7 @@ impl Report {
             noop_serial: self.noop_serial,
             noop: self.noop,
             daemon_cpu_per_request: self.cpu_per_request,
+            bare_rmcp: ReferenceJson::of(&self.bare_rmcp, &self.noop, self.cpu_per_request.noop_us),
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -414,7 +510,7 @@ impl Report {
                 rate,
             ]
         };
-        vec![
+        let mut rows = vec![
             row(
                 "baseline: 1-row commit",
                 &self.single(),
@@ -435,6 +531,15 @@ impl Report {
                 &self.noop.latency,
                 format!("{:.0} requests/s", self.noop.per_sec),
             ),
+        ];
+        if let Ok(r) = &self.bare_rmcp {
+            rows.push(row(
+                &format!("bare rmcp no-op, conc. {}", self.concurrency),
+                &r.noop.latency,
+                format!("{:.0} requests/s", r.noop.per_sec),
+            ));
+        }
+        rows.extend([
             row(
                 "create, concurrency 1",
                 &self.serial.latency,
@@ -455,14 +560,21 @@ impl Report {
                 &self.retained.latency,
                 format!("{:.0} polls/s", self.retained.per_sec),
             ),
-        ]
+        ]);
+        rows
     }
 
     /// The daemon's CPU per request, as one line.
     fn cpu_line(&self) -> String {
         let c = &self.cpu_per_request;
+        let bare = match &self.bare_rmcp {
+            Ok(Reference {
+                cpu_us: Some(us), ..
+            }) => format!("{us:.0} µs"),
+            _ => "not measured".into(),
+        };
         format!(
-            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs",
+            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}",
             c.noop_us, c.create_us, c.poll_us
         )
     }
@@ -521,8 +633,8 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(
                 s,
-                "{} {:<52} {:>10} (target {})",
-                if t.met { "met    " } else { "not met" },
+                "{:<12} {:<52} {:>10} (target {})",
+                t.verdict(),
                 t.name,
                 t.value,
                 t.goal
@@ -585,6 +697,18 @@ impl Report {
              {}; the targets below read create and poll as ratios to it.\n",
             upper_first(&self.cpu_line())
         );
+        let _ = writeln!(
+            s,
+            "{}\n",
+            match &self.bare_rmcp {
+                Ok(_) => "The bare rmcp row is the same no-op load, in the same run, on rmcp's \
+                          `StreamableHttpService` serving one no-op tool and nothing else \
+                          (`examples/bare_rmcp.rs`: stateless, JSON answers, no authentication, \
+                          no bounds, no store): what taskgate's own layers cost beyond it."
+                    .to_string(),
+                Err(why) => format!("The bare rmcp service was not measured: {why}."),
+            }
+        );
         let _ = writeln!(s, "{}.\n", upper_first(&self.busy_line()));
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
         for t in self.targets() {
@@ -594,7 +718,7 @@ impl Report {
                 t.name,
                 t.goal,
                 t.value,
-                if t.met { "met" } else { "not met" }
+                t.verdict()
             );
         }
         let _ = writeln!(s, "\n![latency distribution](latency.svg)");
