@@ -242,6 +242,98 @@ fn bench_reports_a_bare_rmcp_it_cannot_start_as_not_measured() {
     assert!(md.contains("| not measured |"), "{md}");
 }
 
+/// `--compare URL` drives another MCP server on this host (here a second
+/// real daemon) with the same no-op load, finds its process by the socket
+/// it listens on, and reports taskgate's figures as ratios to its.
+#[test]
+fn bench_compares_with_another_server_on_loopback() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = write_config(root.path(), "", &[Tool::new("echo").script("printf hi")]);
+    let other = Daemon::start(&cfg, &state, &root.path().join("other.log"));
+    let work = root.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = root.path().join("out");
+    let url = other.url();
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "10",
+            "--concurrency",
+            "2",
+            "--compare",
+            &url,
+            "--dir",
+            work.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(&format!("compared with {url}")), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    let compare = &json["compare"];
+    assert_eq!(compare["url"], url.as_str(), "{compare}");
+    assert_eq!(compare["measured"], true, "{compare}");
+    assert_eq!(compare["pid"], other.child.id(), "{compare}");
+    assert!(
+        compare["cpu_us_per_noop"].as_f64().is_some_and(|v| v > 0.0),
+        "{compare}"
+    );
+    assert!(compare["noop"]["latency"]["n"].as_u64().unwrap() >= 5000);
+    for key in [
+        "daemon_cpu_to_reference_cpu",
+        "noop_throughput_to_reference",
+        "noop_p50_to_reference",
+        "noop_p99_to_reference",
+    ] {
+        assert!(
+            compare[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {compare}"
+        );
+    }
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.contains("| compare no-op, conc. 2 |"), "{md}");
+    assert!(md.contains(&format!("Compared with {url}")), "{md}");
+}
+
+/// A `--compare` URL beyond loopback is refused as a usage error before
+/// anything is created: the benchmark sends nothing off this host.
+#[test]
+fn bench_refuses_to_compare_with_a_server_beyond_loopback() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    for url in [
+        "http://192.0.2.1:8765/mcp",
+        "http://localhost:8765/mcp",
+        "https://127.0.0.1:8765/mcp",
+    ] {
+        let output = taskgate(
+            &[
+                "bench",
+                "--tasks",
+                "10",
+                "--compare",
+                url,
+                "--dir",
+                root.path().to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[("HOME", "/nonexistent")],
+        );
+        assert_eq!(output.status.code(), Some(64), "{url}: {output:?}");
+        let stderr = one_line_stderr(&output);
+        assert!(stderr.contains(&format!("--compare {url}")), "{stderr}");
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+}
+
 /// A concurrency the daemon's ranges cannot serve is a usage error naming
 /// the key and the flag's range, refused before anything is created.
 #[test]

@@ -14,7 +14,9 @@
 //!
 //! The no-op floor is also measured, in the same run, on the bare rmcp
 //! service ([`reference`]): what taskgate's HTTP and MCP layers cost
-//! beyond the library they are built on.
+//! beyond the library they are built on. With `--compare URL` the same
+//! load runs on another MCP server on this host, for an operator to read
+//! taskgate's figures as ratios to an alternative's.
 //!
 //! The daemon is configured for the load the benchmark drives
 //! ([`sizing`]), and that configuration is recorded with the results. A
@@ -84,6 +86,11 @@ pub struct BenchOptions {
     /// The bare rmcp server to measure the no-op floor on; by default the
     /// example beside this executable.
     pub bare_rmcp: Option<PathBuf>,
+    /// Another MCP server (loopback only) to drive with the same no-op load.
+    pub compare: Option<String>,
+    /// Its process, for its CPU per request; by default the owner of the
+    /// socket listening on the URL's port, when it can be found.
+    pub compare_pid: Option<u32>,
 }
 
 fn refusal(class: ExitClass, msg: impl Into<String>) -> Refusal {
@@ -525,8 +532,21 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
             format!("--concurrency must be 1..={}", sizing::max_concurrency()),
         ));
     }
-    // Refused before anything is created: a load the daemon's ranges
-    // cannot serve.
+    // Refused before anything is created: a server beyond this host, and
+    // a load the daemon's ranges cannot serve.
+    let compare = match &opts.compare {
+        Some(url) => Some(
+            reference::compare_target(url, opts.compare_pid)
+                .map_err(|e| refusal(ExitClass::Usage, e))?,
+        ),
+        None if opts.compare_pid.is_some() => {
+            return Err(refusal(
+                ExitClass::Usage,
+                "--compare-pid needs --compare URL",
+            ));
+        }
+        None => None,
+    };
     let sizing = Sizing::for_load(opts.concurrency, opts.tasks, SERIAL_TASKS.min(opts.tasks))?;
     let base = base_dir(opts)?;
     // The pid keeps two runs started in the same second apart.
@@ -544,7 +564,7 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
         .unwrap_or_else(|| PathBuf::from(format!("taskgate-bench-{stamp}")));
     std::fs::create_dir_all(&out)
         .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", out.display())))?;
-    let result = run_in(opts, &sizing, &scratch, &out);
+    let result = run_in(opts, &sizing, compare, &scratch, &out);
     if !opts.keep {
         let _ = std::fs::remove_dir_all(&scratch);
     }
@@ -554,6 +574,7 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
 fn run_in(
     opts: &BenchOptions,
     sizing: &Sizing,
+    compare: Option<reference::Compared>,
     scratch: &Path,
     out: &Path,
 ) -> Result<String, Refusal> {
@@ -643,6 +664,29 @@ fn run_in(
             ),
             Err(why) => format!("bare rmcp: not measured: {why}"),
         });
+        // The same load on the server the operator named.
+        let compared = match compare {
+            Some(target) => {
+                let r = match noop_phase(&target.url, noop_n, c, target.pid, &progress, "compare").await {
+                    Ok((phase, cpu)) => Ok(report::Reference {
+                        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
+                        cpu_us: cpu,
+                    }),
+                    Err(e) => Err(format!("the no-op load on {} failed: {e}", target.url)),
+                };
+                progress.done(&match &r {
+                    Ok(r) => format!(
+                        "compare {} (tools/list): {noop_n} at concurrency {c} at {:.0}/s{}",
+                        target.url,
+                        r.noop.per_sec,
+                        r.cpu_us.map(|us| format!(", CPU {us:.0} µs each")).unwrap_or_default()
+                    ),
+                    Err(why) => format!("compare: not measured: {why}"),
+                });
+                Some(report::Compare { target, result: r })
+            }
+            None => None,
+        };
         let serial = serial_phase(&url, SERIAL_TASKS.min(n), &progress).await?;
         progress.done(&format!(
             "serial: {} tasks created one after another, p50 {:.3} ms",
@@ -754,7 +798,7 @@ fn run_in(
         let poll_cpu_us = CpuClock::now(daemon_pid).daemon_us_per_request(poll_before, polls);
         progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
         Ok::<_, Refusal>((
-            bare,
+            (bare, compared),
             report::CpuPerRequest {
                 noop_us: noop_cpu_us,
                 create_us: create_cpu_us,
@@ -800,7 +844,7 @@ fn run_in(
 
     drop(bare);
     let (
-        bare_rmcp,
+        (bare_rmcp, compare),
         cpu_per_request,
         noop_serial,
         noop,
@@ -828,6 +872,7 @@ fn run_in(
         noop: report::PhaseFigures::of(&noop.latencies, noop.elapsed, 0, noop.busy),
         cpu_per_request,
         bare_rmcp,
+        compare,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

@@ -150,6 +150,8 @@ pub struct Report {
     /// The same no-op load at the run's concurrency on the bare rmcp
     /// service, or why it was not measured.
     pub bare_rmcp: Result<Reference, String>,
+    /// The same load on the server named by `--compare`, if any.
+    pub compare: Option<Compare>,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
@@ -182,6 +184,23 @@ pub struct CpuPerRequest {
 pub struct Reference {
     pub noop: PhaseFigures,
     pub cpu_us: Option<f64>,
+}
+
+/// The server named by `--compare` and what its no-op load gave.
+pub struct Compare {
+    pub target: super::reference::Compared,
+    pub result: Result<Reference, String>,
+}
+
+/// `--compare` in bench.json: the server, how its process was found, its
+/// figures and taskgate's ratios to them.
+#[derive(Serialize)]
+struct CompareJson {
+    url: String,
+    pid: Option<u32>,
+    pid_found_by: String,
+    #[serde(flatten)]
+    figures: ReferenceJson,
 }
 
 /// A reference server in bench.json: measured, with its figures and
@@ -268,6 +287,8 @@ struct BenchJson<'a> {
     daemon_cpu_per_request: CpuPerRequest,
     /// The no-op load on the bare rmcp service.
     bare_rmcp: ReferenceJson,
+    /// The no-op load on the `--compare` server; null without one.
+    compare: Option<CompareJson>,
     serial_create: PhaseFigures,
     create: PhaseFigures,
     complete_polls: PhaseFigures,
@@ -472,6 +493,12 @@ impl Report {
             noop: self.noop,
             daemon_cpu_per_request: self.cpu_per_request,
             bare_rmcp: ReferenceJson::of(&self.bare_rmcp, &self.noop, self.cpu_per_request.noop_us),
+            compare: self.compare.as_ref().map(|c| CompareJson {
+                url: c.target.url.clone(),
+                pid: c.target.pid,
+                pid_found_by: c.target.pid_note.clone(),
+                figures: ReferenceJson::of(&c.result, &self.noop, self.cpu_per_request.noop_us),
+            }),
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -539,6 +566,13 @@ impl Report {
                 format!("{:.0} requests/s", r.noop.per_sec),
             ));
         }
+        if let Some(Compare { result: Ok(r), .. }) = &self.compare {
+            rows.push(row(
+                &format!("compare no-op, conc. {}", self.concurrency),
+                &r.noop.latency,
+                format!("{:.0} requests/s", r.noop.per_sec),
+            ));
+        }
         rows.extend([
             row(
                 "create, concurrency 1",
@@ -577,6 +611,33 @@ impl Report {
             "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}",
             c.noop_us, c.create_us, c.poll_us
         )
+    }
+
+    /// taskgate's no-op figures as ratios to the `--compare` server's, as
+    /// one line.
+    fn compare_line(&self) -> Option<String> {
+        let c = self.compare.as_ref()?;
+        Some(match &c.result {
+            Ok(r) => {
+                let cpu = match r.cpu_us {
+                    Some(us) => format!(
+                        "; daemon CPU per no-op {:.2}× its {us:.0} µs ({})",
+                        self.cpu_per_request.noop_us / us.max(1e-9),
+                        c.target.pid_note
+                    ),
+                    None => format!("; its CPU not measured: {}", c.target.pid_note),
+                };
+                format!(
+                    "compared with {} (no-op at concurrency {}): taskgate's throughput {:.2}×, p50 {:.2}×, p99 {:.2}× its{cpu}",
+                    c.target.url,
+                    self.concurrency,
+                    self.noop.per_sec / r.noop.per_sec.max(1e-9),
+                    self.noop.latency.p50_ms / r.noop.latency.p50_ms.max(1e-9),
+                    self.noop.latency.p99_ms / r.noop.latency.p99_ms.max(1e-9),
+                )
+            }
+            Err(why) => format!("compared with {}: not measured: {why}", c.target.url),
+        })
     }
 
     /// Busy answers per phase, as one line.
@@ -621,6 +682,9 @@ impl Report {
             self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
         );
         let _ = writeln!(s, "{}", self.cpu_line());
+        if let Some(line) = self.compare_line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "peak WAL {:.2} MiB, final database {:.2} MiB, daemon peak RSS {}",
@@ -709,6 +773,14 @@ impl Report {
                 Err(why) => format!("The bare rmcp service was not measured: {why}."),
             }
         );
+        if let Some(line) = self.compare_line() {
+            let _ = writeln!(
+                s,
+                "{}; the same requests (`tools/list` of protocol 2026-07-28, no session) at the \
+                 same concurrency, in the same run.\n",
+                upper_first(&line)
+            );
+        }
         let _ = writeln!(s, "{}.\n", upper_first(&self.busy_line()));
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
         for t in self.targets() {
