@@ -101,7 +101,7 @@ fn bench_writes_json_markdown_and_svg() {
     assert!(json["peak_wal_bytes"].as_u64().is_some());
     assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
     let targets = json["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 10);
+    assert_eq!(targets.len(), 11);
     // Each target is met, not met, or (null) not measured, saying why.
     for t in targets {
         assert!(t["met"].is_boolean() || t["met"].is_null(), "{t}");
@@ -170,8 +170,32 @@ fn bench_writes_json_markdown_and_svg() {
     assert_eq!(created, 1000);
     assert!(synchronous < 1000);
 
+    // Authentication's cost: the same creations on a daemon requiring a
+    // static token and on one requiring a JWT, all of them tasks.
+    let auth = &json["auth"];
+    assert_eq!(auth["measured"], true, "{auth}");
+    assert_eq!(auth["creates"], 1000, "{auth}");
+    for mode in ["static_token", "jwt"] {
+        assert!(
+            auth[mode]["cpu_us_per_create"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{mode}: {auth}"
+        );
+        assert_eq!(auth[mode]["create"]["latency"]["n"], 1000, "{mode}: {auth}");
+        assert_eq!(auth[mode]["create"]["busy_answers"], 0, "{mode}: {auth}");
+    }
+    assert!(auth["jwt_cpu_to_static_cpu"].as_f64().is_some(), "{auth}");
+    assert!(
+        targets
+            .iter()
+            .any(|t| t["name"].as_str().unwrap().contains("JWT") && t["met"].is_boolean()),
+        "{targets:?}"
+    );
+
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.starts_with("# taskgate bench"));
+    assert!(md.contains("| JWT create, conc. 32 |"), "{md}");
     assert!(md.contains("| baseline: 1-row commit |"));
     assert!(md.contains("| no-op (tools/list), conc. 1 |"), "{md}");
     assert!(md.contains("![latency distribution](latency.svg)"));

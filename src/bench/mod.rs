@@ -18,6 +18,10 @@
 //! load runs on another MCP server on this host, for an operator to read
 //! taskgate's figures as ratios to an alternative's.
 //!
+//! Then the cost of authentication: two more daemons, one requiring a
+//! static token and one a JWT ([`credentials`]), each given the same
+//! creations, in alternating rounds so that the host's noise falls on both.
+//!
 //! The daemon is configured for the load the benchmark drives
 //! ([`sizing`]), and that configuration is recorded with the results. A
 //! busy answer is sent again after the wait it asks for, a bounded number
@@ -26,6 +30,7 @@
 //! The WAL size is sampled throughout and the daemon's peak RSS read at
 //! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
 
+mod credentials;
 mod reference;
 mod report;
 mod sizing;
@@ -66,6 +71,9 @@ const NOOP_REQUESTS: usize = 5000;
 const WAL_SAMPLE: Duration = Duration::from_millis(10);
 /// The poll interval the benchmark daemon advertises.
 const BENCH_POLL_INTERVAL_MS: u64 = 50;
+/// Rounds of the authenticated create phases: each daemon's creations
+/// come in this many chunks, the two daemons taking turns.
+const AUTH_ROUNDS: usize = 4;
 /// How many times one request is sent again after a busy answer
 /// (`TG_SERVER_BUSY`) before the run fails. The daemon is sized so that
 /// none should come; a few are retried and counted rather than end a run.
@@ -117,11 +125,13 @@ struct Run {
     elapsed: Duration,
 }
 
-/// A benchmark client: it retries busy answers, a bounded number of times.
-fn bench_client(url: &str) -> Result<Client, Refusal> {
+/// A benchmark client: it retries busy answers, a bounded number of times,
+/// and sends `token` as its bearer credential when given one.
+fn bench_client(url: &str, token: Option<&str>) -> Result<Client, Refusal> {
     Ok(Client::new(url, true)
         .map_err(client_refusal)?
-        .with_busy_retries(BENCH_BUSY_RETRIES))
+        .with_busy_retries(BENCH_BUSY_RETRIES)
+        .with_token(token.map(String::from)))
 }
 
 /// A running benchmark daemon; killed if dropped.
@@ -137,15 +147,17 @@ impl Drop for BenchDaemon {
     }
 }
 
-/// Starts the benchmark daemon and returns once it is ready. Readiness and
+/// Starts a benchmark daemon and returns once it is ready. Readiness and
 /// the port come the way systemd learns them: `READY=1` and `STATUS=serving
-/// on 127.0.0.1:PORT; …` on a NOTIFY_SOCKET this process owns.
-fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
-    let state = scratch.join("state");
-    let log_path = scratch.join("daemon.log");
+/// on 127.0.0.1:PORT; …` on a NOTIFY_SOCKET this process owns. `suffix`
+/// names its files apart from another's: `state{suffix}` (which must
+/// exist), `daemon{suffix}.log`, `notify{suffix}.sock`.
+fn start_daemon(scratch: &Path, suffix: &str, config: &Path) -> Result<BenchDaemon, Refusal> {
+    let state = scratch.join(format!("state{suffix}"));
+    let log_path = scratch.join(format!("daemon{suffix}.log"));
     let io = |p: &Path, e: std::io::Error| refusal(ExitClass::Io, format!("{}: {e}", p.display()));
     let log = std::fs::File::create(&log_path).map_err(|e| io(&log_path, e))?;
-    let sock_path = scratch.join("notify.sock");
+    let sock_path = scratch.join(format!("notify{suffix}.sock"));
     let sock = UnixDatagram::bind(&sock_path).map_err(|e| io(&sock_path, e))?;
     // Short waits, so that a daemon that exits before READY=1 is noticed.
     sock.set_read_timeout(Some(Duration::from_millis(200)))
@@ -344,7 +356,7 @@ impl Progress {
 /// Creations one after another from one client: the latency of one
 /// creation against one raw commit.
 async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase, Refusal> {
-    let client = bench_client(url)?;
+    let client = bench_client(url, None)?;
     let mut phase = Phase::default();
     let start = Instant::now();
     for i in 0..n {
@@ -381,7 +393,7 @@ async fn noop_phase(
         name,
         n,
         count.clone(),
-        concurrent(url, n, c, count, |client, _| async move {
+        concurrent(url, None, n, c, count, |client, _| async move {
             let t = Instant::now();
             client.request("tools/list", json!({}), None, None).await?;
             Ok((vec![t.elapsed()], None, 0))
@@ -402,13 +414,123 @@ async fn noop_phase(
     ))
 }
 
+/// One creation of the benchmark's tool: its latency and task ID.
+async fn create_one(
+    client: Arc<Client>,
+    _: usize,
+) -> Result<(Vec<Duration>, Option<String>, u64), ClientError> {
+    let t = Instant::now();
+    let created = client.call_tool(BENCH_TOOL, json!({}), None).await?;
+    Ok((vec![t.elapsed()], task_id_of(&created), 0))
+}
+
+/// A daemon requiring a credential, and that credential.
+struct AuthDaemon {
+    daemon: BenchDaemon,
+    token: String,
+    name: &'static str,
+}
+
+/// The cost of authentication: a daemon requiring a static token and one
+/// requiring a JWT, each configured as the main one was plus its `[auth]`,
+/// each given `n` creations at concurrency `c` in [`AUTH_ROUNDS`] chunks,
+/// the two taking turns (and which goes first), with the daemon's CPU read
+/// around each chunk. `Err` is why it was not measured: none of this
+/// fails the run.
+fn auth_cost(
+    rt: &tokio::runtime::Runtime,
+    sizing: &Sizing,
+    scratch: &Path,
+    n: usize,
+    c: usize,
+    progress: &Progress,
+) -> Result<report::AuthCost, String> {
+    let mut daemons = Vec::new();
+    for (suffix, name) in [("-static", "static token"), ("-jwt", "JWT")] {
+        let credential = if suffix == "-static" {
+            credentials::static_token(scratch)?
+        } else {
+            credentials::jwt(scratch)?
+        };
+        let config = scratch.join(format!("bench{suffix}.toml"));
+        std::fs::write(&config, format!("{}{}", sizing.toml(), credential.toml))
+            .map_err(|e| format!("{}: {e}", config.display()))?;
+        private_dir(&scratch.join(format!("state{suffix}"))).map_err(|e| e.to_string())?;
+        let daemon = start_daemon(scratch, suffix, &config)
+            .map_err(|e| format!("the daemon requiring a {name}: {e}"))?;
+        daemons.push(AuthDaemon {
+            daemon,
+            token: credential.token,
+            name,
+        });
+    }
+    rt.block_on(async {
+        // Without its credential a create must be refused, or the phase
+        // would not be measuring authentication at all.
+        for d in &daemons {
+            let anonymous = bench_client(&d.daemon.url, None).map_err(|e| e.to_string())?;
+            if anonymous.call_tool(BENCH_TOOL, json!({}), None).await.is_ok() {
+                return Err(format!(
+                    "the daemon requiring a {} created a task without it",
+                    d.name
+                ));
+            }
+        }
+        let mut modes = vec![report::AuthMode::default(); daemons.len()];
+        let mut jiffies = vec![0u64; daemons.len()];
+        let mut latencies = vec![Vec::new(); daemons.len()];
+        let rounds = AUTH_ROUNDS.min(n).max(1);
+        for round in 0..rounds {
+            let chunk = n / rounds + usize::from(round < n % rounds);
+            for k in 0..daemons.len() {
+                let i = (k + round) % daemons.len();
+                let d = &daemons[i];
+                let pid = d.daemon.child.id();
+                let count = Arc::new(AtomicUsize::new(0));
+                let before = proc_jiffies(&pid.to_string());
+                let run = with_progress(
+                    progress,
+                    &format!("create, {}", d.name),
+                    chunk,
+                    count.clone(),
+                    concurrent(&d.daemon.url, Some(&d.token), chunk, c, count, create_one),
+                )
+                .await
+                .map_err(|e| format!("creating with a {}: {e}", d.name))?;
+                jiffies[i] += proc_jiffies(&pid.to_string()).saturating_sub(before);
+                let m = &mut modes[i];
+                m.synchronous += chunk - run.ids.len();
+                m.busy += run.busy;
+                m.elapsed += run.elapsed;
+                latencies[i].extend(run.latencies);
+            }
+        }
+        for (i, m) in modes.iter_mut().enumerate() {
+            m.create = report::PhaseFigures::of(&latencies[i], m.elapsed, 0, m.busy);
+            m.cpu_us_per_create = jiffies[i] as f64 * 10_000.0 / n.max(1) as f64;
+        }
+        let cost = report::AuthCost {
+            creates: n,
+            static_token: modes[0],
+            jwt: modes[1],
+        };
+        progress.done(&format!(
+            "auth: {n} creates each; daemon CPU per create {:.0} µs with a static token, {:.0} µs with a JWT",
+            cost.static_token.cpu_us_per_create, cost.jwt.cpu_us_per_create
+        ));
+        Ok(cost)
+    })
+}
+
 fn client_refusal(e: ClientError) -> Refusal {
     refusal(ExitClass::Io, format!("benchmark client: {e}"))
 }
 
-/// Runs `work` for every index in 0..n on `c` concurrent clients.
+/// Runs `work` for every index in 0..n on `c` concurrent clients, each
+/// sending `token` when given one.
 async fn concurrent<F, Fut>(
     url: &str,
+    token: Option<&str>,
     n: usize,
     c: usize,
     progress: Arc<AtomicUsize>,
@@ -424,7 +546,7 @@ where
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..c.max(1) {
-        let client = Arc::new(bench_client(url)?);
+        let client = Arc::new(bench_client(url, token)?);
         let (next, work, progress) = (next.clone(), work.clone(), progress.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
@@ -603,7 +725,7 @@ fn run_in(
     std::fs::write(&config, sizing.toml())
         .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", config.display())))?;
     progress.done(&format!("daemon: {}", sizing.line()));
-    let daemon = start_daemon(scratch, &config)?;
+    let daemon = start_daemon(scratch, "", &config)?;
     let wal_path = scratch.join("state").join("tasks.db-wal");
     let peak_wal = Arc::new(AtomicU64::new(0));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -701,11 +823,7 @@ fn run_in(
             "create",
             n,
             count.clone(),
-            concurrent(&url, n, c, count, |client, _| async move {
-                let t = Instant::now();
-                let created = client.call_tool(BENCH_TOOL, json!({}), None).await?;
-                Ok((vec![t.elapsed()], task_id_of(&created), 0))
-            }),
+            concurrent(&url, None, n, c, count, create_one),
         )
         .await?;
         let create_elapsed = create.elapsed;
@@ -734,7 +852,7 @@ fn run_in(
             "complete",
             n,
             count.clone(),
-            concurrent(&url, n, c, count, move |client, i| {
+            concurrent(&url, None, n, c, count, move |client, i| {
                 let id = all[i].clone();
                 async move {
                     let mut lat = Vec::new();
@@ -785,7 +903,7 @@ fn run_in(
             "poll",
             polls,
             count.clone(),
-            concurrent(&url, polls, c, count, move |client, i| {
+            concurrent(&url, None, polls, c, count, move |client, i| {
                 let id = all[order[i]].clone();
                 async move {
                     let t = Instant::now();
@@ -841,6 +959,11 @@ fn run_in(
     let db_bytes = std::fs::metadata(scratch.join("state").join("tasks.db"))
         .map(|m| m.len())
         .unwrap_or(0);
+    // With the main daemon gone: what authentication costs a create.
+    let auth = auth_cost(&rt, sizing, scratch, n, c, &progress);
+    if let Err(why) = &auth {
+        progress.done(&format!("auth: not measured: {why}"));
+    }
 
     drop(bare);
     let (
@@ -873,6 +996,7 @@ fn run_in(
         cpu_per_request,
         bare_rmcp,
         compare,
+        auth,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

@@ -47,7 +47,7 @@ impl Summary {
 }
 
 /// One phase: its latencies, duration, rate and refusals.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct PhaseFigures {
     pub latency: Summary,
     pub elapsed_s: f64,
@@ -152,6 +152,9 @@ pub struct Report {
     pub bare_rmcp: Result<Reference, String>,
     /// The same load on the server named by `--compare`, if any.
     pub compare: Option<Compare>,
+    /// Creations on daemons requiring a static token and a JWT, or why
+    /// they were not measured.
+    pub auth: Result<AuthCost, String>,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
@@ -184,6 +187,46 @@ pub struct CpuPerRequest {
 pub struct Reference {
     pub noop: PhaseFigures,
     pub cpu_us: Option<f64>,
+}
+
+/// Creations with a credential: the same number on each daemon.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AuthCost {
+    pub creates: usize,
+    pub static_token: AuthMode,
+    pub jwt: AuthMode,
+}
+
+/// The creations of one authenticated daemon.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct AuthMode {
+    pub create: PhaseFigures,
+    /// The daemon's CPU per create (µs), from /proc in 10 ms ticks.
+    pub cpu_us_per_create: f64,
+    /// Calls that ran synchronously (no free slot or store busy).
+    pub synchronous: usize,
+    #[serde(skip)]
+    pub elapsed: Duration,
+    #[serde(skip)]
+    pub busy: u64,
+}
+
+/// The authenticated phases in bench.json.
+#[derive(Serialize)]
+struct AuthJson {
+    measured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    cost: Option<AuthCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    jwt_cpu_to_static_cpu: Option<f64>,
+}
+
+impl AuthCost {
+    fn jwt_to_static(&self) -> f64 {
+        self.jwt.cpu_us_per_create / self.static_token.cpu_us_per_create.max(1e-9)
+    }
 }
 
 /// The server named by `--compare` and what its no-op load gave.
@@ -289,6 +332,8 @@ struct BenchJson<'a> {
     bare_rmcp: ReferenceJson,
     /// The no-op load on the `--compare` server; null without one.
     compare: Option<CompareJson>,
+    /// Creations with a static token and with a JWT.
+    auth: AuthJson,
     serial_create: PhaseFigures,
     create: PhaseFigures,
     complete_polls: PhaseFigures,
@@ -394,7 +439,20 @@ impl Report {
             ),
             Err(why) => (format!("not measured: {why}"), None),
         };
+        let jwt = match &self.auth {
+            Ok(a) => {
+                let r = a.jwt_to_static();
+                (format!("{r:.2}×"), Some(r <= 1.1))
+            }
+            Err(why) => (format!("not measured: {why}"), None),
+        };
         vec![
+            Target {
+                name: "daemon CPU per create with a JWT vs with a static token".into(),
+                goal: "≤ 1.1×".into(),
+                value: jwt.0,
+                met: jwt.1,
+            },
             Target {
                 name: format!(
                     "daemon CPU per no-op vs bare rmcp's (concurrency {})",
@@ -499,6 +557,20 @@ impl Report {
                 pid_found_by: c.target.pid_note.clone(),
                 figures: ReferenceJson::of(&c.result, &self.noop, self.cpu_per_request.noop_us),
             }),
+            auth: match &self.auth {
+                Ok(a) => AuthJson {
+                    measured: true,
+                    reason: None,
+                    cost: Some(*a),
+                    jwt_cpu_to_static_cpu: Some(a.jwt_to_static()),
+                },
+                Err(why) => AuthJson {
+                    measured: false,
+                    reason: Some(why.clone()),
+                    cost: None,
+                    jwt_cpu_to_static_cpu: None,
+                },
+            },
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -595,6 +667,15 @@ impl Report {
                 format!("{:.0} polls/s", self.retained.per_sec),
             ),
         ]);
+        if let Ok(a) = &self.auth {
+            for (name, m) in [("static-token", &a.static_token), ("JWT", &a.jwt)] {
+                rows.push(row(
+                    &format!("{name} create, conc. {}", self.concurrency),
+                    &m.create.latency,
+                    format!("{:.0} tasks/s", m.create.per_sec),
+                ));
+            }
+        }
         rows
     }
 
@@ -607,8 +688,15 @@ impl Report {
             }) => format!("{us:.0} µs"),
             _ => "not measured".into(),
         };
+        let auth = match &self.auth {
+            Ok(a) => format!(
+                "; create with a static token {:.0} µs, with a JWT {:.0} µs",
+                a.static_token.cpu_us_per_create, a.jwt.cpu_us_per_create
+            ),
+            Err(_) => String::new(),
+        };
         format!(
-            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}",
+            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}{auth}",
             c.noop_us, c.create_us, c.poll_us
         )
     }
@@ -771,6 +859,22 @@ impl Report {
                           no bounds, no store): what taskgate's own layers cost beyond it."
                     .to_string(),
                 Err(why) => format!("The bare rmcp service was not measured: {why}."),
+            }
+        );
+        let _ = writeln!(
+            s,
+            "{}\n",
+            match &self.auth {
+                Ok(a) => format!(
+                    "The authenticated create rows come from two more daemons configured as the first \
+                     plus `[auth]` with `local_owner = \"never\"`: one requiring a static token, one \
+                     a JWT (EdDSA, a key generated for the run, its public half in a JWKS file); {} \
+                     creations each, in {} rounds taking turns. Every request carries the same \
+                     credential, as a client reusing its access token does.",
+                    a.creates,
+                    super::AUTH_ROUNDS.min(a.creates).max(1)
+                ),
+                Err(why) => format!("The authenticated creates were not measured: {why}."),
             }
         );
         if let Some(line) = self.compare_line() {
