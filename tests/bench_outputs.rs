@@ -101,7 +101,7 @@ fn bench_writes_json_markdown_and_svg() {
     assert!(json["peak_wal_bytes"].as_u64().is_some());
     assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
     let targets = json["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 11);
+    assert_eq!(targets.len(), 13);
     // Each target is met, not met, or (null) not measured, saying why.
     for t in targets {
         assert!(t["met"].is_boolean() || t["met"].is_null(), "{t}");
@@ -191,6 +191,34 @@ fn bench_writes_json_markdown_and_svg() {
             .iter()
             .any(|t| t["name"].as_str().unwrap().contains("JWT") && t["met"].is_boolean()),
         "{targets:?}"
+    );
+
+    // What the daemon's poll pacing did in each poll phase, from its own
+    // counters: every poll sent is accounted for.
+    let early = &json["early_polls"];
+    assert_eq!(
+        early["complete"]["polls"], json["complete_polls"]["latency"]["n"],
+        "{early}"
+    );
+    assert_eq!(early["retained"]["polls"], 1000, "{early}");
+    for phase in ["complete", "retained"] {
+        for key in ["held", "from_memory", "store_reads"] {
+            assert!(
+                early[phase][key].as_u64().is_some(),
+                "{phase}.{key}: {early}"
+            );
+        }
+    }
+    for name in [
+        "daemon peak RSS",
+        "early polls held or answered from memory",
+    ] {
+        let t = targets.iter().find(|t| t["name"] == name).unwrap();
+        assert!(t["met"].is_boolean(), "{t}");
+    }
+    assert!(
+        stdout.contains("early polls (before pollIntervalMs"),
+        "{stdout}"
     );
 
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();

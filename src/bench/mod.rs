@@ -304,6 +304,30 @@ impl CpuClock {
     }
 }
 
+/// The benchmark daemon's poll counters since its start, from `taskgate
+/// status --json` over its admin socket: (polls held until due, early polls
+/// answered from memory, task reads from the store). None when the status
+/// cannot be had (then held polls are reported as not measured).
+fn poll_counters(state: &Path) -> Option<report::PollCounters> {
+    let out = Command::new("/proc/self/exe")
+        .args(["status", "--json", "--state-dir"])
+        .arg(state)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(report::PollCounters {
+        polls: 0,
+        held: v.get("polls_held")?.as_u64()?,
+        from_memory: v.get("polls_answered_from_memory")?.as_u64()?,
+        store_reads: v.get("task_reads")?.as_u64()?,
+    })
+}
+
 /// Peak resident set of a process, from /proc (KiB).
 fn peak_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -847,6 +871,8 @@ fn run_in(
         let ids: Arc<Vec<String>> = Arc::new(ids.into_iter().map(|(_, id)| id).collect());
         let count = Arc::new(AtomicUsize::new(0));
         let all = ids.clone();
+        let state = scratch.join("state");
+        let counters_before = poll_counters(&state);
         let complete = with_progress(
             &progress,
             "complete",
@@ -890,6 +916,7 @@ fn run_in(
             complete.latencies.len(),
             complete.refused
         ));
+        let counters_between = poll_counters(&state);
 
         let polls = RETAINED_POLLS.min(n);
         let mut order: Vec<usize> = (0..n).collect();
@@ -915,8 +942,17 @@ fn run_in(
         .await?;
         let poll_cpu_us = CpuClock::now(daemon_pid).daemon_us_per_request(poll_before, polls);
         progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
+        // Early polls the daemon held (or answered from memory) in each
+        // poll phase, from its own counters.
+        let early_polls = counters_before
+            .zip(counters_between)
+            .zip(poll_counters(&state))
+            .map(|((before, between), after)| report::EarlyPolls {
+                complete: between.since(before, complete.latencies.len() as u64 + complete.refused),
+                retained: after.since(between, polls as u64),
+            });
         Ok::<_, Refusal>((
-            (bare, compared),
+            (bare, compared, early_polls),
             report::CpuPerRequest {
                 noop_us: noop_cpu_us,
                 create_us: create_cpu_us,
@@ -967,7 +1003,7 @@ fn run_in(
 
     drop(bare);
     let (
-        (bare_rmcp, compare),
+        (bare_rmcp, compare, early_polls),
         cpu_per_request,
         noop_serial,
         noop,
@@ -997,6 +1033,7 @@ fn run_in(
         bare_rmcp,
         compare,
         auth,
+        early_polls,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

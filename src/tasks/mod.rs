@@ -434,6 +434,15 @@ impl TaskService {
         self.runs_started.load(Ordering::Relaxed)
     }
 
+    /// Early polls held until their task's read was due, and those
+    /// answered from memory instead, since the daemon started.
+    pub fn early_polls(&self) -> (u64, u64) {
+        (
+            self.polls.held_since_start(),
+            self.polls.remembered_since_start(),
+        )
+    }
+
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -1073,6 +1082,7 @@ impl TaskService {
                 }
                 None => {
                     if let Some(record) = self.unexpired(last) {
+                        self.polls.answered_from_memory();
                         return Ok(record);
                     }
                 }
