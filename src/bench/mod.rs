@@ -64,8 +64,8 @@ const SERIAL_TASKS: usize = 500;
 /// Polls of the retained phase, at most.
 const RETAINED_POLLS: usize = 5000;
 /// No-op requests (`tools/list`) of the floor phase at concurrency C, at
-/// least: enough that the daemon's CPU (read in 10 ms ticks) per request
-/// is known to a few percent.
+/// least: enough that the daemon's CPU per request is steady within a
+/// run.
 const NOOP_REQUESTS: usize = 5000;
 /// How often the WAL size is sampled.
 const WAL_SAMPLE: Duration = Duration::from_millis(10);
@@ -237,13 +237,27 @@ fn start_daemon(scratch: &Path, suffix: &str, config: &Path) -> Result<BenchDaem
 }
 
 /// CPU time used so far: the whole host (busy, total jiffies), this
-/// process and the daemon (jiffies).
+/// process (jiffies) and the measured server ([`cpu_ns`]).
 #[derive(Clone, Copy, Default)]
 struct CpuClock {
     host_busy: u64,
     host_total: u64,
     client: u64,
-    daemon: u64,
+    daemon_ns: u64,
+}
+
+/// CPU time a process has used, in nanoseconds: its process CPU clock
+/// (every thread's, those that have exited included, to the nanosecond);
+/// the kernel's 10 ms ticks from /proc when that clock cannot be read.
+fn cpu_ns(pid: u32) -> u64 {
+    let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32))
+        .and_then(nix::time::clock_gettime);
+    match clock {
+        Ok(t) => (t.tv_sec().max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec().max(0) as u64),
+        Err(_) => proc_jiffies(&pid.to_string()).saturating_mul(10_000_000),
+    }
 }
 
 fn proc_jiffies(pid: &str) -> u64 {
@@ -264,7 +278,7 @@ fn proc_jiffies(pid: &str) -> u64 {
 impl CpuClock {
     /// The daemon's CPU per request since `before`, in microseconds.
     fn daemon_us_per_request(self, before: CpuClock, requests: usize) -> f64 {
-        self.daemon.saturating_sub(before.daemon) as f64 * 10_000.0 / requests.max(1) as f64
+        self.daemon_ns.saturating_sub(before.daemon_ns) as f64 / 1000.0 / requests.max(1) as f64
     }
 
     fn now(daemon: u32) -> CpuClock {
@@ -286,7 +300,7 @@ impl CpuClock {
             host_busy: busy,
             host_total: total,
             client: proc_jiffies("self"),
-            daemon: proc_jiffies(&daemon.to_string()),
+            daemon_ns: cpu_ns(daemon),
         }
     }
 
@@ -298,7 +312,9 @@ impl CpuClock {
             * 100.0;
         (
             host,
-            (self.daemon - before.daemon) as f64 / ticks * 100.0,
+            self.daemon_ns.saturating_sub(before.daemon_ns) as f64
+                / (wall.as_secs_f64().max(1e-9) * 1e9)
+                * 100.0,
             (self.client - before.client) as f64 / ticks * 100.0,
         )
     }
@@ -501,7 +517,7 @@ fn auth_cost(
             }
         }
         let mut modes = vec![report::AuthMode::default(); daemons.len()];
-        let mut jiffies = vec![0u64; daemons.len()];
+        let mut cpu = vec![0u64; daemons.len()];
         let mut latencies = vec![Vec::new(); daemons.len()];
         let rounds = AUTH_ROUNDS.min(n).max(1);
         for round in 0..rounds {
@@ -511,7 +527,7 @@ fn auth_cost(
                 let d = &daemons[i];
                 let pid = d.daemon.child.id();
                 let count = Arc::new(AtomicUsize::new(0));
-                let before = proc_jiffies(&pid.to_string());
+                let before = cpu_ns(pid);
                 let run = with_progress(
                     progress,
                     &format!("create, {}", d.name),
@@ -521,7 +537,7 @@ fn auth_cost(
                 )
                 .await
                 .map_err(|e| format!("creating with a {}: {e}", d.name))?;
-                jiffies[i] += proc_jiffies(&pid.to_string()).saturating_sub(before);
+                cpu[i] += cpu_ns(pid).saturating_sub(before);
                 let m = &mut modes[i];
                 m.synchronous += chunk - run.ids.len();
                 m.busy += run.busy;
@@ -531,7 +547,7 @@ fn auth_cost(
         }
         for (i, m) in modes.iter_mut().enumerate() {
             m.create = report::PhaseFigures::of(&latencies[i], m.elapsed, 0, m.busy);
-            m.cpu_us_per_create = jiffies[i] as f64 * 10_000.0 / n.max(1) as f64;
+            m.cpu_us_per_create = cpu[i] as f64 / 1000.0 / n.max(1) as f64;
         }
         let cost = report::AuthCost {
             creates: n,

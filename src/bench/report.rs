@@ -176,7 +176,7 @@ pub struct Report {
     pub serial_latencies: Vec<Duration>,
 }
 
-/// The daemon's CPU per request (µs), from /proc in 10 ms ticks.
+/// The daemon's CPU per request (µs), from its process CPU clock.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CpuPerRequest {
     pub noop_us: f64,
@@ -242,7 +242,7 @@ pub struct AuthCost {
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct AuthMode {
     pub create: PhaseFigures,
-    /// The daemon's CPU per create (µs), from /proc in 10 ms ticks.
+    /// The daemon's CPU per create (µs), from its process CPU clock.
     pub cpu_us_per_create: f64,
     /// Calls that ran synchronously (no free slot or store busy).
     pub synchronous: usize,
