@@ -223,7 +223,7 @@ fn bench_writes_json_markdown_and_svg() {
 
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.starts_with("# taskgate bench"));
-    assert!(md.contains("| JWT create, conc. 32 |"), "{md}");
+    assert!(md.contains("| create, JWT, conc. 32 |"), "{md}");
     assert!(md.contains("| baseline: 1-row commit |"));
     assert!(md.contains("| no-op (tools/list), conc. 1 |"), "{md}");
     assert!(md.contains("![latency distribution](latency.svg)"));

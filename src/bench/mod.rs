@@ -74,6 +74,10 @@ const BENCH_POLL_INTERVAL_MS: u64 = 50;
 /// Rounds of the authenticated create phases: each daemon's creations
 /// come in this many chunks, the two daemons taking turns.
 const AUTH_ROUNDS: usize = 4;
+/// Creations on each authenticated daemon before the counted ones, at
+/// most: its first requests (and the first verification of the JWT) are
+/// not what a serving daemon spends.
+const AUTH_WARMUP: usize = 200;
 /// How many times one request is sent again after a busy answer
 /// (`TG_SERVER_BUSY`) before the run fails. The daemon is sized so that
 /// none should come; a few are retried and counted rather than end a run.
@@ -516,6 +520,13 @@ fn auth_cost(
                 ));
             }
         }
+        let warmup = AUTH_WARMUP.min(n);
+        for d in &daemons {
+            let count = Arc::new(AtomicUsize::new(0));
+            concurrent(&d.daemon.url, Some(&d.token), warmup, c, count, create_one)
+                .await
+                .map_err(|e| format!("creating with a {}: {e}", d.name))?;
+        }
         let mut modes = vec![report::AuthMode::default(); daemons.len()];
         let mut cpu = vec![0u64; daemons.len()];
         let mut latencies = vec![Vec::new(); daemons.len()];
@@ -551,6 +562,7 @@ fn auth_cost(
         }
         let cost = report::AuthCost {
             creates: n,
+            warmup,
             static_token: modes[0],
             jwt: modes[1],
         };
@@ -559,6 +571,25 @@ fn auth_cost(
             cost.static_token.cpu_us_per_create, cost.jwt.cpu_us_per_create
         ));
         Ok(cost)
+    })
+}
+
+/// The no-op load on another server: warmed up as taskgate's daemon was
+/// (the no-op one at a time, not counted), then `n` requests on `c`
+/// clients, its CPU per request read when its process is known.
+async fn reference_noop(
+    url: &str,
+    n: usize,
+    c: usize,
+    pid: Option<u32>,
+    progress: &Progress,
+    name: &str,
+) -> Result<report::Reference, Refusal> {
+    noop_phase(url, SERIAL_TASKS, 1, None, progress, &format!("{name}, 1")).await?;
+    let (phase, cpu) = noop_phase(url, n, c, pid, progress, name).await?;
+    Ok(report::Reference {
+        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
+        cpu_us: cpu,
     })
 }
 
@@ -807,15 +838,9 @@ fn run_in(
         // The same load on the bare rmcp service. A failure there is its
         // figure, not the run's.
         let bare = match &bare {
-            Ok(server) => {
-                match noop_phase(&server.url, noop_n, c, Some(server.pid()), &progress, "bare rmcp").await {
-                    Ok((phase, cpu)) => Ok(report::Reference {
-                        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
-                        cpu_us: cpu,
-                    }),
-                    Err(e) => Err(format!("the no-op load on the bare rmcp server failed: {e}")),
-                }
-            }
+            Ok(server) => reference_noop(&server.url, noop_n, c, Some(server.pid()), &progress, "bare rmcp")
+                .await
+                .map_err(|e| format!("the no-op load on the bare rmcp server failed: {e}")),
             Err(why) => Err(why.clone()),
         };
         progress.done(&match &bare {
@@ -829,13 +854,9 @@ fn run_in(
         // The same load on the server the operator named.
         let compared = match compare {
             Some(target) => {
-                let r = match noop_phase(&target.url, noop_n, c, target.pid, &progress, "compare").await {
-                    Ok((phase, cpu)) => Ok(report::Reference {
-                        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
-                        cpu_us: cpu,
-                    }),
-                    Err(e) => Err(format!("the no-op load on {} failed: {e}", target.url)),
-                };
+                let r = reference_noop(&target.url, noop_n, c, target.pid, &progress, "compare")
+                    .await
+                    .map_err(|e| format!("the no-op load on {} failed: {e}", target.url));
                 progress.done(&match &r {
                     Ok(r) => format!(
                         "compare {} (tools/list): {noop_n} at concurrency {c} at {:.0}/s{}",

@@ -234,6 +234,8 @@ pub struct EarlyPolls {
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct AuthCost {
     pub creates: usize,
+    /// Creations on each daemon before the counted ones.
+    pub warmup: usize,
     pub static_token: AuthMode,
     pub jwt: AuthMode,
 }
@@ -492,7 +494,7 @@ impl Report {
         };
         vec![
             Target {
-                name: "daemon CPU per create with a JWT vs with a static token".into(),
+                name: "daemon CPU per create, JWT vs static token".into(),
                 goal: "≤ 1.1×".into(),
                 value: jwt.0,
                 met: jwt.1,
@@ -744,9 +746,9 @@ impl Report {
             ),
         ]);
         if let Ok(a) = &self.auth {
-            for (name, m) in [("static-token", &a.static_token), ("JWT", &a.jwt)] {
+            for (name, m) in [("static token", &a.static_token), ("JWT", &a.jwt)] {
                 rows.push(row(
-                    &format!("{name} create, conc. {}", self.concurrency),
+                    &format!("create, {name}, conc. {}", self.concurrency),
                     &m.create.latency,
                     format!("{:.0} tasks/s", m.create.per_sec),
                 ));
@@ -842,13 +844,13 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  rate",
+            "{:<32} {:>7} {:>9} {:>9} {:>9} {:>9}  rate",
             "latency (ms)", "n", "p50", "p95", "p99", "max"
         );
         for r in self.rows() {
             let _ = writeln!(
                 s,
-                "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
+                "{:<32} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
                 r[0], r[1], r[2], r[3], r[4], r[5], r[6]
             );
         }
@@ -882,7 +884,7 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(
                 s,
-                "{:<12} {:<52} {:>10} (target {})",
+                "{:<12} {:<56} {:>10} (target {})",
                 t.verdict(),
                 t.name,
                 t.value,
@@ -966,10 +968,11 @@ impl Report {
                     "The authenticated create rows come from two more daemons configured as the first \
                      plus `[auth]` with `local_owner = \"never\"`: one requiring a static token, one \
                      a JWT (EdDSA, a key generated for the run, its public half in a JWKS file); {} \
-                     creations each, in {} rounds taking turns. Every request carries the same \
+                     creations each, in {} rounds taking turns, after {} not counted. Every request carries the same \
                      credential, as a client reusing its access token does.",
                     a.creates,
-                    super::AUTH_ROUNDS.min(a.creates).max(1)
+                    super::AUTH_ROUNDS.min(a.creates).max(1),
+                    a.warmup
                 ),
                 Err(why) => format!("The authenticated creates were not measured: {why}."),
             }
