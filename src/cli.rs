@@ -270,6 +270,25 @@ pub struct BenchArgs {
     /// Keep the scratch directory (its database included) afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// The bare rmcp server (the `bare_rmcp` example of the source tree)
+    /// that the no-op load is also run on, for the daemon's CPU per no-op
+    /// against the library's own. Default: examples/bare_rmcp beside this
+    /// executable, where cargo builds it; without one that target is
+    /// reported as not measured.
+    #[arg(long, value_name = "PATH")]
+    pub bare_rmcp: Option<PathBuf>,
+    /// Also drive the MCP server at URL (http:// to a 127.0.0.0/8 address
+    /// only: the benchmark never sends traffic beyond this host) with the same
+    /// no-op load (`tools/list` of protocol 2026-07-28, no session, at
+    /// --concurrency), and report taskgate's throughput, p50 and p99 as
+    /// ratios to its, and its CPU per request when its process is known.
+    #[arg(long, value_name = "URL")]
+    pub compare: Option<String>,
+    /// The process serving --compare, whose CPU time per request is read
+    /// from its process CPU clock. Default: the owner of the socket listening on the URL's port,
+    /// when this user can see it.
+    #[arg(long, value_name = "PID", requires = "compare")]
+    pub compare_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -226,6 +226,9 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                 out: args.out,
                 config: args.config,
                 keep: args.keep,
+                bare_rmcp: args.bare_rmcp,
+                compare: args.compare,
+                compare_pid: args.compare_pid,
             })?;
             out(table.trim_end())
         }

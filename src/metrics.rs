@@ -145,8 +145,6 @@ pub struct Metrics {
     commit_seconds: Histogram,
     checkpoint_seconds: Histogram,
     auth_failures: Family<ReasonLabels, Counter>,
-    polls_held: Counter,
-    polls_from_memory: Counter,
     approval_events: Family<EventLabels, Counter>,
     upstream_up: Family<UpstreamLabels, Gauge>,
     upstream_errors: Family<UpstreamLabels, Counter>,
@@ -224,18 +222,6 @@ impl Metrics {
             "Requests refused by authentication, by reason",
             auth_failures.clone(),
         );
-        let polls_held = Counter::default();
-        registry.register(
-            "taskgate_polls_held",
-            "Polls that came before their task's pollIntervalMs and were held until due",
-            polls_held.clone(),
-        );
-        let polls_from_memory = Counter::default();
-        registry.register(
-            "taskgate_polls_answered_from_memory",
-            "Early polls answered with the record last told, without a store read",
-            polls_from_memory.clone(),
-        );
         let approval_events = Family::<EventLabels, Counter>::default();
         registry.register(
             "taskgate_approval_events",
@@ -266,8 +252,6 @@ impl Metrics {
             commit_seconds,
             checkpoint_seconds,
             auth_failures,
-            polls_held,
-            polls_from_memory,
             approval_events,
             upstream_up,
             upstream_errors,
@@ -347,14 +331,6 @@ impl Metrics {
         self.auth_failures
             .get_or_create(&ReasonLabels { reason })
             .inc();
-    }
-
-    pub fn poll_held(&self) {
-        self.polls_held.inc();
-    }
-
-    pub fn poll_from_memory(&self) {
-        self.polls_from_memory.inc();
     }
 
     /// An approval journal event, by its kind.
@@ -476,6 +452,9 @@ pub struct Snapshot {
     pub queue_capacity: u64,
     pub wal_bytes: u64,
     pub task_reads: u64,
+    /// Early polls held until due, and those answered from memory.
+    pub polls_held: u64,
+    pub polls_answered_from_memory: u64,
     pub tools_running: u64,
     pub runs_started: u64,
     /// Synchronous fallbacks by reason.
@@ -570,6 +549,18 @@ impl Snapshot {
             "taskgate_store_task_reads",
             "Task reads that reached the store (held or remembered polls are not)",
             self.task_reads,
+        );
+        counter(
+            r,
+            "taskgate_polls_held",
+            "Polls that came before their task's pollIntervalMs and were held until due",
+            self.polls_held,
+        );
+        counter(
+            r,
+            "taskgate_polls_answered_from_memory",
+            "Early polls answered with the record last told, without a store read",
+            self.polls_answered_from_memory,
         );
         gauge(
             r,

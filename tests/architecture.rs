@@ -125,7 +125,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("backup", &["config", "exit", "parts", "state_dir", "store"]),
     (
         "bench",
-        &["client", "config", "exit", "store", "tools", "wire"],
+        &["auth", "client", "config", "exit", "store", "tools", "wire"],
     ),
     // The client's unit test checks its default URL against the daemon's
     // default listen address.

@@ -100,7 +100,51 @@ fn bench_writes_json_markdown_and_svg() {
     );
     assert!(json["peak_wal_bytes"].as_u64().is_some());
     assert!(json["final_db_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(json["targets"].as_array().unwrap().len(), 9);
+    let targets = json["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 13);
+    // Each target is met, not met, or (null) not measured, saying why.
+    for t in targets {
+        assert!(t["met"].is_boolean() || t["met"].is_null(), "{t}");
+        if t["met"].is_null() {
+            assert!(
+                t["value"].as_str().unwrap().starts_with("not measured: "),
+                "{t}"
+            );
+        }
+    }
+    // The bare rmcp server is measured when cargo built it beside the
+    // binary (a whole `cargo test` builds the examples), and otherwise
+    // reported as not measured, with the reason.
+    let bare = &json["bare_rmcp"];
+    let built = std::path::Path::new(BIN)
+        .parent()
+        .unwrap()
+        .join("examples/bare_rmcp")
+        .is_file();
+    assert_eq!(bare["measured"].as_bool(), Some(built), "{bare}");
+    let bare_target = targets
+        .iter()
+        .find(|t| t["name"].as_str().unwrap().contains("bare rmcp"))
+        .unwrap();
+    if built {
+        assert!(
+            bare["cpu_us_per_noop"].as_f64().is_some_and(|v| v > 0.0),
+            "{bare}"
+        );
+        assert!(
+            bare["daemon_cpu_to_reference_cpu"].as_f64().is_some(),
+            "{bare}"
+        );
+        assert!(
+            bare["noop"]["latency"]["n"].as_u64().unwrap() >= 5000,
+            "{bare}"
+        );
+        assert_eq!(bare["noop"]["busy_answers"], 0, "{bare}");
+        assert!(bare_target["met"].is_boolean(), "{bare_target}");
+    } else {
+        assert!(bare["reason"].as_str().is_some(), "{bare}");
+        assert!(bare_target["met"].is_null(), "{bare_target}");
+    }
     // The floor: the daemon's CPU per request of each phase was measured
     // (5,000 no-op requests at least), and the ratios to it are reported.
     let cpu = &json["daemon_cpu_per_request"];
@@ -126,8 +170,60 @@ fn bench_writes_json_markdown_and_svg() {
     assert_eq!(created, 1000);
     assert!(synchronous < 1000);
 
+    // Authentication's cost: the same creations on a daemon requiring a
+    // static token and on one requiring a JWT, all of them tasks.
+    let auth = &json["auth"];
+    assert_eq!(auth["measured"], true, "{auth}");
+    assert_eq!(auth["creates"], 1000, "{auth}");
+    for mode in ["static_token", "jwt"] {
+        assert!(
+            auth[mode]["cpu_us_per_create"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{mode}: {auth}"
+        );
+        assert_eq!(auth[mode]["create"]["latency"]["n"], 1000, "{mode}: {auth}");
+        assert_eq!(auth[mode]["create"]["busy_answers"], 0, "{mode}: {auth}");
+    }
+    assert!(auth["jwt_cpu_to_static_cpu"].as_f64().is_some(), "{auth}");
+    assert!(
+        targets
+            .iter()
+            .any(|t| t["name"].as_str().unwrap().contains("JWT") && t["met"].is_boolean()),
+        "{targets:?}"
+    );
+
+    // What the daemon's poll pacing did in each poll phase, from its own
+    // counters: every poll sent is accounted for.
+    let early = &json["early_polls"];
+    assert_eq!(
+        early["complete"]["polls"], json["complete_polls"]["latency"]["n"],
+        "{early}"
+    );
+    assert_eq!(early["retained"]["polls"], 1000, "{early}");
+    for phase in ["complete", "retained"] {
+        for key in ["held", "from_memory", "store_reads"] {
+            assert!(
+                early[phase][key].as_u64().is_some(),
+                "{phase}.{key}: {early}"
+            );
+        }
+    }
+    for name in [
+        "daemon peak RSS",
+        "early polls held or answered from memory",
+    ] {
+        let t = targets.iter().find(|t| t["name"] == name).unwrap();
+        assert!(t["met"].is_boolean(), "{t}");
+    }
+    assert!(
+        stdout.contains("early polls (before pollIntervalMs"),
+        "{stdout}"
+    );
+
     let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
     assert!(md.starts_with("# taskgate bench"));
+    assert!(md.contains("| create, JWT, conc. 32 |"), "{md}");
     assert!(md.contains("| baseline: 1-row commit |"));
     assert!(md.contains("| no-op (tools/list), conc. 1 |"), "{md}");
     assert!(md.contains("![latency distribution](latency.svg)"));
@@ -138,6 +234,7 @@ fn bench_writes_json_markdown_and_svg() {
         "{md}"
     );
     assert!(md.contains("Busy answers (TG_SERVER_BUSY"), "{md}");
+    assert_eq!(md.contains("| bare rmcp no-op, conc. 32 |"), built, "{md}");
 
     let svg = std::fs::read_to_string(out.join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -154,6 +251,139 @@ fn bench_writes_json_markdown_and_svg() {
         .filter(|n| n.starts_with("taskgate-bench-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A bare rmcp server that cannot be started is a target not measured, with
+/// the reason, never a failed run.
+#[test]
+fn bench_reports_a_bare_rmcp_it_cannot_start_as_not_measured() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    let missing = root.path().join("no-such-bare-rmcp");
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "10",
+            "--concurrency",
+            "2",
+            "--bare-rmcp",
+            missing.to_str().unwrap(),
+            "--dir",
+            root.path().to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("not measured"), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    let bare = &json["bare_rmcp"];
+    assert_eq!(bare["measured"], false, "{bare}");
+    assert!(
+        bare["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-bare-rmcp"),
+        "{bare}"
+    );
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.contains("| not measured |"), "{md}");
+}
+
+/// `--compare URL` drives another MCP server on this host (here a second
+/// real daemon) with the same no-op load, finds its process by the socket
+/// it listens on, and reports taskgate's figures as ratios to its.
+#[test]
+fn bench_compares_with_another_server_on_loopback() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = write_config(root.path(), "", &[Tool::new("echo").script("printf hi")]);
+    let other = Daemon::start(&cfg, &state, &root.path().join("other.log"));
+    let work = root.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let out = root.path().join("out");
+    let url = other.url();
+    let output = taskgate(
+        &[
+            "bench",
+            "--tasks",
+            "10",
+            "--concurrency",
+            "2",
+            "--compare",
+            &url,
+            "--dir",
+            work.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("HOME", "/nonexistent")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(&format!("compared with {url}")), "{stdout}");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    let compare = &json["compare"];
+    assert_eq!(compare["url"], url.as_str(), "{compare}");
+    assert_eq!(compare["measured"], true, "{compare}");
+    assert_eq!(compare["pid"], other.child.id(), "{compare}");
+    assert!(
+        compare["cpu_us_per_noop"].as_f64().is_some_and(|v| v > 0.0),
+        "{compare}"
+    );
+    assert!(compare["noop"]["latency"]["n"].as_u64().unwrap() >= 5000);
+    for key in [
+        "daemon_cpu_to_reference_cpu",
+        "noop_throughput_to_reference",
+        "noop_p50_to_reference",
+        "noop_p99_to_reference",
+    ] {
+        assert!(
+            compare[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {compare}"
+        );
+    }
+    let md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(md.contains("| compare no-op, conc. 2 |"), "{md}");
+    assert!(md.contains(&format!("Compared with {url}")), "{md}");
+}
+
+/// A `--compare` URL beyond loopback is refused as a usage error before
+/// anything is created: the benchmark sends nothing off this host.
+#[test]
+fn bench_refuses_to_compare_with_a_server_beyond_loopback() {
+    let root = private_dir();
+    let out = root.path().join("out");
+    for url in [
+        "http://192.0.2.1:8765/mcp",
+        "http://localhost:8765/mcp",
+        "https://127.0.0.1:8765/mcp",
+    ] {
+        let output = taskgate(
+            &[
+                "bench",
+                "--tasks",
+                "10",
+                "--compare",
+                url,
+                "--dir",
+                root.path().to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[("HOME", "/nonexistent")],
+        );
+        assert_eq!(output.status.code(), Some(64), "{url}: {output:?}");
+        let stderr = one_line_stderr(&output);
+        assert!(stderr.contains(&format!("--compare {url}")), "{stderr}");
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
 }
 
 /// A concurrency the daemon's ranges cannot serve is a usage error naming

@@ -270,6 +270,15 @@ pub struct Status {
     /// daemon older than this field.
     #[serde(default)]
     pub task_reads: u64,
+    /// Polls that came before their task's next read was due and were held
+    /// until it was, since the daemon started (absent from, and so 0 for,
+    /// a daemon older than this field).
+    #[serde(default)]
+    pub polls_held: u64,
+    /// Early polls answered from memory with what the owner was last told,
+    /// when too many were held already (0 for an older daemon).
+    #[serde(default)]
+    pub polls_answered_from_memory: u64,
     pub queue: Queue,
     /// Size of `tasks.db-wal` now.
     pub wal_bytes: u64,

@@ -551,6 +551,8 @@ async fn status(ctx: &Context) -> Status {
         running: svc.running_count(),
         runs_started: svc.runs_started(),
         task_reads: store.task_reads(),
+        polls_held: svc.early_polls().0,
+        polls_answered_from_memory: svc.early_polls().1,
         queue: Queue {
             depth: store.queued(),
             capacity: store.queue_capacity(),

@@ -12,6 +12,16 @@
 //! 3. completion: every task polled until it ended (all must complete);
 //! 4. retained: polls of random tasks with all N retained.
 //!
+//! The no-op floor is also measured, in the same run, on the bare rmcp
+//! service ([`reference`]): what taskgate's HTTP and MCP layers cost
+//! beyond the library they are built on. With `--compare URL` the same
+//! load runs on another MCP server on this host, for an operator to read
+//! taskgate's figures as ratios to an alternative's.
+//!
+//! Then the cost of authentication: two more daemons, one requiring a
+//! static token and one a JWT ([`credentials`]), each given the same
+//! creations, in alternating rounds so that the host's noise falls on both.
+//!
 //! The daemon is configured for the load the benchmark drives
 //! ([`sizing`]), and that configuration is recorded with the results. A
 //! busy answer is sent again after the wait it asks for, a bounded number
@@ -20,6 +30,8 @@
 //! The WAL size is sampled throughout and the daemon's peak RSS read at
 //! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
 
+mod credentials;
+mod reference;
 mod report;
 mod sizing;
 
@@ -52,13 +64,20 @@ const SERIAL_TASKS: usize = 500;
 /// Polls of the retained phase, at most.
 const RETAINED_POLLS: usize = 5000;
 /// No-op requests (`tools/list`) of the floor phase at concurrency C, at
-/// least: enough that the daemon's CPU (read in 10 ms ticks) per request
-/// is known to a few percent.
+/// least: enough that the daemon's CPU per request is steady within a
+/// run.
 const NOOP_REQUESTS: usize = 5000;
 /// How often the WAL size is sampled.
 const WAL_SAMPLE: Duration = Duration::from_millis(10);
 /// The poll interval the benchmark daemon advertises.
 const BENCH_POLL_INTERVAL_MS: u64 = 50;
+/// Rounds of the authenticated create phases: each daemon's creations
+/// come in this many chunks, the two daemons taking turns.
+const AUTH_ROUNDS: usize = 4;
+/// Creations on each authenticated daemon before the counted ones, at
+/// most: its first requests (and the first verification of the JWT) are
+/// not what a serving daemon spends.
+const AUTH_WARMUP: usize = 200;
 /// How many times one request is sent again after a busy answer
 /// (`TG_SERVER_BUSY`) before the run fails. The daemon is sized so that
 /// none should come; a few are retried and counted rather than end a run.
@@ -76,6 +95,14 @@ pub struct BenchOptions {
     pub config: Option<PathBuf>,
     /// Keep the scratch directory (database included) afterwards.
     pub keep: bool,
+    /// The bare rmcp server to measure the no-op floor on; by default the
+    /// example beside this executable.
+    pub bare_rmcp: Option<PathBuf>,
+    /// Another MCP server (loopback only) to drive with the same no-op load.
+    pub compare: Option<String>,
+    /// Its process, for its CPU per request; by default the owner of the
+    /// socket listening on the URL's port, when it can be found.
+    pub compare_pid: Option<u32>,
 }
 
 fn refusal(class: ExitClass, msg: impl Into<String>) -> Refusal {
@@ -102,11 +129,13 @@ struct Run {
     elapsed: Duration,
 }
 
-/// A benchmark client: it retries busy answers, a bounded number of times.
-fn bench_client(url: &str) -> Result<Client, Refusal> {
+/// A benchmark client: it retries busy answers, a bounded number of times,
+/// and sends `token` as its bearer credential when given one.
+fn bench_client(url: &str, token: Option<&str>) -> Result<Client, Refusal> {
     Ok(Client::new(url, true)
         .map_err(client_refusal)?
-        .with_busy_retries(BENCH_BUSY_RETRIES))
+        .with_busy_retries(BENCH_BUSY_RETRIES)
+        .with_token(token.map(String::from)))
 }
 
 /// A running benchmark daemon; killed if dropped.
@@ -122,15 +151,17 @@ impl Drop for BenchDaemon {
     }
 }
 
-/// Starts the benchmark daemon and returns once it is ready. Readiness and
+/// Starts a benchmark daemon and returns once it is ready. Readiness and
 /// the port come the way systemd learns them: `READY=1` and `STATUS=serving
-/// on 127.0.0.1:PORT; …` on a NOTIFY_SOCKET this process owns.
-fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
-    let state = scratch.join("state");
-    let log_path = scratch.join("daemon.log");
+/// on 127.0.0.1:PORT; …` on a NOTIFY_SOCKET this process owns. `suffix`
+/// names its files apart from another's: `state{suffix}` (which must
+/// exist), `daemon{suffix}.log`, `notify{suffix}.sock`.
+fn start_daemon(scratch: &Path, suffix: &str, config: &Path) -> Result<BenchDaemon, Refusal> {
+    let state = scratch.join(format!("state{suffix}"));
+    let log_path = scratch.join(format!("daemon{suffix}.log"));
     let io = |p: &Path, e: std::io::Error| refusal(ExitClass::Io, format!("{}: {e}", p.display()));
     let log = std::fs::File::create(&log_path).map_err(|e| io(&log_path, e))?;
-    let sock_path = scratch.join("notify.sock");
+    let sock_path = scratch.join(format!("notify{suffix}.sock"));
     let sock = UnixDatagram::bind(&sock_path).map_err(|e| io(&sock_path, e))?;
     // Short waits, so that a daemon that exits before READY=1 is noticed.
     sock.set_read_timeout(Some(Duration::from_millis(200)))
@@ -210,13 +241,27 @@ fn start_daemon(scratch: &Path, config: &Path) -> Result<BenchDaemon, Refusal> {
 }
 
 /// CPU time used so far: the whole host (busy, total jiffies), this
-/// process and the daemon (jiffies).
+/// process (jiffies) and the measured server ([`cpu_ns`]).
 #[derive(Clone, Copy, Default)]
 struct CpuClock {
     host_busy: u64,
     host_total: u64,
     client: u64,
-    daemon: u64,
+    daemon_ns: u64,
+}
+
+/// CPU time a process has used, in nanoseconds: its process CPU clock
+/// (every thread's, those that have exited included, to the nanosecond);
+/// the kernel's 10 ms ticks from /proc when that clock cannot be read.
+fn cpu_ns(pid: u32) -> u64 {
+    let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32))
+        .and_then(nix::time::clock_gettime);
+    match clock {
+        Ok(t) => (t.tv_sec().max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec().max(0) as u64),
+        Err(_) => proc_jiffies(&pid.to_string()).saturating_mul(10_000_000),
+    }
 }
 
 fn proc_jiffies(pid: &str) -> u64 {
@@ -237,7 +282,7 @@ fn proc_jiffies(pid: &str) -> u64 {
 impl CpuClock {
     /// The daemon's CPU per request since `before`, in microseconds.
     fn daemon_us_per_request(self, before: CpuClock, requests: usize) -> f64 {
-        (self.daemon - before.daemon) as f64 * 10_000.0 / requests.max(1) as f64
+        self.daemon_ns.saturating_sub(before.daemon_ns) as f64 / 1000.0 / requests.max(1) as f64
     }
 
     fn now(daemon: u32) -> CpuClock {
@@ -259,7 +304,7 @@ impl CpuClock {
             host_busy: busy,
             host_total: total,
             client: proc_jiffies("self"),
-            daemon: proc_jiffies(&daemon.to_string()),
+            daemon_ns: cpu_ns(daemon),
         }
     }
 
@@ -271,10 +316,36 @@ impl CpuClock {
             * 100.0;
         (
             host,
-            (self.daemon - before.daemon) as f64 / ticks * 100.0,
+            self.daemon_ns.saturating_sub(before.daemon_ns) as f64
+                / (wall.as_secs_f64().max(1e-9) * 1e9)
+                * 100.0,
             (self.client - before.client) as f64 / ticks * 100.0,
         )
     }
+}
+
+/// The benchmark daemon's poll counters since its start, from `taskgate
+/// status --json` over its admin socket: (polls held until due, early polls
+/// answered from memory, task reads from the store). None when the status
+/// cannot be had (then held polls are reported as not measured).
+fn poll_counters(state: &Path) -> Option<report::PollCounters> {
+    let out = Command::new("/proc/self/exe")
+        .args(["status", "--json", "--state-dir"])
+        .arg(state)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(report::PollCounters {
+        polls: 0,
+        held: v.get("polls_held")?.as_u64()?,
+        from_memory: v.get("polls_answered_from_memory")?.as_u64()?,
+        store_reads: v.get("task_reads")?.as_u64()?,
+    })
 }
 
 /// Peak resident set of a process, from /proc (KiB).
@@ -329,7 +400,7 @@ impl Progress {
 /// Creations one after another from one client: the latency of one
 /// creation against one raw commit.
 async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase, Refusal> {
-    let client = bench_client(url)?;
+    let client = bench_client(url, None)?;
     let mut phase = Phase::default();
     let start = Instant::now();
     for i in 0..n {
@@ -349,30 +420,33 @@ async fn serial_phase(url: &str, n: usize, progress: &Progress) -> Result<Phase,
 }
 
 /// The floor: `n` no-op requests (`tools/list`, which reads nothing from
-/// the store) on `c` clients, and the daemon's CPU per request.
+/// the store) on `c` clients, and the server's CPU per request when its
+/// process is known.
 async fn noop_phase(
     url: &str,
     n: usize,
     c: usize,
-    daemon_pid: u32,
+    pid: Option<u32>,
     progress: &Progress,
     name: &str,
-) -> Result<(Phase, f64), Refusal> {
+) -> Result<(Phase, Option<f64>), Refusal> {
     let count = Arc::new(AtomicUsize::new(0));
-    let before = CpuClock::now(daemon_pid);
+    let before = pid.map(CpuClock::now);
     let run = with_progress(
         progress,
         name,
         n,
         count.clone(),
-        concurrent(url, n, c, count, |client, _| async move {
+        concurrent(url, None, n, c, count, |client, _| async move {
             let t = Instant::now();
             client.request("tools/list", json!({}), None, None).await?;
             Ok((vec![t.elapsed()], None, 0))
         }),
     )
     .await?;
-    let cpu = CpuClock::now(daemon_pid).daemon_us_per_request(before, n);
+    let cpu = pid
+        .zip(before)
+        .map(|(pid, before)| CpuClock::now(pid).daemon_us_per_request(before, n));
     Ok((
         Phase {
             latencies: run.latencies,
@@ -384,13 +458,150 @@ async fn noop_phase(
     ))
 }
 
+/// One creation of the benchmark's tool: its latency and task ID.
+async fn create_one(
+    client: Arc<Client>,
+    _: usize,
+) -> Result<(Vec<Duration>, Option<String>, u64), ClientError> {
+    let t = Instant::now();
+    let created = client.call_tool(BENCH_TOOL, json!({}), None).await?;
+    Ok((vec![t.elapsed()], task_id_of(&created), 0))
+}
+
+/// A daemon requiring a credential, and that credential.
+struct AuthDaemon {
+    daemon: BenchDaemon,
+    token: String,
+    name: &'static str,
+}
+
+/// The cost of authentication: a daemon requiring a static token and one
+/// requiring a JWT, each configured as the main one was plus its `[auth]`,
+/// each given `n` creations at concurrency `c` in [`AUTH_ROUNDS`] chunks,
+/// the two taking turns (and which goes first), with the daemon's CPU read
+/// around each chunk. `Err` is why it was not measured: none of this
+/// fails the run.
+fn auth_cost(
+    rt: &tokio::runtime::Runtime,
+    sizing: &Sizing,
+    scratch: &Path,
+    n: usize,
+    c: usize,
+    progress: &Progress,
+) -> Result<report::AuthCost, String> {
+    let mut daemons = Vec::new();
+    for (suffix, name) in [("-static", "static token"), ("-jwt", "JWT")] {
+        let credential = if suffix == "-static" {
+            credentials::static_token(scratch)?
+        } else {
+            credentials::jwt(scratch)?
+        };
+        let config = scratch.join(format!("bench{suffix}.toml"));
+        std::fs::write(&config, format!("{}{}", sizing.toml(), credential.toml))
+            .map_err(|e| format!("{}: {e}", config.display()))?;
+        private_dir(&scratch.join(format!("state{suffix}"))).map_err(|e| e.to_string())?;
+        let daemon = start_daemon(scratch, suffix, &config)
+            .map_err(|e| format!("the daemon requiring a {name}: {e}"))?;
+        daemons.push(AuthDaemon {
+            daemon,
+            token: credential.token,
+            name,
+        });
+    }
+    rt.block_on(async {
+        // Without its credential a create must be refused, or the phase
+        // would not be measuring authentication at all.
+        for d in &daemons {
+            let anonymous = bench_client(&d.daemon.url, None).map_err(|e| e.to_string())?;
+            if anonymous.call_tool(BENCH_TOOL, json!({}), None).await.is_ok() {
+                return Err(format!(
+                    "the daemon requiring a {} created a task without it",
+                    d.name
+                ));
+            }
+        }
+        let warmup = AUTH_WARMUP.min(n);
+        for d in &daemons {
+            let count = Arc::new(AtomicUsize::new(0));
+            concurrent(&d.daemon.url, Some(&d.token), warmup, c, count, create_one)
+                .await
+                .map_err(|e| format!("creating with a {}: {e}", d.name))?;
+        }
+        let mut modes = vec![report::AuthMode::default(); daemons.len()];
+        let mut cpu = vec![0u64; daemons.len()];
+        let mut latencies = vec![Vec::new(); daemons.len()];
+        let rounds = AUTH_ROUNDS.min(n).max(1);
+        for round in 0..rounds {
+            let chunk = n / rounds + usize::from(round < n % rounds);
+            for k in 0..daemons.len() {
+                let i = (k + round) % daemons.len();
+                let d = &daemons[i];
+                let pid = d.daemon.child.id();
+                let count = Arc::new(AtomicUsize::new(0));
+                let before = cpu_ns(pid);
+                let run = with_progress(
+                    progress,
+                    &format!("create, {}", d.name),
+                    chunk,
+                    count.clone(),
+                    concurrent(&d.daemon.url, Some(&d.token), chunk, c, count, create_one),
+                )
+                .await
+                .map_err(|e| format!("creating with a {}: {e}", d.name))?;
+                cpu[i] += cpu_ns(pid).saturating_sub(before);
+                let m = &mut modes[i];
+                m.synchronous += chunk - run.ids.len();
+                m.busy += run.busy;
+                m.elapsed += run.elapsed;
+                latencies[i].extend(run.latencies);
+            }
+        }
+        for (i, m) in modes.iter_mut().enumerate() {
+            m.create = report::PhaseFigures::of(&latencies[i], m.elapsed, 0, m.busy);
+            m.cpu_us_per_create = cpu[i] as f64 / 1000.0 / n.max(1) as f64;
+        }
+        let cost = report::AuthCost {
+            creates: n,
+            warmup,
+            static_token: modes[0],
+            jwt: modes[1],
+        };
+        progress.done(&format!(
+            "auth: {n} creates each; daemon CPU per create {:.0} µs with a static token, {:.0} µs with a JWT",
+            cost.static_token.cpu_us_per_create, cost.jwt.cpu_us_per_create
+        ));
+        Ok(cost)
+    })
+}
+
+/// The no-op load on another server: warmed up as taskgate's daemon was
+/// (the no-op one at a time, not counted), then `n` requests on `c`
+/// clients, its CPU per request read when its process is known.
+async fn reference_noop(
+    url: &str,
+    n: usize,
+    c: usize,
+    pid: Option<u32>,
+    progress: &Progress,
+    name: &str,
+) -> Result<report::Reference, Refusal> {
+    noop_phase(url, SERIAL_TASKS, 1, None, progress, &format!("{name}, 1")).await?;
+    let (phase, cpu) = noop_phase(url, n, c, pid, progress, name).await?;
+    Ok(report::Reference {
+        noop: report::PhaseFigures::of(&phase.latencies, phase.elapsed, 0, phase.busy),
+        cpu_us: cpu,
+    })
+}
+
 fn client_refusal(e: ClientError) -> Refusal {
     refusal(ExitClass::Io, format!("benchmark client: {e}"))
 }
 
-/// Runs `work` for every index in 0..n on `c` concurrent clients.
+/// Runs `work` for every index in 0..n on `c` concurrent clients, each
+/// sending `token` when given one.
 async fn concurrent<F, Fut>(
     url: &str,
+    token: Option<&str>,
     n: usize,
     c: usize,
     progress: Arc<AtomicUsize>,
@@ -406,7 +617,7 @@ where
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..c.max(1) {
-        let client = Arc::new(bench_client(url)?);
+        let client = Arc::new(bench_client(url, token)?);
         let (next, work, progress) = (next.clone(), work.clone(), progress.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
@@ -514,8 +725,21 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
             format!("--concurrency must be 1..={}", sizing::max_concurrency()),
         ));
     }
-    // Refused before anything is created: a load the daemon's ranges
-    // cannot serve.
+    // Refused before anything is created: a server beyond this host, and
+    // a load the daemon's ranges cannot serve.
+    let compare = match &opts.compare {
+        Some(url) => Some(
+            reference::compare_target(url, opts.compare_pid)
+                .map_err(|e| refusal(ExitClass::Usage, e))?,
+        ),
+        None if opts.compare_pid.is_some() => {
+            return Err(refusal(
+                ExitClass::Usage,
+                "--compare-pid needs --compare URL",
+            ));
+        }
+        None => None,
+    };
     let sizing = Sizing::for_load(opts.concurrency, opts.tasks, SERIAL_TASKS.min(opts.tasks))?;
     let base = base_dir(opts)?;
     // The pid keeps two runs started in the same second apart.
@@ -533,7 +757,7 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
         .unwrap_or_else(|| PathBuf::from(format!("taskgate-bench-{stamp}")));
     std::fs::create_dir_all(&out)
         .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", out.display())))?;
-    let result = run_in(opts, &sizing, &scratch, &out);
+    let result = run_in(opts, &sizing, compare, &scratch, &out);
     if !opts.keep {
         let _ = std::fs::remove_dir_all(&scratch);
     }
@@ -543,6 +767,7 @@ pub fn run(opts: &BenchOptions) -> Result<String, Refusal> {
 fn run_in(
     opts: &BenchOptions,
     sizing: &Sizing,
+    compare: Option<reference::Compared>,
     scratch: &Path,
     out: &Path,
 ) -> Result<String, Refusal> {
@@ -571,7 +796,7 @@ fn run_in(
     std::fs::write(&config, sizing.toml())
         .map_err(|e| refusal(ExitClass::Io, format!("{}: {e}", config.display())))?;
     progress.done(&format!("daemon: {}", sizing.line()));
-    let daemon = start_daemon(scratch, &config)?;
+    let daemon = start_daemon(scratch, "", &config)?;
     let wal_path = scratch.join("state").join("tasks.db-wal");
     let peak_wal = Arc::new(AtomicU64::new(0));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -593,18 +818,58 @@ fn run_in(
         .map_err(|e| refusal(ExitClass::Io, format!("runtime: {e}")))?;
     let url = daemon.url.clone();
     let daemon_pid = daemon.child.id();
+    // The bare rmcp service, for the same no-op load; its absence is
+    // reported, never a failed run.
+    let bare = reference::bare_rmcp_path(opts.bare_rmcp.as_deref())
+        .and_then(|p| reference::start_bare(&p, &scratch.join("bare_rmcp.log")));
     let phases = rt.block_on(async {
         // The floor: what a request costs that does no task work at all.
         let (noop_serial, _) =
-            noop_phase(&url, SERIAL_TASKS, 1, daemon_pid, &progress, "no-op, 1").await?;
+            noop_phase(&url, SERIAL_TASKS, 1, Some(daemon_pid), &progress, "no-op, 1").await?;
         let noop_n = NOOP_REQUESTS.max(n);
         let (noop, noop_cpu_us) =
-            noop_phase(&url, noop_n, c, daemon_pid, &progress, "no-op").await?;
+            noop_phase(&url, noop_n, c, Some(daemon_pid), &progress, "no-op").await?;
+        let noop_cpu_us = noop_cpu_us.unwrap_or(0.0);
         progress.done(&format!(
             "no-op (tools/list): p50 {:.3} ms one at a time; {noop_n} at concurrency {c} at {:.0}/s, daemon CPU {noop_cpu_us:.0} µs each",
             Summary::of(&noop_serial.latencies).p50_ms,
             noop_n as f64 / noop.elapsed.as_secs_f64().max(1e-9)
         ));
+        // The same load on the bare rmcp service. A failure there is its
+        // figure, not the run's.
+        let bare = match &bare {
+            Ok(server) => reference_noop(&server.url, noop_n, c, Some(server.pid()), &progress, "bare rmcp")
+                .await
+                .map_err(|e| format!("the no-op load on the bare rmcp server failed: {e}")),
+            Err(why) => Err(why.clone()),
+        };
+        progress.done(&match &bare {
+            Ok(r) => format!(
+                "bare rmcp (tools/list): {noop_n} at concurrency {c} at {:.0}/s, CPU {:.0} µs each",
+                r.noop.per_sec,
+                r.cpu_us.unwrap_or(0.0)
+            ),
+            Err(why) => format!("bare rmcp: not measured: {why}"),
+        });
+        // The same load on the server the operator named.
+        let compared = match compare {
+            Some(target) => {
+                let r = reference_noop(&target.url, noop_n, c, target.pid, &progress, "compare")
+                    .await
+                    .map_err(|e| format!("the no-op load on {} failed: {e}", target.url));
+                progress.done(&match &r {
+                    Ok(r) => format!(
+                        "compare {} (tools/list): {noop_n} at concurrency {c} at {:.0}/s{}",
+                        target.url,
+                        r.noop.per_sec,
+                        r.cpu_us.map(|us| format!(", CPU {us:.0} µs each")).unwrap_or_default()
+                    ),
+                    Err(why) => format!("compare: not measured: {why}"),
+                });
+                Some(report::Compare { target, result: r })
+            }
+            None => None,
+        };
         let serial = serial_phase(&url, SERIAL_TASKS.min(n), &progress).await?;
         progress.done(&format!(
             "serial: {} tasks created one after another, p50 {:.3} ms",
@@ -619,11 +884,7 @@ fn run_in(
             "create",
             n,
             count.clone(),
-            concurrent(&url, n, c, count, |client, _| async move {
-                let t = Instant::now();
-                let created = client.call_tool(BENCH_TOOL, json!({}), None).await?;
-                Ok((vec![t.elapsed()], task_id_of(&created), 0))
-            }),
+            concurrent(&url, None, n, c, count, create_one),
         )
         .await?;
         let create_elapsed = create.elapsed;
@@ -647,12 +908,14 @@ fn run_in(
         let ids: Arc<Vec<String>> = Arc::new(ids.into_iter().map(|(_, id)| id).collect());
         let count = Arc::new(AtomicUsize::new(0));
         let all = ids.clone();
+        let state = scratch.join("state");
+        let counters_before = poll_counters(&state);
         let complete = with_progress(
             &progress,
             "complete",
             n,
             count.clone(),
-            concurrent(&url, n, c, count, move |client, i| {
+            concurrent(&url, None, n, c, count, move |client, i| {
                 let id = all[i].clone();
                 async move {
                     let mut lat = Vec::new();
@@ -690,6 +953,11 @@ fn run_in(
             complete.latencies.len(),
             complete.refused
         ));
+        let counters_between = poll_counters(&state);
+        // A client that respects pollIntervalMs: the last tasks polled to
+        // completion were read just now, and polling one of them again
+        // sooner would be early (and held, by design).
+        tokio::time::sleep(Duration::from_millis(BENCH_POLL_INTERVAL_MS)).await;
 
         let polls = RETAINED_POLLS.min(n);
         let mut order: Vec<usize> = (0..n).collect();
@@ -703,7 +971,7 @@ fn run_in(
             "poll",
             polls,
             count.clone(),
-            concurrent(&url, polls, c, count, move |client, i| {
+            concurrent(&url, None, polls, c, count, move |client, i| {
                 let id = all[order[i]].clone();
                 async move {
                     let t = Instant::now();
@@ -715,7 +983,17 @@ fn run_in(
         .await?;
         let poll_cpu_us = CpuClock::now(daemon_pid).daemon_us_per_request(poll_before, polls);
         progress.done(&format!("poll: {polls} polls with {n} tasks retained"));
+        // Early polls the daemon held (or answered from memory) in each
+        // poll phase, from its own counters.
+        let early_polls = counters_before
+            .zip(counters_between)
+            .zip(poll_counters(&state))
+            .map(|((before, between), after)| report::EarlyPolls {
+                complete: between.since(before, complete.latencies.len() as u64 + complete.refused),
+                retained: after.since(between, polls as u64),
+            });
         Ok::<_, Refusal>((
+            (bare, compared, early_polls),
             report::CpuPerRequest {
                 noop_us: noop_cpu_us,
                 create_us: create_cpu_us,
@@ -758,8 +1036,15 @@ fn run_in(
     let db_bytes = std::fs::metadata(scratch.join("state").join("tasks.db"))
         .map(|m| m.len())
         .unwrap_or(0);
+    // With the main daemon gone: what authentication costs a create.
+    let auth = auth_cost(&rt, sizing, scratch, n, c, &progress);
+    if let Err(why) = &auth {
+        progress.done(&format!("auth: not measured: {why}"));
+    }
 
+    drop(bare);
     let (
+        (bare_rmcp, compare, early_polls),
         cpu_per_request,
         noop_serial,
         noop,
@@ -786,6 +1071,10 @@ fn run_in(
         ),
         noop: report::PhaseFigures::of(&noop.latencies, noop.elapsed, 0, noop.busy),
         cpu_per_request,
+        bare_rmcp,
+        compare,
+        auth,
+        early_polls,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),
         complete: report::PhaseFigures::of(

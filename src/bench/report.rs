@@ -47,7 +47,7 @@ impl Summary {
 }
 
 /// One phase: its latencies, duration, rate and refusals.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct PhaseFigures {
     pub latency: Summary,
     pub elapsed_s: f64,
@@ -147,6 +147,17 @@ pub struct Report {
     pub noop: PhaseFigures,
     /// The daemon's CPU per request of the no-op, create and poll phases.
     pub cpu_per_request: CpuPerRequest,
+    /// The same no-op load at the run's concurrency on the bare rmcp
+    /// service, or why it was not measured.
+    pub bare_rmcp: Result<Reference, String>,
+    /// The same load on the server named by `--compare`, if any.
+    pub compare: Option<Compare>,
+    /// Creations on daemons requiring a static token and a JWT, or why
+    /// they were not measured.
+    pub auth: Result<AuthCost, String>,
+    /// The daemon's early-poll counters over each poll phase; None when
+    /// its status could not be read.
+    pub early_polls: Option<EarlyPolls>,
     pub serial: PhaseFigures,
     pub create: PhaseFigures,
     pub complete: PhaseFigures,
@@ -165,7 +176,7 @@ pub struct Report {
     pub serial_latencies: Vec<Duration>,
 }
 
-/// The daemon's CPU per request (µs), from /proc in 10 ms ticks.
+/// The daemon's CPU per request (µs), from its process CPU clock.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct CpuPerRequest {
     pub noop_us: f64,
@@ -173,13 +184,178 @@ pub struct CpuPerRequest {
     pub poll_us: f64,
 }
 
-/// A target of the capacity requirements, judged as information only.
+/// The no-op load on another server: its figures and, when its process
+/// is known, its CPU per request (µs).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Reference {
+    pub noop: PhaseFigures,
+    pub cpu_us: Option<f64>,
+}
+
+/// Polls of one phase and what the daemon's pacing did with them, from its
+/// own counters (`taskgate status --json`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PollCounters {
+    /// Polls the benchmark sent.
+    pub polls: u64,
+    /// Came before their task's next read was due and were held until it.
+    pub held: u64,
+    /// Came early when no place to hold them was free, and were answered
+    /// with what the owner was last told.
+    pub from_memory: u64,
+    /// Task reads the store served.
+    pub store_reads: u64,
+}
+
+impl PollCounters {
+    /// The counts between `before` and `self`, for `polls` polls sent.
+    pub fn since(self, before: PollCounters, polls: u64) -> PollCounters {
+        PollCounters {
+            polls,
+            held: self.held.saturating_sub(before.held),
+            from_memory: self.from_memory.saturating_sub(before.from_memory),
+            store_reads: self.store_reads.saturating_sub(before.store_reads),
+        }
+    }
+
+    fn early(&self) -> u64 {
+        self.held + self.from_memory
+    }
+}
+
+/// Early polls in the two poll phases.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EarlyPolls {
+    pub complete: PollCounters,
+    pub retained: PollCounters,
+}
+
+/// Creations with a credential: the same number on each daemon.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AuthCost {
+    pub creates: usize,
+    /// Creations on each daemon before the counted ones.
+    pub warmup: usize,
+    pub static_token: AuthMode,
+    pub jwt: AuthMode,
+}
+
+/// The creations of one authenticated daemon.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct AuthMode {
+    pub create: PhaseFigures,
+    /// The daemon's CPU per create (µs), from its process CPU clock.
+    pub cpu_us_per_create: f64,
+    /// Calls that ran synchronously (no free slot or store busy).
+    pub synchronous: usize,
+    #[serde(skip)]
+    pub elapsed: Duration,
+    #[serde(skip)]
+    pub busy: u64,
+}
+
+/// The authenticated phases in bench.json.
+#[derive(Serialize)]
+struct AuthJson {
+    measured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    cost: Option<AuthCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    jwt_cpu_to_static_cpu: Option<f64>,
+}
+
+impl AuthCost {
+    fn jwt_to_static(&self) -> f64 {
+        self.jwt.cpu_us_per_create / self.static_token.cpu_us_per_create.max(1e-9)
+    }
+}
+
+/// The server named by `--compare` and what its no-op load gave.
+pub struct Compare {
+    pub target: super::reference::Compared,
+    pub result: Result<Reference, String>,
+}
+
+/// `--compare` in bench.json: the server, how its process was found, its
+/// figures and taskgate's ratios to them.
+#[derive(Serialize)]
+struct CompareJson {
+    url: String,
+    pid: Option<u32>,
+    pid_found_by: String,
+    #[serde(flatten)]
+    figures: ReferenceJson,
+}
+
+/// A reference server in bench.json: measured, with its figures and
+/// taskgate's ratios to them, or not, with the reason.
+#[derive(Serialize)]
+struct ReferenceJson {
+    measured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop: Option<PhaseFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_us_per_noop: Option<f64>,
+    /// taskgate's figure over the reference's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    daemon_cpu_to_reference_cpu: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_throughput_to_reference: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_p50_to_reference: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    noop_p99_to_reference: Option<f64>,
+}
+
+impl ReferenceJson {
+    fn of(r: &Result<Reference, String>, noop: &PhaseFigures, cpu_us: f64) -> ReferenceJson {
+        match r {
+            Ok(r) => ReferenceJson {
+                measured: true,
+                reason: None,
+                noop: Some(r.noop),
+                cpu_us_per_noop: r.cpu_us,
+                daemon_cpu_to_reference_cpu: r.cpu_us.map(|c| cpu_us / c.max(1e-9)),
+                noop_throughput_to_reference: Some(noop.per_sec / r.noop.per_sec.max(1e-9)),
+                noop_p50_to_reference: Some(noop.latency.p50_ms / r.noop.latency.p50_ms.max(1e-9)),
+                noop_p99_to_reference: Some(noop.latency.p99_ms / r.noop.latency.p99_ms.max(1e-9)),
+            },
+            Err(why) => ReferenceJson {
+                measured: false,
+                reason: Some(why.clone()),
+                noop: None,
+                cpu_us_per_noop: None,
+                daemon_cpu_to_reference_cpu: None,
+                noop_throughput_to_reference: None,
+                noop_p50_to_reference: None,
+                noop_p99_to_reference: None,
+            },
+        }
+    }
+}
+
+/// A target of the capacity requirements, judged as information only;
+/// `met` is null when it could not be measured (`value` says why).
 #[derive(Serialize)]
 struct Target {
     name: String,
     goal: String,
     value: String,
-    met: bool,
+    met: Option<bool>,
+}
+
+impl Target {
+    fn verdict(&self) -> &'static str {
+        match self.met {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "not measured",
+        }
+    }
 }
 
 /// bench.json: every figure of a run, for machines.
@@ -195,6 +371,15 @@ struct BenchJson<'a> {
     noop_serial: PhaseFigures,
     noop: PhaseFigures,
     daemon_cpu_per_request: CpuPerRequest,
+    /// The no-op load on the bare rmcp service.
+    bare_rmcp: ReferenceJson,
+    /// The no-op load on the `--compare` server; null without one.
+    compare: Option<CompareJson>,
+    /// Creations with a static token and with a JWT.
+    auth: AuthJson,
+    /// What the daemon's poll pacing did in each poll phase; null when its
+    /// status could not be read.
+    early_polls: Option<EarlyPolls>,
     serial_create: PhaseFigures,
     create: PhaseFigures,
     complete_polls: PhaseFigures,
@@ -287,12 +472,47 @@ impl Report {
     fn targets(&self) -> Vec<Target> {
         let (lat, vs_single, vs_batch) = self.ratios();
         let (floor_lat, floor_rate, create_cpu, poll_cpu) = self.floor();
+        let bare = match &self.bare_rmcp {
+            Ok(Reference {
+                cpu_us: Some(bare), ..
+            }) => {
+                let r = self.cpu_per_request.noop_us / bare.max(1e-9);
+                (format!("{r:.2}×"), Some(r <= 1.2))
+            }
+            Ok(_) => (
+                "not measured: the bare server's CPU was not read".into(),
+                None,
+            ),
+            Err(why) => (format!("not measured: {why}"), None),
+        };
+        let jwt = match &self.auth {
+            Ok(a) => {
+                let r = a.jwt_to_static();
+                (format!("{r:.2}×"), Some(r <= 1.1))
+            }
+            Err(why) => (format!("not measured: {why}"), None),
+        };
         vec![
+            Target {
+                name: "daemon CPU per create, JWT vs static token".into(),
+                goal: "≤ 1.1×".into(),
+                value: jwt.0,
+                met: jwt.1,
+            },
+            Target {
+                name: format!(
+                    "daemon CPU per no-op vs bare rmcp's (concurrency {})",
+                    self.concurrency
+                ),
+                goal: "≤ 1.2×".into(),
+                value: bare.0,
+                met: bare.1,
+            },
             Target {
                 name: "create p50 at concurrency 1 vs no-op p50 + commit p50".into(),
                 goal: "≤ 1.3×".into(),
                 value: format!("{floor_lat:.2}×"),
-                met: floor_lat <= 1.3,
+                met: Some(floor_lat <= 1.3),
             },
             Target {
                 name: format!(
@@ -301,49 +521,80 @@ impl Report {
                 ),
                 goal: "≥ 0.6×".into(),
                 value: format!("{floor_rate:.2}×"),
-                met: floor_rate >= 0.6,
+                met: Some(floor_rate >= 0.6),
             },
             Target {
                 name: "daemon CPU per create vs per no-op".into(),
                 goal: "≤ 1.5×".into(),
                 value: format!("{create_cpu:.2}×"),
-                met: create_cpu <= 1.5,
+                met: Some(create_cpu <= 1.5),
             },
             Target {
                 name: "daemon CPU per poll vs per no-op".into(),
                 goal: "≤ 1.2×".into(),
                 value: format!("{poll_cpu:.2}×"),
-                met: poll_cpu <= 1.2,
+                met: Some(poll_cpu <= 1.2),
             },
             Target {
                 name: "create p50 at concurrency 1 vs one-row commit p50".into(),
                 goal: "≤ 1.3×".into(),
                 value: format!("{lat:.2}×"),
-                met: lat <= 1.3,
+                met: Some(lat <= 1.3),
             },
             Target {
                 name: "create throughput vs one-row serial commit rate".into(),
                 goal: "≥ 5×".into(),
                 value: format!("{vs_single:.2}×"),
-                met: vs_single >= 5.0,
+                met: Some(vs_single >= 5.0),
             },
             Target {
                 name: format!("create throughput vs {BATCH_ROWS}-row transactions"),
                 goal: "≥ 0.5×".into(),
                 value: format!("{vs_batch:.2}×"),
-                met: vs_batch >= 0.5,
+                met: Some(vs_batch >= 0.5),
             },
             Target {
                 name: "poll p99 with all tasks retained".into(),
-                goal: "< 3 ms".into(),
+                goal: "≤ 2 ms".into(),
                 value: format!("{:.3} ms", self.retained.latency.p99_ms),
-                met: self.retained.latency.p99_ms < 3.0,
+                met: Some(self.retained.latency.p99_ms <= 2.0),
             },
             Target {
                 name: "peak WAL".into(),
                 goal: "< 4 MiB".into(),
                 value: format!("{:.2} MiB", self.peak_wal_bytes as f64 / 1048576.0),
-                met: self.peak_wal_bytes < 4 * 1024 * 1024,
+                met: Some(self.peak_wal_bytes < 4 * 1024 * 1024),
+            },
+            match self.peak_rss_kib {
+                Some(k) => Target {
+                    name: "daemon peak RSS".into(),
+                    goal: "< 32 MiB".into(),
+                    value: format!("{:.1} MiB", k as f64 / 1024.0),
+                    met: Some(k < 32 * 1024),
+                },
+                None => Target {
+                    name: "daemon peak RSS".into(),
+                    goal: "< 32 MiB".into(),
+                    value: "not measured: /proc gave no VmHWM".into(),
+                    met: None,
+                },
+            },
+            match &self.early_polls {
+                Some(e) => {
+                    let early = e.complete.early() + e.retained.early();
+                    Target {
+                        name: "early polls held or answered from memory".into(),
+                        goal: "0 (the client waits pollIntervalMs)".into(),
+                        value: format!("{early} of {}", e.complete.polls + e.retained.polls),
+                        met: Some(early == 0),
+                    }
+                }
+                None => Target {
+                    name: "early polls held or answered from memory".into(),
+                    goal: "0 (the client waits pollIntervalMs)".into(),
+                    value: "not measured: the daemon's status could not be read".into(),
+                    met: None,
+                },
             },
         ]
     }
@@ -376,6 +627,28 @@ impl Report {
             noop_serial: self.noop_serial,
             noop: self.noop,
             daemon_cpu_per_request: self.cpu_per_request,
+            bare_rmcp: ReferenceJson::of(&self.bare_rmcp, &self.noop, self.cpu_per_request.noop_us),
+            compare: self.compare.as_ref().map(|c| CompareJson {
+                url: c.target.url.clone(),
+                pid: c.target.pid,
+                pid_found_by: c.target.pid_note.clone(),
+                figures: ReferenceJson::of(&c.result, &self.noop, self.cpu_per_request.noop_us),
+            }),
+            early_polls: self.early_polls,
+            auth: match &self.auth {
+                Ok(a) => AuthJson {
+                    measured: true,
+                    reason: None,
+                    cost: Some(*a),
+                    jwt_cpu_to_static_cpu: Some(a.jwt_to_static()),
+                },
+                Err(why) => AuthJson {
+                    measured: false,
+                    reason: Some(why.clone()),
+                    cost: None,
+                    jwt_cpu_to_static_cpu: None,
+                },
+            },
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -414,7 +687,7 @@ impl Report {
                 rate,
             ]
         };
-        vec![
+        let mut rows = vec![
             row(
                 "baseline: 1-row commit",
                 &self.single(),
@@ -435,6 +708,22 @@ impl Report {
                 &self.noop.latency,
                 format!("{:.0} requests/s", self.noop.per_sec),
             ),
+        ];
+        if let Ok(r) = &self.bare_rmcp {
+            rows.push(row(
+                &format!("bare rmcp no-op, conc. {}", self.concurrency),
+                &r.noop.latency,
+                format!("{:.0} requests/s", r.noop.per_sec),
+            ));
+        }
+        if let Some(Compare { result: Ok(r), .. }) = &self.compare {
+            rows.push(row(
+                &format!("compare no-op, conc. {}", self.concurrency),
+                &r.noop.latency,
+                format!("{:.0} requests/s", r.noop.per_sec),
+            ));
+        }
+        rows.extend([
             row(
                 "create, concurrency 1",
                 &self.serial.latency,
@@ -455,16 +744,86 @@ impl Report {
                 &self.retained.latency,
                 format!("{:.0} polls/s", self.retained.per_sec),
             ),
-        ]
+        ]);
+        if let Ok(a) = &self.auth {
+            for (name, m) in [("static token", &a.static_token), ("JWT", &a.jwt)] {
+                rows.push(row(
+                    &format!("create, {name}, conc. {}", self.concurrency),
+                    &m.create.latency,
+                    format!("{:.0} tasks/s", m.create.per_sec),
+                ));
+            }
+        }
+        rows
     }
 
     /// The daemon's CPU per request, as one line.
     fn cpu_line(&self) -> String {
         let c = &self.cpu_per_request;
+        let bare = match &self.bare_rmcp {
+            Ok(Reference {
+                cpu_us: Some(us), ..
+            }) => format!("{us:.0} µs"),
+            _ => "not measured".into(),
+        };
+        let auth = match &self.auth {
+            Ok(a) => format!(
+                "; create with a static token {:.0} µs, with a JWT {:.0} µs",
+                a.static_token.cpu_us_per_create, a.jwt.cpu_us_per_create
+            ),
+            Err(_) => String::new(),
+        };
         format!(
-            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs",
+            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}{auth}",
             c.noop_us, c.create_us, c.poll_us
         )
+    }
+
+    /// taskgate's no-op figures as ratios to the `--compare` server's, as
+    /// one line.
+    fn compare_line(&self) -> Option<String> {
+        let c = self.compare.as_ref()?;
+        Some(match &c.result {
+            Ok(r) => {
+                let cpu = match r.cpu_us {
+                    Some(us) => format!(
+                        "; daemon CPU per no-op {:.2}× its {us:.0} µs ({})",
+                        self.cpu_per_request.noop_us / us.max(1e-9),
+                        c.target.pid_note
+                    ),
+                    None => format!("; its CPU not measured: {}", c.target.pid_note),
+                };
+                format!(
+                    "compared with {} (no-op at concurrency {}): taskgate's throughput {:.2}×, p50 {:.2}×, p99 {:.2}× its{cpu}",
+                    c.target.url,
+                    self.concurrency,
+                    self.noop.per_sec / r.noop.per_sec.max(1e-9),
+                    self.noop.latency.p50_ms / r.noop.latency.p50_ms.max(1e-9),
+                    self.noop.latency.p99_ms / r.noop.latency.p99_ms.max(1e-9),
+                )
+            }
+            Err(why) => format!("compared with {}: not measured: {why}", c.target.url),
+        })
+    }
+
+    /// What the daemon's poll pacing did, as one line.
+    fn early_polls_line(&self) -> String {
+        match &self.early_polls {
+            Some(e) => {
+                let phase = |name: &str, p: &PollCounters| {
+                    format!(
+                        "{name} {} held, {} answered from memory, {} store reads for {} polls",
+                        p.held, p.from_memory, p.store_reads, p.polls
+                    )
+                };
+                format!(
+                    "early polls (before pollIntervalMs; held by design): {}; {}",
+                    phase("complete", &e.complete),
+                    phase("retained", &e.retained)
+                )
+            }
+            None => "early polls: not measured (the daemon's status could not be read)".into(),
+        }
     }
 
     /// Busy answers per phase, as one line.
@@ -485,13 +844,13 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  rate",
+            "{:<32} {:>7} {:>9} {:>9} {:>9} {:>9}  rate",
             "latency (ms)", "n", "p50", "p95", "p99", "max"
         );
         for r in self.rows() {
             let _ = writeln!(
                 s,
-                "{:<28} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
+                "{:<32} {:>7} {:>9} {:>9} {:>9} {:>9}  {}",
                 r[0], r[1], r[2], r[3], r[4], r[5], r[6]
             );
         }
@@ -503,12 +862,16 @@ impl Report {
             );
         }
         let _ = writeln!(s, "{}", self.busy_line());
+        let _ = writeln!(s, "{}", self.early_polls_line());
         let _ = writeln!(
             s,
             "create phase CPU: host {:.0}% busy; daemon {:.0}%, bench client {:.0}% of one CPU ({} CPUs)",
             self.create_cpu.0, self.create_cpu.1, self.create_cpu.2, self.host.cpus
         );
         let _ = writeln!(s, "{}", self.cpu_line());
+        if let Some(line) = self.compare_line() {
+            let _ = writeln!(s, "{line}");
+        }
         let _ = writeln!(
             s,
             "peak WAL {:.2} MiB, final database {:.2} MiB, daemon peak RSS {}",
@@ -521,8 +884,8 @@ impl Report {
         for t in self.targets() {
             let _ = writeln!(
                 s,
-                "{} {:<52} {:>10} (target {})",
-                if t.met { "met    " } else { "not met" },
+                "{:<12} {:<56} {:>10} (target {})",
+                t.verdict(),
                 t.name,
                 t.value,
                 t.goal
@@ -585,7 +948,52 @@ impl Report {
              {}; the targets below read create and poll as ratios to it.\n",
             upper_first(&self.cpu_line())
         );
+        let _ = writeln!(
+            s,
+            "{}\n",
+            match &self.bare_rmcp {
+                Ok(_) => "The bare rmcp row is the same no-op load, in the same run, on rmcp's \
+                          `StreamableHttpService` serving one no-op tool and nothing else \
+                          (`examples/bare_rmcp.rs`: stateless, JSON answers, no authentication, \
+                          no bounds, no store): what taskgate's own layers cost beyond it."
+                    .to_string(),
+                Err(why) => format!("The bare rmcp service was not measured: {why}."),
+            }
+        );
+        let _ = writeln!(
+            s,
+            "{}\n",
+            match &self.auth {
+                Ok(a) => format!(
+                    "The authenticated create rows come from two more daemons configured as the first \
+                     plus `[auth]` with `local_owner = \"never\"`: one requiring a static token, one \
+                     a JWT (EdDSA, a key generated for the run, its public half in a JWKS file); {} \
+                     creations each, in {} rounds taking turns, after {} not counted. Every request carries the same \
+                     credential, as a client reusing its access token does.",
+                    a.creates,
+                    super::AUTH_ROUNDS.min(a.creates).max(1),
+                    a.warmup
+                ),
+                Err(why) => format!("The authenticated creates were not measured: {why}."),
+            }
+        );
+        if let Some(line) = self.compare_line() {
+            let _ = writeln!(
+                s,
+                "{}; the same requests (`tools/list` of protocol 2026-07-28, no session) at the \
+                 same concurrency, in the same run.\n",
+                upper_first(&line)
+            );
+        }
         let _ = writeln!(s, "{}.\n", upper_first(&self.busy_line()));
+        let _ = writeln!(
+            s,
+            "{}. The benchmark's client waits the advertised pollIntervalMs between polls of a \
+             task, so none should be early; the daemon holds a poll that comes sooner until the \
+             task's read is due (or, with every place to hold one taken, answers it with what \
+             the owner was last told), by design.\n",
+            upper_first(&self.early_polls_line())
+        );
         let _ = writeln!(s, "| target | goal | measured | |\n|---|---|---|---|");
         for t in self.targets() {
             let _ = writeln!(
@@ -594,7 +1002,7 @@ impl Report {
                 t.name,
                 t.goal,
                 t.value,
-                if t.met { "met" } else { "not met" }
+                t.verdict()
             );
         }
         let _ = writeln!(s, "\n![latency distribution](latency.svg)");

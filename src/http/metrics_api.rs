@@ -139,6 +139,8 @@ async fn snapshot(s: &Scrape) -> Snapshot {
         queue_capacity: store.queue_capacity() as u64,
         wal_bytes: std::fs::symlink_metadata(&s.wal).map_or(0, |m| m.len()),
         task_reads: store.task_reads(),
+        polls_held: svc.early_polls().0,
+        polls_answered_from_memory: svc.early_polls().1,
         tools_running: svc.running_count() as u64,
         runs_started: svc.runs_started(),
         fallbacks: FallbackReason::ALL

@@ -433,6 +433,15 @@ impl TaskService {
         self.runs_started.load(Ordering::Relaxed)
     }
 
+    /// Early polls held until their task's read was due, and those
+    /// answered from memory instead, since the daemon started.
+    pub fn early_polls(&self) -> (u64, u64) {
+        (
+            self.polls.held_since_start(),
+            self.polls.remembered_since_start(),
+        )
+    }
+
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -1066,7 +1075,6 @@ impl TaskService {
         if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
             match self.polls.hold(&owner) {
                 Some(_held) => {
-                    crate::metrics::get().poll_held();
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = self.stop.cancelled() => {}
@@ -1081,7 +1089,7 @@ impl TaskService {
                 }
                 None => {
                     if let Some(record) = self.unexpired(last) {
-                        crate::metrics::get().poll_from_memory();
+                        self.polls.answered_from_memory();
                         return Ok(record);
                     }
                 }

@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -61,6 +61,11 @@ pub struct Polls {
     /// so this has at most `max_held` entries.
     held_by: Arc<Mutex<HashMap<Digest, usize>>>,
     entries: Mutex<HashMap<(Digest, TaskId), Entry>>,
+    /// Early polls held until their read was due, since start.
+    held_since_start: AtomicU64,
+    /// Early polls answered from memory (no place to hold them), since
+    /// start.
+    remembered_since_start: AtomicU64,
 }
 
 /// One held poll; the counts go down when it is dropped.
@@ -92,7 +97,24 @@ impl Polls {
             held: Arc::new(AtomicUsize::new(0)),
             held_by: Arc::default(),
             entries: Mutex::new(HashMap::new()),
+            held_since_start: AtomicU64::new(0),
+            remembered_since_start: AtomicU64::new(0),
         }
+    }
+
+    /// Early polls held until their read was due, since start.
+    pub fn held_since_start(&self) -> u64 {
+        self.held_since_start.load(Ordering::Relaxed)
+    }
+
+    /// Early polls answered from memory, since start.
+    pub fn remembered_since_start(&self) -> u64 {
+        self.remembered_since_start.load(Ordering::Relaxed)
+    }
+
+    /// Counts an early poll answered from memory.
+    pub fn answered_from_memory(&self) {
+        self.remembered_since_start.fetch_add(1, Ordering::Relaxed);
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<(Digest, TaskId), Entry>> {
@@ -140,6 +162,7 @@ impl Polls {
             }
         }
         by_owner.insert(*owner, mine + 1);
+        self.held_since_start.fetch_add(1, Ordering::Relaxed);
         Some(Held {
             total: self.held.clone(),
             by_owner: self.held_by.clone(),
@@ -254,6 +277,14 @@ mod tests {
         // The owner's count went down with its held poll.
         drop(b);
         assert_eq!(polls.held_by.lock().unwrap().get(&me), None);
+        // Every place given was counted, and only those; answers from
+        // memory are counted apart.
+        assert_eq!(polls.held_since_start(), 5);
+        polls.answered_from_memory();
+        assert_eq!(
+            (polls.held_since_start(), polls.remembered_since_start()),
+            (5, 1)
+        );
     }
 
     #[tokio::test(start_paused = true)]
