@@ -95,13 +95,7 @@ fn start() -> Fixture {
             ))],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let port = daemon
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap();
+    let port = daemon.port;
     Fixture { root, daemon, port }
 }
 

@@ -284,17 +284,7 @@ fn rpc_request(port: u16, token: Option<&str>, method: &str, params: Value) -> S
 }
 
 fn port(f: &Fixture) -> u16 {
-    port_of(&f.daemon)
-}
-
-fn port_of(daemon: &Daemon) -> u16 {
-    daemon
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap()
+    f.daemon.port
 }
 
 /// Creates a task of `tool` as the holder of `token`; its ID.
@@ -723,7 +713,7 @@ fn revoking_by_reload_needs_no_restart_and_spares_running_tasks() {
     // Revoked across a restart as well.
     assert_eq!(f.daemon.stop().code(), Some(0));
     let again = Daemon::start(&f.cfg, &f.state, &f.root.path().join("log2"));
-    let port = port_of(&again);
+    let port = again.port;
     let r = rpc(port, Some(&alice), "tasks/get", json!({"taskId": running}));
     assert_eq!(
         (r.status, r.challenge.as_deref()),
@@ -801,7 +791,7 @@ mod tls {
         )
         .unwrap();
         let mut daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
-        let port = port_of(&daemon);
+        let port = daemon.port;
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}}})
@@ -903,7 +893,7 @@ fn protected_resource_metadata_is_served_and_named_in_every_challenge() {
     )
     .unwrap();
     let daemon = Daemon::start(&cfg, &state, &root.path().join("log"));
-    let port = port_of(&daemon);
+    let port = daemon.port;
     let url = "https://tasks.example.internal/.well-known/oauth-protected-resource/mcp";
     let r = rpc(port, None, "tools/list", json!({}));
     assert_eq!(

@@ -40,16 +40,6 @@ fn parse(text: &str) -> Scrape {
     Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("a Prometheus exposition")
 }
 
-fn port_of(daemon: &Daemon) -> u16 {
-    daemon
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap()
-}
-
 /// The value of the one sample named `name` whose labels include `labels`.
 fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     let found: Vec<&Sample> = scrape
@@ -111,7 +101,7 @@ fn a_scrape_after_a_known_workload_counts_what_was_done() {
         ],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let port = port_of(&daemon);
+    let port = daemon.port;
     let rt = runtime();
 
     // Three synchronous calls, two background tasks polled to the end, one
@@ -302,7 +292,7 @@ fn with_credentials_metrics_need_their_scope() {
         &[Tool::new("ok").script("printf done")],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let port = port_of(&daemon);
+    let port = daemon.port;
     let bearer = |seed: char| format!("Authorization: Bearer {}\r\n", secret(seed));
 
     // No credential, a caller's credential, a token nobody issued: refused,
@@ -454,7 +444,7 @@ fn the_shipped_alert_rules_and_dashboard_parse_and_name_real_metrics() {
     let state = state_dir(root.path());
     let cfg = write_config(root.path(), "", &[Tool::new("ok").script("printf done")]);
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let text = scrape_raw(port_of(&daemon), "").2;
+    let text = scrape_raw(daemon.port, "").2;
     let mut have = exposed(&text);
     // Families that appear only once their first event has happened.
     for name in [
