@@ -274,8 +274,8 @@ impl Metrics {
         self.operations.get_or_create(&labels).observe(secs);
     }
 
-    /// One HTTP response.
-    pub fn http_request(&self, method: &str, path: &str, code: u16) {
+    /// One HTTP response; `path` is what [`path_class`] made of its path.
+    pub fn http_request(&self, method: &str, path: &'static str, code: u16) {
         let method = match method {
             "GET" => "GET",
             "POST" => "POST",
@@ -283,15 +283,6 @@ impl Metrics {
             "HEAD" => "HEAD",
             "OPTIONS" => "OPTIONS",
             "PUT" => "PUT",
-            _ => OTHER,
-        };
-        let path = match path {
-            "/mcp" => "/mcp",
-            "/metrics" => "/metrics",
-            "/healthz" => "/healthz",
-            "/readyz" => "/readyz",
-            p if p.starts_with("/admin/") => "/admin",
-            p if p.starts_with("/.well-known/") => "/.well-known",
             _ => OTHER,
         };
         self.http_requests
@@ -369,6 +360,19 @@ impl Metrics {
         let _ = text::encode_registry(&mut out, &scrape);
         let _ = text::encode_eof(&mut out);
         out
+    }
+}
+
+/// The label an HTTP path is counted under: one of a fixed few.
+pub fn path_class(path: &str) -> &'static str {
+    match path {
+        "/mcp" => "/mcp",
+        "/metrics" => "/metrics",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        p if p.starts_with("/admin/") => "/admin",
+        p if p.starts_with("/.well-known/") => "/.well-known",
+        _ => OTHER,
     }
 }
 

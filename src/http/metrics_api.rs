@@ -187,8 +187,8 @@ async fn within_stats<T, E>(count: impl std::future::Future<Output = Result<T, E
 /// (`taskgate_http_requests_total`); the outermost layer.
 pub(super) async fn count_requests(request: Request, next: Next) -> Response {
     let method = request.method().clone();
-    let path = request.uri().path().to_string();
+    let path = metrics::path_class(request.uri().path());
     let response = next.run(request).await;
-    metrics::get().http_request(method.as_str(), &path, response.status().as_u16());
+    metrics::get().http_request(method.as_str(), path, response.status().as_u16());
     response
 }
