@@ -19,6 +19,8 @@
 //! cases against the serial floor, concurrent ones against the concurrent
 //! floor). Compare runs on the same host; read the figures as ratios.
 
+mod common;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;
@@ -288,13 +290,7 @@ async fn committed(svc: &Arc<TaskService>) -> TaskRecord {
 }
 
 fn main() {
-    let base = std::env::var_os("BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::Builder::new()
-        .prefix("taskgate-request-bench-")
-        .tempdir_in(base)
-        .expect("temporary directory");
+    let dir = common::scratch_dir("taskgate-request-bench-");
     let private = |p: &std::path::Path| {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).expect("chmod");

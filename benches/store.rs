@@ -6,6 +6,8 @@
 //! Prints medians and p99; compare runs on the same host, and read the
 //! concurrent figure as a ratio to the serial one.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,13 +37,7 @@ fn report(name: &str, mut v: Vec<Duration>, elapsed: Duration) {
 }
 
 fn main() {
-    let base = std::env::var_os("BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::Builder::new()
-        .prefix("taskgate-store-bench-")
-        .tempdir_in(base)
-        .expect("temporary directory");
+    let dir = common::scratch_dir("taskgate-store-bench-");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
