@@ -130,9 +130,9 @@ registry! {
     /// A valid credential without every scope the operation needs.
     FORBIDDEN = (-32062, "TG_FORBIDDEN",
         "the credential is valid but lacks scopes this operation needs; data.missingScopes and the WWW-Authenticate header list them all; ask for a token that grants them");
-    /// The caller holds as many tasks as it may.
+    /// The caller is at one of its own bounds.
     OWNER_LIMIT = (-32063, "TG_OWNER_LIMIT",
-        "this caller already holds as many tasks as it may (the message names the limit); wait for some to finish or expire, or ask the operator to raise it");
+        "this caller already holds as many tasks, running tools or approval proposals as it may (the message names the limit); wait for some to finish, be decided or expire, or ask the operator to raise it");
     /// A browser request from a web origin that may not call (DNS rebinding defence).
     ORIGIN_NOT_ALLOWED = (-32064, "TG_ORIGIN_NOT_ALLOWED",
         "the request's Origin header names a web origin that may not call this server; the operator can list it in server.allowed_origins");
@@ -182,7 +182,7 @@ registry! {
         "an administrator rejected this exact call; the identical call is refused until data.untilMs, then it may be proposed again; nothing was run");
     /// Too many proposals wait for a decision.
     APPROVALS_FULL = (-32079, "TG_APPROVALS_FULL",
-        "too many calls already wait for an administrator (approvals.max_pending); nothing was run or proposed; retry once some are decided");
+        "the approval journal is at a bound (approvals.max_pending calls waiting, or approvals.max_proposals kept; the message names it); nothing was run or proposed; retry once some are decided or forgotten");
     /// An approval task's journal evidence is missing or uncertain.
     APPROVAL_EVIDENCE_MISSING = (-32059, "TG_APPROVAL_EVIDENCE_MISSING",
         "this task waits on an approval the approval journal cannot vouch for now (approvals disabled, the journal damaged or shorter than the task's record); its status is not guessed; the operator restores the journal with the task store, or the task expires");

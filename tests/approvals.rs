@@ -308,6 +308,30 @@ fn a_held_call_runs_once_on_the_identical_reissue_after_approval() {
 }
 
 #[test]
+fn an_approval_does_not_cover_the_call_once_the_tool_definition_changed() {
+    let s = Setup::start();
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    // The operator changes what the tool runs; the approval was given for
+    // the old definition.
+    let cfg = config(s.root.path());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("printf deployed"), "{text}");
+    std::fs::write(&cfg, text.replace("printf deployed", "printf redeployed")).unwrap();
+    let reloaded = s.cli(&["reload", "--config", cfg.to_str().unwrap()]);
+    assert!(reloaded.status.success(), "{reloaded:?}");
+    let asked = proposal_of(&s.call(false, "prod-eu"));
+    assert_ne!(asked, proposal, "the changed tool asks afresh");
+    assert!(s.marker().is_empty(), "nothing ran on the old approval");
+    let old = s.approvals_json(&["show", &proposal]);
+    assert_eq!(old["proposals"][0]["state"], "approved", "{old}");
+    // Approved for the new definition, the identical call runs it once.
+    assert!(s.decide("approve", &asked, &[]).status.success());
+    assert_eq!(text_of(&s.call(false, "prod-eu")), "redeployed");
+    assert_eq!(s.marker(), vec!["prod-eu".to_string()]);
+}
+
+#[test]
 fn a_tasks_client_polls_an_approval_task_to_its_receipt() {
     let s = Setup::start();
     let handle = s.call(true, "prod-eu");

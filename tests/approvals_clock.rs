@@ -97,7 +97,7 @@ fn config(root: &Path) -> PathBuf {
     std::fs::write(
         &path,
         format!(
-            "[approvals]\ndecision_window_secs = {}\nexecution_window_secs = {}\npoll_interval_ms = 5000\n",
+            "[approvals]\ndecision_window_secs = {}\nexecution_window_secs = {}\npoll_interval_ms = 5000\nsegment_max_bytes = 65536\n",
             DECISION_WINDOW.as_secs(),
             EXECUTION_WINDOW.as_secs(),
         ),
@@ -376,5 +376,120 @@ async fn a_receipt_is_history_and_never_asks_the_journal_again() {
     assert_eq!(later.outcome, receipt.outcome);
     let value: Value = serde_json::to_value(outcome(&later).0).unwrap();
     assert!(value.as_str().unwrap().contains(&proposal));
+    f.close().await;
+}
+
+/// Proposals decided long ago are forgotten and the segments holding only
+/// them removed behind `journal.base`; a backup carries the base, and the
+/// restored journal opens where it begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
+    let f = fixture();
+    // A Tasks client's call, approved and read to its receipt.
+    let task = f.task("receipt").await;
+    let approvals = f.daemon.service().approvals().unwrap().clone();
+    let first = f.only_proposal();
+    let now = f.daemon.service().store().clock().now_ms();
+    let admin = Decider {
+        name: "admin".into(),
+        identity: "uid:0".into(),
+    };
+    approvals
+        .decide(&first, Decision::Approve { valid_for_ms: None }, admin, now)
+        .await
+        .expect("approve");
+    let receipt = f.get(task.id.as_str()).await;
+    assert_eq!(receipt.status, TaskStatus::Completed);
+    // Many held calls nobody decides: several 64 KiB segments.
+    for i in 0..600 {
+        f.held(&format!("target-{i}")).await;
+    }
+    let journal = f.root.path().join("state-approvals");
+    let segments = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("journal-"))
+            .collect();
+        names.sort();
+        names
+    };
+    let before = segments(&journal);
+    assert!(before.len() >= 4, "{before:?}");
+    // Past their deadline they expire; a day later (the tasks' default
+    // time to live) nothing can wait on them any more.
+    f.clock.advance(past(DECISION_WINDOW));
+    let gate = approvals.gate().cloned().expect("gate");
+    let now = f.daemon.service().store().clock().now_ms();
+    assert_eq!(gate.expire_due(now).expect("expire").len(), 600);
+    let records = gate.checkpoint().records;
+    f.clock
+        .advance(Duration::from_secs(86_400) + Duration::from_secs(60));
+    let newest = f.held("after-a-day").await;
+    let listed = approvals.proposals(None, false, 0).expect("list");
+    assert_eq!(
+        listed.iter().map(|p| p.id.clone()).collect::<Vec<_>>(),
+        vec![newest.clone()]
+    );
+    let after = segments(&journal);
+    assert!(
+        after.len() < before.len() && !after.contains(&before[0]),
+        "{before:?} -> {after:?}"
+    );
+    assert!(journal.join("journal.base").exists());
+    assert_eq!(gate.checkpoint().records, records + 1, "sequences go on");
+    // The approval task's own lifetime (the default day) is over too: what
+    // made forgetting its proposal safe.
+    assert!(
+        f.daemon
+            .service()
+            .get(task.id.as_str(), &Caller::Local)
+            .await
+            .is_err(),
+        "the approval task outlived its proposal"
+    );
+    drop(gate);
+    drop(approvals);
+    let (root, state, runs) = f.close().await;
+
+    // An offline backup carries the base; the restored journal opens
+    // where it begins, with the waiting proposal.
+    let dest = root.path().join("backup");
+    let st = state.to_string_lossy().into_owned();
+    let out = common::taskgate(
+        &["backup", "--state-dir", &st, "--to", dest.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let manifest = std::fs::read_to_string(dest.join("MANIFEST.sha256")).unwrap();
+    assert!(
+        manifest.contains("approvals/journal.base") && !manifest.contains(&before[0]),
+        "{manifest}"
+    );
+    std::fs::remove_dir_all(&journal).unwrap();
+    let out = common::taskgate(
+        &[
+            "restore",
+            "--state-dir",
+            &st,
+            "--from",
+            dest.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(journal.join("journal.base").exists());
+    let (clock, manual) = Clock::manual(START_MS + 2 * 86_400_000);
+    let daemon = open(root.path(), &state, clock, &runs);
+    let f = Fixture {
+        root,
+        state,
+        daemon,
+        clock: manual,
+        runs,
+    };
+    assert_eq!(f.only_proposal(), newest);
+    assert_eq!(f.proposal_state(&newest), "pending");
+    assert_eq!(f.marker(), 0);
     f.close().await;
 }

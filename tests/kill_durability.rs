@@ -412,6 +412,12 @@ fn gate_settings() -> taskgate::approvals::GateSettings {
         // The smallest segments, so that kills land in rotations too.
         segment_max_bytes: 64 * 1024,
         max_pending: 1_000_000,
+        max_pending_per_owner: 1_000_000,
+        max_proposals: 1_000_000,
+        max_proposals_per_owner: 1_000_000,
+        // Nothing is forgotten while the loop runs: every acknowledged
+        // decision is looked for after each kill.
+        retain_ms: i64::MAX / 4,
         forbid_self_approval: true,
     }
 }

@@ -876,7 +876,10 @@ async fn snapshot(ctx: &Arc<Context>, to: PathBuf) -> Answer {
     let db_time = started.elapsed();
     let (state_dir, sealed_dest, config) =
         (ctx.state_dir.clone(), dest.clone(), ctx.config.clone());
+    let gate = ctx.svc.approvals().and_then(|a| a.gate().cloned());
     let sealed = tokio::task::spawn_blocking(move || {
+        // No journal segment is removed while the copy lists and reads them.
+        let _segments = gate.as_ref().map(|g| g.hold_segments());
         let parts = Parts::new();
         let mut copies = Vec::new();
         for part in parts.all() {

@@ -27,6 +27,17 @@ pub struct GateSettings {
     pub segment_max_bytes: u64,
     /// Proposals pending at once; past it new calls are refused.
     pub max_pending: usize,
+    /// Proposals one owner may have pending at once.
+    pub max_pending_per_owner: usize,
+    /// Proposals kept at once (pending, or decided and not yet forgotten).
+    pub max_proposals: usize,
+    /// Proposals one owner may have kept at once.
+    pub max_proposals_per_owner: usize,
+    /// How long past its decision deadline a decided proposal is kept: the
+    /// longest an approval task waiting on it can live. Then it is
+    /// forgotten, and journal segments holding only forgotten proposals
+    /// are removed.
+    pub retain_ms: i64,
     /// Whether an administrator may approve a call of their own.
     pub forbid_self_approval: bool,
 }
@@ -67,8 +78,22 @@ pub enum GateError {
         "an administrator may not approve a call of their own (approvals.self_approval = \"forbid\"); another administrator must decide it"
     )]
     SelfApproval,
-    #[error("{limit} proposals are already waiting for a decision; decide some, then call again")]
+    #[error(
+        "{limit} calls already wait for an administrator (approvals.max_pending); retry once some are decided"
+    )]
     TooManyPending { limit: usize },
+    /// The journal keeps as many proposals as it may.
+    #[error(
+        "the approval journal keeps {limit} proposals (approvals.max_proposals) until each is decided and its tasks' lifetime has passed; retry once older ones are forgotten"
+    )]
+    TooManyKept { limit: usize },
+    /// This caller is at one of its own bounds (the message names it).
+    #[error("this caller already has {count} {what}; {then}")]
+    OwnerLimit {
+        count: usize,
+        what: &'static str,
+        then: &'static str,
+    },
     #[error("a rejection reason is at most {MAX_REASON_BYTES} bytes")]
     ReasonTooLong,
 }
@@ -77,12 +102,20 @@ pub struct Gate {
     journal: Mutex<Journal>,
     view: RwLock<Proposals>,
     settings: GateSettings,
+    /// When settled proposals are next looked for (Unix ms).
+    next_forget_ms: std::sync::atomic::AtomicI64,
+    /// Held while segments may not be removed (an online backup copying
+    /// them).
+    segments: Mutex<()>,
     /// The last sequence appended: read without the journal's lock.
     head_seq: std::sync::atomic::AtomicU64,
     /// The journal directory's lock, held while the gate is open (see
     /// [`Gate::open_dir`]).
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
 }
+
+/// How often settled proposals are looked for (at the next new call).
+const FORGET_EVERY_MS: i64 = 60_000;
 
 /// The lock file in the journal's directory: one process appends at a time.
 pub const LOCK_FILE: &str = "journal.lock";
@@ -113,8 +146,8 @@ impl Gate {
         settings: GateSettings,
     ) -> Result<(Gate, Opened), GateError> {
         let (journal, entries, opened) = Journal::open(dir, settings.segment_max_bytes)?;
-        let mut view = Proposals::default();
-        let head_seq = entries.last().map(|e| e.seq).unwrap_or(0);
+        let mut view = Proposals::replaying(journal.first_seq() > 1);
+        let head_seq = journal.checkpoint().records;
         for entry in entries {
             let event =
                 Event::from_record(&entry.record).map_err(|reason| GateError::Unreadable {
@@ -132,6 +165,8 @@ impl Gate {
                 journal: Mutex::new(journal),
                 view: RwLock::new(view),
                 settings,
+                next_forget_ms: i64::MIN.into(),
+                segments: Mutex::new(()),
                 head_seq: head_seq.into(),
                 _lock: None,
             },
@@ -243,6 +278,13 @@ impl Gate {
     pub fn admit(&self, held: &HeldCall, now: i64) -> Result<Admission, GateError> {
         let call = held.call.as_str();
         let mut journal = lock(&self.journal);
+        if now
+            >= self
+                .next_forget_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.forget_settled(&mut journal, now);
+        }
         let latest = self.read().of_call(call).first().map(|p| (*p).clone());
         if let Some(p) = latest {
             let p = self.expire_if_due(&mut journal, &p, now)?.unwrap_or(p);
@@ -274,17 +316,7 @@ impl Gate {
                 _ => {}
             }
         }
-        let pending = self
-            .read()
-            .all()
-            .iter()
-            .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms)
-            .count();
-        if pending >= self.settings.max_pending {
-            return Err(GateError::TooManyPending {
-                limit: self.settings.max_pending,
-            });
-        }
+        self.room_for(&mut journal, &held.owner, now)?;
         let id = random_id()?;
         let deadline = now.saturating_add(self.settings.decision_window_ms);
         self.append(
@@ -306,6 +338,106 @@ impl Gate {
             decision_deadline_ms: deadline,
             joined: false,
         })
+    }
+
+    /// Whether a new proposal of `owner` fits the bounds: pending ones past
+    /// their deadline are journaled expired, and settled ones forgotten,
+    /// before a bound refuses it.
+    fn room_for(&self, journal: &mut Journal, owner: &str, now: i64) -> Result<(), GateError> {
+        let s = &self.settings;
+        let full = |gate: &Gate| {
+            let view = gate.read();
+            let (all, mine) = (view.counts(), view.of_owner(owner));
+            (
+                all.pending >= s.max_pending || mine.pending >= s.max_pending_per_owner,
+                all.kept >= s.max_proposals || mine.kept >= s.max_proposals_per_owner,
+            )
+        };
+        let (pending_full, kept_full) = full(self);
+        if pending_full {
+            self.expire_overdue(journal, now)?;
+        }
+        if kept_full {
+            self.forget_settled(journal, now);
+        }
+        let view = self.read();
+        let (all, mine) = (view.counts(), view.of_owner(owner));
+        if all.pending >= s.max_pending {
+            return Err(GateError::TooManyPending {
+                limit: s.max_pending,
+            });
+        }
+        if mine.pending >= s.max_pending_per_owner {
+            return Err(GateError::OwnerLimit {
+                count: mine.pending,
+                what: "calls waiting for an administrator (approvals.max_pending_per_owner)",
+                then: "nothing was run or proposed; retry once some are decided",
+            });
+        }
+        if all.kept >= s.max_proposals {
+            return Err(GateError::TooManyKept {
+                limit: s.max_proposals,
+            });
+        }
+        if mine.kept >= s.max_proposals_per_owner {
+            return Err(GateError::OwnerLimit {
+                count: mine.kept,
+                what: "proposals kept by the approval journal (approvals.max_proposals_per_owner)",
+                then: "nothing was run or proposed; a decided proposal is forgotten once its tasks' lifetime has passed",
+            });
+        }
+        Ok(())
+    }
+
+    /// Journals the expiry of every pending proposal past its deadline.
+    fn expire_overdue(&self, journal: &mut Journal, now: i64) -> Result<Vec<String>, GateError> {
+        let due: Vec<Proposal> = self
+            .read()
+            .iter()
+            .filter(|p| p.state == State::Pending && now > p.decision_deadline_ms)
+            .cloned()
+            .collect();
+        let mut done = Vec::new();
+        for p in due {
+            self.expire_if_due(journal, &p, now)?;
+            done.push(p.id);
+        }
+        Ok(done)
+    }
+
+    /// Forgets the settled proposals (see [`GateSettings::retain_ms`]) and
+    /// removes the journal segments that hold nothing else. A segment that
+    /// cannot be removed stays (and is tried again later): approvals go on.
+    fn forget_settled(&self, journal: &mut Journal, now: i64) {
+        self.next_forget_ms.store(
+            now.saturating_add(FORGET_EVERY_MS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let oldest = {
+            let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
+            view.forget_settled(now, self.settings.retain_ms);
+            view.oldest_seq()
+        };
+        let keep_from = oldest.unwrap_or(journal.checkpoint().records + 1);
+        let Ok(_held) = self.segments.try_lock() else {
+            return;
+        };
+        match journal.remove_before(keep_from) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                segments = n,
+                "removed {n} approval journal segments holding only proposals settled past their tasks' lifetime"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove old approval journal segments: {e}")
+            }
+        }
+    }
+
+    /// Keeps journal segments from being removed while the guard lives (an
+    /// online backup copies them).
+    pub fn hold_segments(&self) -> std::sync::MutexGuard<'_, ()> {
+        lock(&self.segments)
     }
 
     /// An administrator approves `id`; `decider_owner` is their identity
@@ -409,19 +541,7 @@ impl Gate {
     /// the IDs expired.
     pub fn expire_due(&self, now: i64) -> Result<Vec<String>, GateError> {
         let mut journal = lock(&self.journal);
-        let due: Vec<Proposal> = self
-            .read()
-            .all()
-            .into_iter()
-            .filter(|p| p.state == State::Pending && now > p.decision_deadline_ms)
-            .cloned()
-            .collect();
-        let mut done = Vec::new();
-        for p in due {
-            self.expire_if_due(&mut journal, &p, now)?;
-            done.push(p.id);
-        }
-        Ok(done)
+        self.expire_overdue(&mut journal, now)
     }
 
     /// The proposal, its expiry journaled first when it is pending past
@@ -439,7 +559,6 @@ impl Gate {
     /// Proposals waiting for a decision and not yet past their deadline.
     pub fn pending(&self, now: i64) -> usize {
         self.read()
-            .all()
             .iter()
             .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms)
             .count()
@@ -449,8 +568,7 @@ impl Gate {
     pub fn pending_since(&self, now: i64) -> (usize, Option<i64>) {
         let view = self.read();
         let waiting = view
-            .all()
-            .into_iter()
+            .iter()
             .filter(|p| p.state == State::Pending && now <= p.decision_deadline_ms);
         waiting.fold((0, None), |(n, oldest), p| {
             let o: Option<i64> = oldest;
@@ -516,6 +634,10 @@ mod tests {
             execution_window_ms: 5 * MIN,
             segment_max_bytes: super::super::journal::MIN_SEGMENT_BYTES,
             max_pending: 3,
+            max_pending_per_owner: 3,
+            max_proposals: 1000,
+            max_proposals_per_owner: 1000,
+            retain_ms: 60 * MIN,
             forbid_self_approval: true,
         }
     }
@@ -804,5 +926,119 @@ mod tests {
             Gate::open(d.path(), settings()),
             Err(GateError::Inconsistent { seq: 2, .. })
         ));
+    }
+
+    fn segment_count(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                super::super::journal::segment_number(
+                    &e.as_ref().unwrap().file_name().to_string_lossy(),
+                )
+                .is_some()
+            })
+            .count()
+    }
+
+    #[test]
+    fn settled_proposals_are_forgotten_and_only_their_segments_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let wide = GateSettings {
+            max_pending: 1000,
+            max_pending_per_owner: 1000,
+            ..settings()
+        };
+        let g = Gate::open(d.path(), wide).unwrap().0;
+        // One call left waiting from the start, then many proposed and
+        // cancelled (each a pair of records): several segments.
+        let (waiting, _) = held(g.admit(&call("w", "kept", "t"), 0).unwrap());
+        for i in 0..600 {
+            let (p, _) = held(
+                g.admit(&call(&format!("o{}", i % 7), &format!("k{i}"), "t"), 1)
+                    .unwrap(),
+            );
+            g.cancel(&p, &format!("o{}", i % 7), 2).unwrap();
+        }
+        let segments = segment_count(d.path());
+        assert!(segments >= 4, "{segments}");
+        let records = g.checkpoint().records;
+        // Past every deadline and the retention: the cancelled ones are
+        // forgotten, but the waiting one (never journaled expired yet) holds
+        // the first segment, and with it every later one.
+        let late = 10 * MIN + 60 * MIN + 10;
+        held(g.admit(&call("n", "new-1", "t"), late).unwrap());
+        assert_eq!(g.list().len(), 2, "the waiting proposal and the new one");
+        assert_eq!(segment_count(d.path()), segments);
+        // Its expiry journaled and its retention passed too: everything
+        // before the newest proposal goes at the next look.
+        g.expire_due(late).unwrap();
+        let later = late + 10 * MIN + 60 * MIN + FORGET_EVERY_MS;
+        held(g.admit(&call("n", "new-2", "t"), later).unwrap());
+        assert!(g.proposal(&waiting).is_none());
+        let kept = segment_count(d.path());
+        assert!(kept < segments, "{kept} of {segments}");
+        assert!(d.path().join(super::super::journal::BASE_FILE).exists());
+        let before = g.checkpoint();
+        assert_eq!(before.records, records + 3);
+        assert_eq!(before.segments as usize, kept);
+        drop(g);
+        // Reopened: the same head and sequence; the events about forgotten
+        // proposals still in the kept segments are passed over.
+        let (g, _) = Gate::open(d.path(), wide).unwrap();
+        assert_eq!(g.checkpoint(), before);
+        assert_eq!(g.head_seq(), before.records);
+        let ids: Vec<String> = g.list().into_iter().map(|p| p.tool + &p.call).collect();
+        assert!(
+            ids.contains(&"tnew-1".to_string()) && ids.contains(&"tnew-2".to_string()),
+            "{ids:?}"
+        );
+        assert_eq!(Journal::verify(d.path()).unwrap().0, before);
+    }
+
+    #[test]
+    fn proposals_kept_are_bounded_per_owner_and_in_all() {
+        let d = tempfile::tempdir().unwrap();
+        let bounds = GateSettings {
+            max_pending: 100,
+            max_pending_per_owner: 2,
+            max_proposals: 5,
+            max_proposals_per_owner: 3,
+            ..settings()
+        };
+        let g = Gate::open(d.path(), bounds).unwrap().0;
+        let (a1, _) = held(g.admit(&call("alice", "a1", "t"), 0).unwrap());
+        held(g.admit(&call("alice", "a2", "t"), 0).unwrap());
+        let waiting = g.admit(&call("alice", "a3", "t"), 0);
+        assert!(
+            matches!(waiting, Err(GateError::OwnerLimit { count: 2, .. })),
+            "{waiting:?}"
+        );
+        // Cancelling makes room to wait, but the journal still keeps the
+        // cancelled proposal for its tasks: proposing and cancelling in a
+        // loop stops at the owner's bound.
+        g.cancel(&a1, "alice", 1).unwrap();
+        let (a3, _) = held(g.admit(&call("alice", "a3", "t"), 1).unwrap());
+        g.cancel(&a3, "alice", 2).unwrap();
+        let kept = g.admit(&call("alice", "a4", "t"), 2);
+        let message = match kept {
+            Err(e @ GateError::OwnerLimit { count: 3, .. }) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            message.contains("approvals.max_proposals_per_owner"),
+            "{message}"
+        );
+        // Others go on, up to what the journal keeps in all.
+        held(g.admit(&call("bob", "b1", "t"), 3).unwrap());
+        held(g.admit(&call("bob", "b2", "t"), 3).unwrap());
+        assert!(matches!(
+            g.admit(&call("carol", "c1", "t"), 3),
+            Err(GateError::TooManyKept { limit: 5 })
+        ));
+        // Once the cancelled ones are past their retention they are
+        // forgotten and alice may propose again.
+        let late = 10 * MIN + 60 * MIN + 10;
+        held(g.admit(&call("alice", "a4", "t"), late).unwrap());
+        assert!(g.proposal(&a1).is_none() && g.proposal(&a3).is_none());
     }
 }

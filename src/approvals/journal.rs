@@ -85,7 +85,31 @@ struct SegmentRecord {
     journal: String,
     segment: u32,
     previous: String,
+    /// The sequence of the segment's first record after this one (absent in
+    /// segments written before old segments could be removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    first_seq: Option<u64>,
 }
+
+/// Where a journal whose oldest segments were removed begins: written (and
+/// synced) before any segment is removed, so that a journal starting past
+/// segment 1 is told from one that lost its first segments.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Base {
+    journal: String,
+    /// The first segment kept.
+    segment: u32,
+    /// The hash the removed segments ended with, which that segment's first
+    /// record names.
+    previous: String,
+    /// The sequence of that segment's first record.
+    first_seq: u64,
+}
+
+/// The file naming where a journal whose oldest segments were removed
+/// begins.
+pub const BASE_FILE: &str = "journal.base";
 
 /// One record read back: its sequence number (from 1, segment records not
 /// counted) and its JSON.
@@ -100,9 +124,9 @@ pub struct Entry {
 pub struct Checkpoint {
     /// The journal's identity (random, made when it was created).
     pub journal: String,
-    /// Records appended so far.
+    /// Records appended so far (also those of removed segments).
     pub records: u64,
-    /// Segments and their bytes in all.
+    /// Segments kept and their bytes in all.
     pub segments: u32,
     pub bytes: u64,
     /// The hash the last frame ends with.
@@ -116,6 +140,15 @@ pub struct Opened {
     pub truncated: u64,
 }
 
+/// Where one kept segment starts, and its bytes once it is closed.
+#[derive(Debug, Clone)]
+struct SegmentStart {
+    n: u32,
+    first_seq: u64,
+    previous: [u8; HASH_BYTES],
+    bytes: u64,
+}
+
 /// An open journal: where the next frame goes and what it chains to.
 #[derive(Debug)]
 pub struct Journal {
@@ -127,12 +160,20 @@ pub struct Journal {
     offset: u64,
     head: [u8; HASH_BYTES],
     records: u64,
-    /// Bytes of the segments before the current one.
-    earlier_bytes: u64,
+    /// The segments kept, oldest first; the last is the one appended to.
+    kept: Vec<SegmentStart>,
 }
 
 fn segment_name(n: u32) -> String {
     format!("journal-{n:06}.log")
+}
+
+/// The number of a segment file's name.
+pub fn segment_number(name: &str) -> Option<u32> {
+    name.strip_prefix("journal-")
+        .and_then(|r| r.strip_suffix(".log"))
+        .filter(|d| d.len() == 6 && d.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|d| d.parse::<u32>().ok())
 }
 
 fn frame_hash(previous: &[u8; HASH_BYTES], payload: &[u8]) -> [u8; HASH_BYTES] {
@@ -175,34 +216,61 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
         .map_err(io(dir, "syncing the directory"))
 }
 
-/// The segment numbers present, in order, checked to run from 1 without a
-/// gap.
-fn segments(dir: &Path) -> Result<Vec<u32>, JournalError> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io(dir, "listing the journal"))? {
-        let entry = entry.map_err(io(dir, "listing the journal"))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(n) = name
-            .strip_prefix("journal-")
-            .and_then(|r| r.strip_suffix(".log"))
-            .filter(|d| d.len() == 6 && d.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|d| d.parse::<u32>().ok())
-        {
-            found.push(n);
-        }
+fn unhex(text: &str) -> Option<[u8; HASH_BYTES]> {
+    let mut out = [0u8; HASH_BYTES];
+    if text.len() != HASH_BYTES * 2 {
+        return None;
     }
-    found.sort_unstable();
-    for (i, n) in found.iter().enumerate() {
-        if *n != i as u32 + 1 {
-            return Err(JournalError::Damaged {
-                dir: dir.to_path_buf(),
-                segment: segment_name(i as u32 + 1),
-                offset: 0,
-                reason: "missing: the segments do not run from 1 without a gap".into(),
-            });
-        }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok()?;
     }
-    Ok(found)
+    Some(out)
+}
+
+/// The base file, when the journal's oldest segments were removed.
+fn read_base(dir: &Path) -> Result<Option<Base>, JournalError> {
+    let path = dir.join(BASE_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path, "reading the journal's base")(e)),
+    };
+    let base: Base = serde_json::from_slice(&bytes).map_err(|e| JournalError::Damaged {
+        dir: dir.to_path_buf(),
+        segment: BASE_FILE.into(),
+        offset: 0,
+        reason: format!("it is not a journal base record: {e}"),
+    })?;
+    if unhex(&base.previous).is_none() || base.segment < 2 || base.first_seq < 1 {
+        return Err(JournalError::Damaged {
+            dir: dir.to_path_buf(),
+            segment: BASE_FILE.into(),
+            offset: 0,
+            reason: "its segment, hash or sequence is out of range".into(),
+        });
+    }
+    Ok(Some(base))
+}
+
+/// Writes the base file whole (a temporary file synced, then renamed and
+/// the directory synced).
+fn write_base(dir: &Path, base: &Base) -> Result<(), JournalError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let value = serde_json::to_value(base).unwrap_or(Value::Null);
+    let bytes = canonical(&value)?;
+    let tmp = dir.join(format!("{BASE_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp, "writing the journal's base"))?;
+    f.write_all(&bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(io(&tmp, "writing the journal's base"))?;
+    std::fs::rename(&tmp, dir.join(BASE_FILE)).map_err(io(&tmp, "renaming the journal's base"))?;
+    sync_dir(dir)
 }
 
 /// Reads one segment's frames, checking the chain from `previous`. Returns
@@ -278,10 +346,152 @@ fn scan(path: &Path, previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64, String
     })
 }
 
+/// A journal's chain as read from its files, before anything is repaired.
+struct Chain {
+    identity: Option<String>,
+    /// Segments below the base, left by a removal a crash interrupted.
+    leftovers: Vec<u32>,
+    kept: Vec<SegmentStart>,
+    entries: Vec<Entry>,
+    /// Records before the first one read (those of removed segments).
+    base_seq: u64,
+    /// Records read.
+    read: u64,
+    head: [u8; HASH_BYTES],
+    /// The last segment: its number, valid length, file size, and whether
+    /// its final frame was cut short.
+    last: u32,
+    tail_valid: u64,
+    tail_size: u64,
+    torn: bool,
+}
+
+/// Reads and verifies every segment kept (from the base, or from segment
+/// 1), keeping the records when `keep` is set.
+fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
+    let damaged = |segment: String, offset: u64, reason: String| JournalError::Damaged {
+        dir: dir.to_path_buf(),
+        segment,
+        offset,
+        reason,
+    };
+    let base = read_base(dir)?;
+    let mut numbers = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io(dir, "listing the journal"))? {
+        let entry = entry.map_err(io(dir, "listing the journal"))?;
+        if let Some(n) = segment_number(&entry.file_name().to_string_lossy()) {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    let first = base.as_ref().map_or(1, |b| b.segment);
+    let leftovers: Vec<u32> = numbers.iter().copied().filter(|n| *n < first).collect();
+    numbers.retain(|n| *n >= first);
+    for (i, n) in numbers.iter().enumerate() {
+        if *n != first + i as u32 {
+            return Err(damaged(
+                segment_name(first + i as u32),
+                0,
+                format!("missing: the segments do not run from {first} without a gap"),
+            ));
+        }
+    }
+    if base.is_some() && numbers.is_empty() {
+        return Err(damaged(
+            segment_name(first),
+            0,
+            format!("missing: {BASE_FILE} says the journal begins there"),
+        ));
+    }
+    let mut chain = Chain {
+        identity: base.as_ref().map(|b| b.journal.clone()),
+        leftovers,
+        kept: Vec::new(),
+        entries: Vec::new(),
+        base_seq: base.as_ref().map_or(0, |b| b.first_seq - 1),
+        read: 0,
+        head: base
+            .as_ref()
+            .and_then(|b| unhex(&b.previous))
+            .unwrap_or(ZERO_HASH),
+        last: numbers.last().copied().unwrap_or(0),
+        tail_valid: 0,
+        tail_size: 0,
+        torn: false,
+    };
+    for n in numbers.iter().copied() {
+        let path = dir.join(segment_name(n));
+        let scanned = scan(&path, chain.head)
+            .map_err(|(offset, reason)| damaged(segment_name(n), offset, reason))?;
+        if scanned.torn && n != chain.last {
+            return Err(damaged(
+                segment_name(n),
+                scanned.valid,
+                "cut short, but it is not the last segment".into(),
+            ));
+        }
+        let next_seq = chain.base_seq + chain.read + 1;
+        let mut records = scanned.records.into_iter();
+        let seg: Option<SegmentRecord> = records
+            .next()
+            .as_ref()
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        match seg {
+            Some(s)
+                if s.kind == "segment"
+                    && s.segment == n
+                    && s.previous == hex(&chain.head)
+                    && s.first_seq.is_none_or(|f| f == next_seq)
+                    && chain.identity.as_ref().is_none_or(|id| *id == s.journal) =>
+            {
+                chain.identity.get_or_insert(s.journal);
+            }
+            None if n == chain.last && scanned.valid == 0 => {
+                // The crash came after the segment was created and before
+                // its first frame was whole (the file empty or cut short):
+                // the segment never held anything.
+            }
+            _ => {
+                return Err(damaged(
+                    segment_name(n),
+                    0,
+                    "its first record is not this journal's segment record for this place".into(),
+                ));
+            }
+        }
+        if scanned.valid > 0 {
+            chain.kept.push(SegmentStart {
+                n,
+                first_seq: next_seq,
+                previous: chain.head,
+                bytes: scanned.valid,
+            });
+        }
+        for record in records {
+            chain.read += 1;
+            if keep {
+                chain.entries.push(Entry {
+                    seq: chain.base_seq + chain.read,
+                    record,
+                });
+            }
+        }
+        chain.head = scanned.head;
+        if n == chain.last {
+            chain.tail_valid = scanned.valid;
+            chain.torn = scanned.torn;
+            chain.tail_size = std::fs::metadata(&path)
+                .map_err(io(&path, "reading a segment's size"))?
+                .len();
+        }
+    }
+    Ok(chain)
+}
+
 impl Journal {
     /// Opens the journal in `dir` (a private directory that exists),
     /// creating its first segment when the directory holds none. Returns it
-    /// with every record, in order.
+    /// with every record kept, in order.
     pub fn open(
         dir: &Path,
         max_segment_bytes: u64,
@@ -292,137 +502,85 @@ impl Journal {
                 reason: format!("segments must be at least {MIN_SEGMENT_BYTES} bytes"),
             });
         }
-        let numbers = segments(dir)?;
-        if numbers.is_empty() {
+        let mut chain = read_chain(dir, true)?;
+        // A removal of old segments that a crash interrupted: the base
+        // already says they are gone.
+        for n in &chain.leftovers {
+            let path = dir.join(segment_name(*n));
+            std::fs::remove_file(&path).map_err(io(&path, "removing a segment below the base"))?;
+        }
+        if !chain.leftovers.is_empty() {
+            sync_dir(dir)?;
+        }
+        let Some(identity) = chain.identity.take() else {
+            // No segment, or the only one never got its first record: the
+            // journal is new, or was being created when the process stopped.
+            // It holds nothing.
+            if chain.last > 0 {
+                let path = dir.join(segment_name(chain.last));
+                std::fs::remove_file(&path).map_err(io(&path, "removing an empty segment"))?;
+            }
             let mut id = [0u8; 16];
             getrandom::fill(&mut id).map_err(|e| JournalError::Invalid {
                 dir: dir.to_path_buf(),
                 reason: format!("no random source for the journal's identity: {e}"),
             })?;
-            let journal =
-                Journal::start_segment(dir, hex(&id), max_segment_bytes, 1, ZERO_HASH, 0, 0)?;
+            let journal = Journal::start_segment(
+                dir,
+                hex(&id),
+                max_segment_bytes,
+                1,
+                ZERO_HASH,
+                0,
+                Vec::new(),
+            )?;
             return Ok((journal, Vec::new(), Opened::default()));
-        }
-        let damaged = |n: u32, offset: u64, reason: String| JournalError::Damaged {
-            dir: dir.to_path_buf(),
-            segment: segment_name(n),
-            offset,
-            reason,
         };
-        let mut head = ZERO_HASH;
-        let mut identity: Option<String> = None;
-        let mut entries = Vec::new();
-        let mut earlier_bytes = 0u64;
+        let records = chain.base_seq + chain.read;
         let mut opened = Opened::default();
-        let last = *numbers.last().unwrap_or(&1);
-        let mut tail = (0u64, false);
-        for n in numbers.iter().copied() {
-            let path = dir.join(segment_name(n));
-            let scanned =
-                scan(&path, head).map_err(|(offset, reason)| damaged(n, offset, reason))?;
-            if scanned.torn && n != last {
-                return Err(damaged(
-                    n,
-                    scanned.valid,
-                    "cut short, but it is not the last segment".into(),
-                ));
-            }
-            let mut records = scanned.records.into_iter();
-            let first = records.next();
-            let seg: Option<SegmentRecord> = first
-                .as_ref()
-                .and_then(|v| serde_json::from_value(v.clone()).ok());
-            match seg {
-                Some(s)
-                    if s.kind == "segment"
-                        && s.segment == n
-                        && s.previous == hex(&head)
-                        && identity.as_ref().is_none_or(|id| *id == s.journal) =>
-                {
-                    identity.get_or_insert(s.journal);
-                }
-                None if n == last && scanned.valid == 0 => {
-                    // The crash came after the segment was created and
-                    // before its first frame was whole (the file empty or
-                    // cut short): the segment never held anything.
-                }
-                _ => {
-                    return Err(damaged(
-                        n,
-                        0,
-                        "its first record is not this journal's segment record for this place"
-                            .into(),
-                    ));
-                }
-            }
-            for record in records {
-                entries.push(Entry {
-                    seq: entries.len() as u64 + 1,
-                    record,
-                });
-            }
-            head = scanned.head;
-            if n == last {
-                tail = (scanned.valid, scanned.torn);
-            } else {
-                earlier_bytes += scanned.valid;
-            }
-        }
-        let Some(identity) = identity else {
-            // The only segment never got its first record: the journal was
-            // being created when the process stopped. It holds nothing.
-            let path = dir.join(segment_name(1));
-            std::fs::remove_file(&path).map_err(io(&path, "removing an empty segment"))?;
-            return Journal::open(dir, max_segment_bytes);
-        };
-        let path = dir.join(segment_name(last));
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path, "opening the last segment"))?;
-        let (valid, torn) = tail;
-        if torn {
-            let size = file
-                .metadata()
-                .map_err(io(&path, "reading the last segment's size"))?
-                .len();
-            file.set_len(valid)
-                .and_then(|_| file.sync_all())
-                .map_err(io(&path, "truncating an unfinished final frame"))?;
-            opened.truncated = size - valid;
-        }
-        if valid == 0 {
-            // Its segment record itself was cut short: write it again.
-            drop(file);
+        let path = dir.join(segment_name(chain.last));
+        if chain.tail_valid == 0 {
+            // The last segment's own first record was cut short: write it
+            // again.
             std::fs::remove_file(&path).map_err(io(&path, "removing an empty segment"))?;
             let journal = Journal::start_segment(
                 dir,
                 identity,
                 max_segment_bytes,
-                last,
-                head,
-                entries.len() as u64,
-                earlier_bytes,
+                chain.last,
+                chain.head,
+                records,
+                chain.kept,
             )?;
-            return Ok((journal, entries, opened));
+            opened.truncated = chain.tail_size;
+            return Ok((journal, chain.entries, opened));
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path, "opening the last segment"))?;
+        if chain.torn {
+            file.set_len(chain.tail_valid)
+                .and_then(|_| file.sync_all())
+                .map_err(io(&path, "truncating an unfinished final frame"))?;
+            opened.truncated = chain.tail_size - chain.tail_valid;
         }
         file.seek(SeekFrom::End(0))
             .map_err(io(&path, "seeking the end of the last segment"))?;
-        let records = entries.len() as u64;
         Ok((
             Journal {
                 dir: dir.to_path_buf(),
                 identity,
                 max_segment_bytes,
-                segment: last,
+                segment: chain.last,
                 file,
-                offset: valid,
-                head,
+                offset: chain.tail_valid,
+                head: chain.head,
                 records,
-                earlier_bytes,
+                kept: chain.kept,
             },
-            entries,
+            chain.entries,
             opened,
         ))
     }
@@ -436,7 +594,7 @@ impl Journal {
         n: u32,
         previous: [u8; HASH_BYTES],
         records: u64,
-        earlier_bytes: u64,
+        mut kept: Vec<SegmentStart>,
     ) -> Result<Journal, JournalError> {
         if n > MAX_SEGMENTS {
             return Err(JournalError::Invalid {
@@ -450,6 +608,7 @@ impl Journal {
             journal: identity.clone(),
             segment: n,
             previous: hex(&previous),
+            first_seq: Some(records + 1),
         })
         .unwrap_or(Value::Null);
         let (bytes, head) = frame(&previous, &canonical(&record)?);
@@ -467,6 +626,13 @@ impl Journal {
             .and_then(|_| file.sync_all())
             .map_err(io(&path, "writing a segment's first record"))?;
         sync_dir(dir)?;
+        kept.retain(|s| s.n != n);
+        kept.push(SegmentStart {
+            n,
+            first_seq: records + 1,
+            previous,
+            bytes: bytes.len() as u64,
+        });
         Ok(Journal {
             dir: dir.to_path_buf(),
             identity,
@@ -476,7 +642,7 @@ impl Journal {
             offset: bytes.len() as u64,
             head,
             records,
-            earlier_bytes,
+            kept,
         })
     }
 
@@ -487,16 +653,25 @@ impl Journal {
         let payload = canonical(record)?;
         let size = (LEN_BYTES + padded(payload.len()) + HASH_BYTES) as u64;
         if self.offset + size > self.max_segment_bytes {
-            let next = Journal::start_segment(
+            let mut kept = std::mem::take(&mut self.kept);
+            if let Some(current) = kept.last_mut() {
+                current.bytes = self.offset;
+            }
+            match Journal::start_segment(
                 &self.dir,
                 self.identity.clone(),
                 self.max_segment_bytes,
                 self.segment + 1,
                 self.head,
                 self.records,
-                self.earlier_bytes + self.offset,
-            )?;
-            *self = next;
+                kept.clone(),
+            ) {
+                Ok(next) => *self = next,
+                Err(e) => {
+                    self.kept = kept;
+                    return Err(e);
+                }
+            }
         }
         let (bytes, head) = frame(&self.head, &payload);
         let path = self.dir.join(segment_name(self.segment));
@@ -521,12 +696,62 @@ impl Journal {
         Ok(self.records)
     }
 
+    /// Removes the closed segments all of whose records come before `seq`
+    /// (records nobody needs any more): the base file is written first, so
+    /// the journal is known to begin at the first segment kept. The
+    /// segment appended to is never removed. Returns how many went.
+    pub fn remove_before(&mut self, seq: u64) -> Result<usize, JournalError> {
+        // The newest segment whose first record is at or before `seq`: every
+        // segment before it holds only records before `seq`.
+        let Some(keep_from) = self
+            .kept
+            .iter()
+            .rposition(|s| s.first_seq <= seq)
+            .filter(|i| *i > 0)
+        else {
+            return Ok(0);
+        };
+        let first = &self.kept[keep_from];
+        write_base(
+            &self.dir,
+            &Base {
+                journal: self.identity.clone(),
+                segment: first.n,
+                previous: hex(&first.previous),
+                first_seq: first.first_seq,
+            },
+        )?;
+        for s in &self.kept[..keep_from] {
+            let path = self.dir.join(segment_name(s.n));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path, "removing an old segment")(e)),
+            }
+        }
+        sync_dir(&self.dir)?;
+        self.kept.drain(..keep_from);
+        Ok(keep_from)
+    }
+
+    /// The sequence of the first record of the oldest segment kept (1 when
+    /// none was removed).
+    pub fn first_seq(&self) -> u64 {
+        self.kept.first().map_or(1, |s| s.first_seq)
+    }
+
     pub fn checkpoint(&self) -> Checkpoint {
+        let closed: u64 = self
+            .kept
+            .iter()
+            .filter(|s| s.n != self.segment)
+            .map(|s| s.bytes)
+            .sum();
         Checkpoint {
             journal: self.identity.clone(),
             records: self.records,
-            segments: self.segment,
-            bytes: self.earlier_bytes + self.offset,
+            segments: self.kept.len() as u32,
+            bytes: closed + self.offset,
             head: hex(&self.head),
         }
     }
@@ -534,71 +759,17 @@ impl Journal {
     /// Verifies a journal without changing it (a cut final frame is
     /// reported, not removed): its checkpoint.
     pub fn verify(dir: &Path) -> Result<(Checkpoint, Opened), JournalError> {
-        let numbers = segments(dir)?;
-        let mut head = ZERO_HASH;
-        let mut identity = None;
-        let mut records = 0u64;
-        let mut bytes = 0u64;
-        let mut opened = Opened::default();
-        let last = numbers.last().copied().unwrap_or(0);
-        for n in numbers.iter().copied() {
-            let path = dir.join(segment_name(n));
-            let scanned = scan(&path, head).map_err(|(offset, reason)| JournalError::Damaged {
-                dir: dir.to_path_buf(),
-                segment: segment_name(n),
-                offset,
-                reason,
-            })?;
-            if scanned.torn {
-                if n != last {
-                    return Err(JournalError::Damaged {
-                        dir: dir.to_path_buf(),
-                        segment: segment_name(n),
-                        offset: scanned.valid,
-                        reason: "cut short, but it is not the last segment".into(),
-                    });
-                }
-                let size = std::fs::metadata(&path)
-                    .map_err(io(&path, "reading a segment's size"))?
-                    .len();
-                opened.truncated = size - scanned.valid;
-            }
-            let first: Option<SegmentRecord> = scanned
-                .records
-                .first()
-                .and_then(|v| serde_json::from_value(v.clone()).ok());
-            match first {
-                Some(s)
-                    if s.kind == "segment"
-                        && s.segment == n
-                        && s.previous == hex(&head)
-                        && identity.as_ref().is_none_or(|id: &String| *id == s.journal) =>
-                {
-                    identity.get_or_insert(s.journal);
-                }
-                None if scanned.records.is_empty() && n == last => {}
-                _ => {
-                    return Err(JournalError::Damaged {
-                        dir: dir.to_path_buf(),
-                        segment: segment_name(n),
-                        offset: 0,
-                        reason:
-                            "its first record is not this journal's segment record for this place"
-                                .into(),
-                    });
-                }
-            }
-            records += scanned.records.len().saturating_sub(1) as u64;
-            bytes += scanned.valid;
-            head = scanned.head;
-        }
+        let chain = read_chain(dir, false)?;
+        let opened = Opened {
+            truncated: chain.tail_size - chain.tail_valid,
+        };
         Ok((
             Checkpoint {
-                journal: identity.unwrap_or_default(),
-                records,
-                segments: last,
-                bytes,
-                head: hex(&head),
+                journal: chain.identity.unwrap_or_default(),
+                records: chain.base_seq + chain.read,
+                segments: chain.kept.len() as u32,
+                bytes: chain.kept.iter().map(|s| s.bytes).sum(),
+                head: hex(&chain.head),
             },
             opened,
         ))
@@ -772,6 +943,84 @@ mod tests {
             .set_len(len - 10)
             .unwrap();
         assert!(damaged(d.path()).2.contains("not the last segment"));
+    }
+
+    #[test]
+    fn old_segments_go_behind_a_base_and_the_journal_still_verifies() {
+        let d = dir();
+        let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        fill(&mut j, 1, 1501);
+        let all = j.checkpoint();
+        assert!(all.segments >= 4, "{all:?}");
+        // Nothing before the first record: nothing goes.
+        assert_eq!(j.remove_before(1).unwrap(), 0);
+        let third = j.kept[2].first_seq;
+        let second_bytes = std::fs::read(seg(d.path(), 2)).unwrap();
+        // Records of segments 1 and 2 are no longer needed; the third's
+        // first one is.
+        assert_eq!(j.remove_before(third).unwrap(), 2);
+        assert!(!seg(d.path(), 1).exists() && !seg(d.path(), 2).exists());
+        let after = j.checkpoint();
+        assert_eq!(
+            (after.records, &after.head, after.segments),
+            (all.records, &all.head, all.segments - 2)
+        );
+        assert!(after.bytes < all.bytes);
+        assert_eq!(Journal::verify(d.path()).unwrap().0, after);
+        drop(j);
+        // Reopened: the records kept, with their sequence numbers, and
+        // appends go on from the same sequence.
+        let (mut j, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        assert_eq!(entries.first().map(|e| e.seq), Some(third));
+        assert_eq!(entries.len() as u64, 1500 - third + 1);
+        assert!(entries.iter().all(|e| e.record["n"] == e.seq));
+        assert_eq!(j.checkpoint(), after);
+        assert_eq!(j.append(&record(1501)).unwrap(), 1501);
+        // The segment appended to always stays.
+        let current = j.checkpoint().segments;
+        j.remove_before(u64::MAX).unwrap();
+        assert_eq!(j.checkpoint().segments, 1, "of {current}");
+        let kept = j.checkpoint();
+        drop(j);
+        assert_eq!(
+            Journal::open(d.path(), SEGMENT).unwrap().0.checkpoint(),
+            kept
+        );
+
+        // A removal a crash interrupted (the base written, an old segment
+        // still there): verify passes it over, opening finishes it.
+        let d = dir();
+        let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        fill(&mut j, 1, 1501);
+        let third = j.kept[2].first_seq;
+        j.remove_before(third).unwrap();
+        let good = j.checkpoint();
+        drop(j);
+        std::fs::write(seg(d.path(), 2), &second_bytes).unwrap();
+        assert_eq!(Journal::verify(d.path()).unwrap().0, good);
+        assert!(seg(d.path(), 2).exists(), "verify changed the directory");
+        assert_eq!(
+            Journal::open(d.path(), SEGMENT).unwrap().0.checkpoint(),
+            good
+        );
+        assert!(!seg(d.path(), 2).exists());
+
+        // Without its base the journal lost its first segments: refused.
+        let base = std::fs::read(d.path().join(BASE_FILE)).unwrap();
+        std::fs::remove_file(d.path().join(BASE_FILE)).unwrap();
+        assert!(damaged(d.path()).2.contains("missing"));
+        // A base naming another place in the chain: refused at that segment.
+        let mut wrong: Value = serde_json::from_slice(&base).unwrap();
+        wrong["previous"] = Value::String("ab".repeat(32));
+        std::fs::write(
+            d.path().join(BASE_FILE),
+            serde_json::to_vec(&wrong).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(damaged(d.path()).0, "journal-000003.log");
+        // A base that is not one: refused, naming it.
+        std::fs::write(d.path().join(BASE_FILE), b"{}").unwrap();
+        assert_eq!(damaged(d.path()).0, BASE_FILE);
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct Proposal {
     pub decided_ms: Option<i64>,
     /// The journal sequence of the event that last changed it.
     pub seq: u64,
+    /// The journal sequence of the event that made it.
+    #[serde(default)]
+    pub created_seq: u64,
 }
 
 impl Proposal {
@@ -85,15 +88,95 @@ pub enum Refusal {
     Backwards,
 }
 
+/// How many proposals one owner has: waiting, and kept in all.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub pending: usize,
+    pub kept: usize,
+}
+
 /// Every proposal the journal holds, and the proposals of each exact call.
 #[derive(Debug, Default)]
 pub struct Proposals {
     by_id: HashMap<String, Proposal>,
     /// Proposals of one exact-call key, oldest first.
     by_call: HashMap<String, Vec<String>>,
+    /// Proposals in state pending (some may be past their deadline, not yet
+    /// journaled expired).
+    pending: usize,
+    by_owner: HashMap<String, Held>,
+    /// The journal's oldest segments were removed: an event about a
+    /// proposal made in them (long settled) is passed over when replayed.
+    begins_late: bool,
 }
 
 impl Proposals {
+    /// A view to replay a journal into; `begins_late` when the journal's
+    /// oldest segments were removed.
+    pub fn replaying(begins_late: bool) -> Proposals {
+        Proposals {
+            begins_late,
+            ..Proposals::default()
+        }
+    }
+
+    /// Proposals in state pending, and kept in all.
+    pub fn counts(&self) -> Held {
+        Held {
+            pending: self.pending,
+            kept: self.by_id.len(),
+        }
+    }
+
+    /// What `owner` has.
+    pub fn of_owner(&self, owner: &str) -> Held {
+        self.by_owner.get(owner).copied().unwrap_or_default()
+    }
+
+    /// Every proposal, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = &Proposal> {
+        self.by_id.values()
+    }
+
+    /// The journal sequence of the oldest proposal kept.
+    pub fn oldest_seq(&self) -> Option<u64> {
+        self.by_id.values().map(|p| p.created_seq).min()
+    }
+
+    /// Forgets the proposals that can no longer change or matter: decided
+    /// (not pending) and past their decision deadline by `retain_ms` (the
+    /// longest an approval task waiting on them can live). Returns how many
+    /// went.
+    pub fn forget_settled(&mut self, now_ms: i64, retain_ms: i64) -> usize {
+        let gone: Vec<String> = self
+            .by_id
+            .values()
+            .filter(|p| {
+                p.state != State::Pending
+                    && now_ms > p.decision_deadline_ms.saturating_add(retain_ms)
+            })
+            .map(|p| p.id.clone())
+            .collect();
+        for id in &gone {
+            let Some(p) = self.by_id.remove(id) else {
+                continue;
+            };
+            if let Some(ids) = self.by_call.get_mut(&p.call) {
+                ids.retain(|i| i != id);
+                if ids.is_empty() {
+                    self.by_call.remove(&p.call);
+                }
+            }
+            if let Some(held) = self.by_owner.get_mut(&p.owner) {
+                held.kept = held.kept.saturating_sub(1);
+                if held.kept == 0 {
+                    self.by_owner.remove(&p.owner);
+                }
+            }
+        }
+        gone.len()
+    }
+
     pub fn get(&self, id: &str) -> Option<&Proposal> {
         self.by_id.get(id)
     }
@@ -227,6 +310,12 @@ impl Proposals {
     /// the journal, which refuses it when it does not hold): `seq` is its
     /// journal sequence.
     pub fn apply(&mut self, event: &Event, seq: u64) -> Result<(), Refusal> {
+        if self.begins_late
+            && !matches!(event, Event::ProposalCreated { .. })
+            && !self.by_id.contains_key(event.proposal())
+        {
+            return Ok(());
+        }
         self.check(event)?;
         match event {
             Event::ProposalCreated {
@@ -257,8 +346,13 @@ impl Proposals {
                         decider: None,
                         decided_ms: None,
                         seq,
+                        created_seq: seq,
                     },
                 );
+                self.pending += 1;
+                let held = self.by_owner.entry(owner.clone()).or_default();
+                held.pending += 1;
+                held.kept += 1;
                 self.by_call
                     .entry(call.clone())
                     .or_default()
@@ -269,6 +363,12 @@ impl Proposals {
                     return Err(Refusal::Unknown(other.proposal().to_string()));
                 };
                 p.seq = seq;
+                if p.state == State::Pending {
+                    self.pending = self.pending.saturating_sub(1);
+                    if let Some(held) = self.by_owner.get_mut(&p.owner) {
+                        held.pending = held.pending.saturating_sub(1);
+                    }
+                }
                 match other {
                     Event::Approved {
                         decider,

@@ -589,6 +589,15 @@ settings! {
         /// Proposals waiting for a decision at once; past it a new held call is refused with `TG_APPROVALS_FULL` until some are decided or expire.
         #[key(APPROVALS_MAX_PENDING, "max_pending", count(1024, 1..=65_536))]
         pub max_pending: usize,
+        /// Proposals one owner (one issuer, tenant and subject) may have waiting at once; never more than `approvals.max_pending`, which the default leaves as the only bound. Past it that owner's new held calls are refused with `TG_OWNER_LIMIT`; other owners go on.
+        #[key(APPROVALS_MAX_PENDING_PER_OWNER, "max_pending_per_owner", count(1024, 1..=65_536))]
+        pub max_pending_per_owner: usize,
+        /// Proposals the journal keeps at once: waiting, or decided and still within the lifetime of the approval tasks that wait on them. A decided proposal is forgotten once that lifetime has passed (the journal's segments holding only forgotten proposals are removed); past the bound a new held call is refused with `TG_APPROVALS_FULL`.
+        #[key(APPROVALS_MAX_PROPOSALS, "max_proposals", count(65_536, 1..=1_048_576))]
+        pub max_proposals: usize,
+        /// Proposals the journal keeps for one owner at once (see `approvals.max_proposals`), so that one caller proposing and cancelling in a loop cannot fill the journal for everyone; never more than `approvals.max_proposals`. Past it that owner's new held calls are refused with `TG_OWNER_LIMIT`.
+        #[key(APPROVALS_MAX_PROPOSALS_PER_OWNER, "max_proposals_per_owner", count(4096, 1..=1_048_576))]
+        pub max_proposals_per_owner: usize,
         /// `forbid`: an administrator whose identity is the caller's (the same issuer, tenant and subject) may not approve that call. `allow` lets them, for a single-person setup.
         #[key(APPROVALS_SELF_APPROVAL, "self_approval", choice::<SelfApproval>("forbid"))]
         pub self_approval: SelfApproval,

@@ -425,6 +425,11 @@ impl Config {
 
         // An owner never runs more than everyone together may.
         tasks.max_running_per_owner = tasks.max_running_per_owner.min(tasks.max_running);
+        approvals.max_pending_per_owner =
+            approvals.max_pending_per_owner.min(approvals.max_pending);
+        approvals.max_proposals_per_owner = approvals
+            .max_proposals_per_owner
+            .min(approvals.max_proposals);
 
         let tools = tool_settings(tables.tools, &tables.origin, &layers, &tool_defaults)?;
         let upstreams =

@@ -1,7 +1,7 @@
 //! The approval journal as a durable part: the segment files
 //! `journal-NNNNNN.log` in `approvals.directory`, a private directory of its
-//! own beside the state directory. In a snapshot they sit under
-//! `approvals/`.
+//! own beside the state directory, and `journal.base` once old segments
+//! were removed. In a snapshot they sit under `approvals/`.
 //!
 //! It is copied with the task store at the same boundary, after it: the
 //! journal only grows, so a copy taken after the database holds at least
@@ -14,7 +14,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{BackupError, Part, Verified, io_err, sync_dir};
-use crate::approvals::{Journal, JournalError};
+use crate::approvals::{Journal, JournalError, journal};
 use crate::config::Config;
 use crate::exit::Refusal;
 use crate::state_dir::{LifetimeLock, StateDir};
@@ -24,9 +24,12 @@ use crate::state_dir::{LifetimeLock, StateDir};
 pub struct ApprovalJournal;
 
 fn is_segment(name: &str) -> bool {
-    name.strip_prefix("journal-")
-        .and_then(|r| r.strip_suffix(".log"))
-        .is_some_and(|d| d.len() == 6 && d.bytes().all(|b| b.is_ascii_digit()))
+    journal::segment_number(name).is_some()
+}
+
+/// A file of the journal: a segment, or the base naming where it begins.
+fn is_journal_file(name: &str) -> bool {
+    is_segment(name) || name == journal::BASE_FILE
 }
 
 fn segment_files(live: &Path) -> Result<Vec<PathBuf>, BackupError> {
@@ -36,14 +39,20 @@ fn segment_files(live: &Path) -> Result<Vec<PathBuf>, BackupError> {
         Err(e) => return Err(io_err(live)(e)),
     };
     let mut files = Vec::new();
+    let mut base = None;
     for entry in entries {
         let name = entry.map_err(io_err(live))?.file_name();
         let name = name.to_string_lossy();
         if is_segment(&name) {
             files.push(PathBuf::from(name.as_ref()));
+        } else if name == journal::BASE_FILE {
+            base = Some(PathBuf::from(name.as_ref()));
         }
     }
     files.sort();
+    // Segments first, the base last: its number is where the copied
+    // segments begin.
+    files.extend(base);
     Ok(files)
 }
 
@@ -124,7 +133,7 @@ impl Part for ApprovalJournal {
     }
 
     fn holds(&self, rel: &Path) -> bool {
-        rel.components().count() == 1 && rel.to_str().is_some_and(is_segment)
+        rel.components().count() == 1 && rel.to_str().is_some_and(is_journal_file)
     }
 
     fn folders(&self) -> &'static [&'static str] {

@@ -290,7 +290,10 @@ impl Daemon {
             .any(|t| t.approval == crate::config::Approval::Required)
             || config.approvals.directory.exists()
         {
-            svc.attach_approvals(Arc::new(crate::tasks::Approvals::open(&config.approvals)));
+            svc.attach_approvals(Arc::new(crate::tasks::Approvals::open(
+                &config.approvals,
+                config.tasks.default_ttl,
+            )));
         }
         Ok(Daemon {
             reload: Reload::new(options, &config),

@@ -235,6 +235,7 @@ impl Process {
             self.svc
                 .attach_approvals(std::sync::Arc::new(crate::tasks::Approvals::open(
                     &self.reload.applied.approvals,
+                    self.reload.applied.tasks.default_ttl,
                 )));
         }
         self.svc

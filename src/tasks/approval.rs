@@ -32,6 +32,14 @@ use super::TaskError;
 /// proposal can still change (an approval used at the end of its window).
 const RECEIPT_MARGIN_MS: i64 = 3_600_000;
 
+/// How long past its decision deadline a decided proposal is kept: an
+/// approval task is made at the latest at that deadline (a joined call) and
+/// lives [`Approvals::ttl_ms`] from then, at most the default time to live
+/// or the execution window and the receipt margin.
+fn retain_ms(default_ttl_ms: i64, execution_window_ms: i64) -> i64 {
+    default_ttl_ms.max(execution_window_ms.saturating_add(RECEIPT_MARGIN_MS))
+}
+
 /// The approval gate as the task service uses it, or why there is none.
 pub struct Approvals {
     gate: Result<Arc<Gate>, String>,
@@ -129,12 +137,21 @@ impl Approvals {
     /// Opens the journal `settings` name. A journal that cannot be opened
     /// (damaged, locked, badly owned) disables approvals with the reason;
     /// the daemon serves everything else.
-    pub fn open(settings: &ApprovalSettings) -> Approvals {
+    ///
+    /// `default_ttl` is the tasks' default time to live: with the
+    /// execution window it says how long a decided proposal must be kept
+    /// for the approval tasks that wait on it.
+    pub fn open(settings: &ApprovalSettings, default_ttl: Duration) -> Approvals {
+        let execution_window_ms = settings.execution_window.as_millis() as i64;
         let gate_settings = GateSettings {
             decision_window_ms: settings.decision_window.as_millis() as i64,
-            execution_window_ms: settings.execution_window.as_millis() as i64,
+            execution_window_ms,
             segment_max_bytes: settings.segment_max_bytes,
             max_pending: settings.max_pending,
+            max_pending_per_owner: settings.max_pending_per_owner,
+            max_proposals: settings.max_proposals,
+            max_proposals_per_owner: settings.max_proposals_per_owner,
+            retain_ms: retain_ms(default_ttl.as_millis() as i64, execution_window_ms),
             forbid_self_approval: settings.self_approval == SelfApproval::Forbid,
         };
         let gate = match Gate::open_dir(&settings.directory, gate_settings) {
@@ -431,7 +448,12 @@ impl Approvals {
 
 fn gate_error(tool: &str, e: GateError) -> TaskError {
     match e {
-        GateError::TooManyPending { limit } => TaskError::ApprovalsFull { limit },
+        e @ (GateError::TooManyPending { .. } | GateError::TooManyKept { .. }) => {
+            TaskError::ApprovalsFull {
+                reason: e.to_string(),
+            }
+        }
+        e @ GateError::OwnerLimit { .. } => TaskError::OwnerLimit(e.to_string()),
         e => {
             tracing::error!(error = %e, "the approval gate failed: {e}");
             TaskError::ApprovalsUnavailable {

@@ -91,10 +91,10 @@ pub enum TaskError {
         "an administrator rejected this exact call (proposal {proposal}); the identical call is refused until {until_ms} (Unix ms); nothing was run"
     )]
     ApprovalRejected { proposal: String, until_ms: i64 },
-    #[error(
-        "{limit} calls already wait for an administrator (approvals.max_pending); nothing was run or proposed; retry once some are decided"
-    )]
-    ApprovalsFull { limit: usize },
+    /// The journal is at one of its bounds (the reason names it and what
+    /// to do).
+    #[error("{reason}; nothing was run or proposed")]
+    ApprovalsFull { reason: String },
     #[error(
         "this task waits on approval proposal {proposal}, which the approval journal cannot vouch for now: {reason}; its status is not guessed"
     )]
