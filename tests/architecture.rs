@@ -125,7 +125,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("backup", &["config", "exit", "parts", "state_dir", "store"]),
     (
         "bench",
-        &["auth", "client", "config", "exit", "store", "tools", "wire"],
+        &[
+            "auth", "client", "config", "exit", "route", "store", "tools", "wire",
+        ],
     ),
     // The client's unit test checks its default URL against the daemon's
     // default listen address.

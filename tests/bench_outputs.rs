@@ -193,6 +193,26 @@ fn bench_writes_json_markdown_and_svg() {
         "{targets:?}"
     );
 
+    // A durable submission to a local upstream's task: every submission
+    // answered with a route's task (one followed to completion), one at a
+    // time and at the run's concurrency, with the routing daemon's CPU.
+    let routed = &json["routed"];
+    assert_eq!(routed["measured"], true, "{routed}");
+    assert_eq!(routed["serial"]["latency"]["n"], 60, "{routed}");
+    assert_eq!(routed["concurrent"]["latency"]["n"], 180, "{routed}");
+    assert!(
+        routed["cpu_us_per_submit"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0),
+        "{routed}"
+    );
+    assert!(
+        routed["submit_cpu_to_create_cpu"].as_f64().is_some(),
+        "{routed}"
+    );
+    let routed_md = std::fs::read_to_string(out.join("bench.md")).unwrap();
+    assert!(routed_md.contains("routed submit"), "{routed_md}");
+
     // What the daemon's poll pacing did in each poll phase, from its own
     // counters: every poll sent is accounted for.
     let early = &json["early_polls"];

@@ -33,6 +33,7 @@
 mod credentials;
 mod reference;
 mod report;
+mod routed;
 mod sizing;
 
 use std::io::Write as _;
@@ -1041,6 +1042,11 @@ fn run_in(
     if let Err(why) = &auth {
         progress.done(&format!("auth: not measured: {why}"));
     }
+    // And what a durable submission to an upstream's task costs.
+    let routed = routed::measure(&rt, sizing, scratch, c, &progress);
+    if let Err(why) = &routed {
+        progress.done(&format!("routed: not measured: {why}"));
+    }
 
     drop(bare);
     let (
@@ -1074,6 +1080,7 @@ fn run_in(
         bare_rmcp,
         compare,
         auth,
+        routed,
         early_polls,
         serial: report::PhaseFigures::of(&serial.latencies, serial.elapsed, 0, serial.busy),
         create: report::PhaseFigures::of(&create.latencies, create.elapsed, 0, create.busy),

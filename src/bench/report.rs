@@ -155,6 +155,9 @@ pub struct Report {
     /// Creations on daemons requiring a static token and a JWT, or why
     /// they were not measured.
     pub auth: Result<AuthCost, String>,
+    /// Durable submissions routed to a local upstream, or why they were not
+    /// measured.
+    pub routed: Result<RoutedCost, String>,
     /// The daemon's early-poll counters over each poll phase; None when
     /// its status could not be read.
     pub early_polls: Option<EarlyPolls>,
@@ -252,6 +255,33 @@ pub struct AuthMode {
     pub elapsed: Duration,
     #[serde(skip)]
     pub busy: u64,
+}
+
+/// Durable submissions (`taskgate_submit`) to a local upstream's task.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RoutedCost {
+    /// One at a time.
+    pub serial: PhaseFigures,
+    /// At the run's concurrency.
+    pub concurrent: PhaseFigures,
+    /// Submissions of the concurrent phase.
+    pub submits: usize,
+    /// The routing daemon's CPU per submission of the concurrent phase (µs).
+    pub cpu_us_per_submit: f64,
+}
+
+/// The routed phase in bench.json.
+#[derive(Serialize)]
+struct RoutedJson {
+    measured: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    cost: Option<RoutedCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    submit_cpu_to_create_cpu: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    submit_cpu_to_noop_cpu: Option<f64>,
 }
 
 /// The authenticated phases in bench.json.
@@ -377,6 +407,8 @@ struct BenchJson<'a> {
     compare: Option<CompareJson>,
     /// Creations with a static token and with a JWT.
     auth: AuthJson,
+    /// Durable submissions to a local upstream.
+    routed: RoutedJson,
     /// What the daemon's poll pacing did in each poll phase; null when its
     /// status could not be read.
     early_polls: Option<EarlyPolls>,
@@ -649,6 +681,26 @@ impl Report {
                     jwt_cpu_to_static_cpu: None,
                 },
             },
+            routed: match &self.routed {
+                Ok(r) => RoutedJson {
+                    measured: true,
+                    reason: None,
+                    cost: Some(*r),
+                    submit_cpu_to_create_cpu: Some(
+                        r.cpu_us_per_submit / self.cpu_per_request.create_us.max(1e-9),
+                    ),
+                    submit_cpu_to_noop_cpu: Some(
+                        r.cpu_us_per_submit / self.cpu_per_request.noop_us.max(1e-9),
+                    ),
+                },
+                Err(why) => RoutedJson {
+                    measured: false,
+                    reason: Some(why.clone()),
+                    cost: None,
+                    submit_cpu_to_create_cpu: None,
+                    submit_cpu_to_noop_cpu: None,
+                },
+            },
             serial_create: self.serial,
             create: self.create,
             complete_polls: self.complete,
@@ -754,6 +806,18 @@ impl Report {
                 ));
             }
         }
+        if let Ok(r) = &self.routed {
+            rows.push(row(
+                "routed submit, one at a time",
+                &r.serial.latency,
+                format!("{:.0} routes/s", r.serial.per_sec),
+            ));
+            rows.push(row(
+                &format!("routed submit, conc. {}", self.concurrency),
+                &r.concurrent.latency,
+                format!("{:.0} routes/s", r.concurrent.per_sec),
+            ));
+        }
         rows
     }
 
@@ -773,8 +837,16 @@ impl Report {
             ),
             Err(_) => String::new(),
         };
+        let routed = match &self.routed {
+            Ok(r) => format!(
+                "; routed submit {:.0} µs ({:.2}× a create)",
+                r.cpu_us_per_submit,
+                r.cpu_us_per_submit / c.create_us.max(1e-9)
+            ),
+            Err(_) => String::new(),
+        };
         format!(
-            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}{auth}",
+            "daemon CPU per request: no-op {:.0} µs, create {:.0} µs, poll {:.0} µs; bare rmcp per no-op {bare}{auth}{routed}",
             c.noop_us, c.create_us, c.poll_us
         )
     }
@@ -975,6 +1047,25 @@ impl Report {
                     a.warmup
                 ),
                 Err(why) => format!("The authenticated creates were not measured: {why}."),
+            }
+        );
+        let _ = writeln!(
+            s,
+            "{}\n",
+            match &self.routed {
+                Ok(r) => format!(
+                    "The routed submit rows come from one more daemon configured as the first plus \
+                     one `[[upstream]]`: this binary serving the benchmark's no-op tool over stdio, \
+                     confined as any stdio upstream, its tool pinned and leased once. Each \
+                     `taskgate_submit` carries a new idempotency key and commits its route three \
+                     times (prepared, dispatching, routed) around the upstream's own task creation; \
+                     {} one at a time, then {} at concurrency {}. The CPU is the routing daemon's \
+                     alone (the upstream is another process).",
+                    super::routed::SERIAL_SUBMITS,
+                    r.submits,
+                    self.concurrency
+                ),
+                Err(why) => format!("The routed submissions were not measured: {why}."),
             }
         );
         if let Some(line) = self.compare_line() {
