@@ -277,8 +277,8 @@ pub struct BenchArgs {
     /// reported as not measured.
     #[arg(long, value_name = "PATH")]
     pub bare_rmcp: Option<PathBuf>,
-    /// Also drive the MCP server at URL (http:// to a 127.0.0.0/8 address
-    /// only: the benchmark never sends traffic beyond this host) with the same
+    /// Also drive the MCP server at URL (http:// to a 127.0.0.0/8 or [::1]
+    /// address only: the benchmark never sends traffic beyond this host) with the same
     /// no-op load (`tools/list` of protocol 2026-07-28, no session, at
     /// --concurrency), and report taskgate's throughput, p50 and p99 as
     /// ratios to its, and its CPU per request when its process is known.

@@ -273,7 +273,13 @@ impl Client {
     }
 
     async fn connect(&self) -> Result<Sender, ClientError> {
-        let host = self.uri.host().unwrap_or("127.0.0.1");
+        // An IPv6 address is bracketed in a URI, never in a socket address.
+        let host = self
+            .uri
+            .host()
+            .unwrap_or("127.0.0.1")
+            .trim_start_matches('[')
+            .trim_end_matches(']');
         let port = self.uri.port_u16().unwrap_or(80);
         let stream =
             TcpStream::connect((host, port))

@@ -381,6 +381,7 @@ fn bench_refuses_to_compare_with_a_server_beyond_loopback() {
     let out = root.path().join("out");
     for url in [
         "http://192.0.2.1:8765/mcp",
+        "http://[2001:db8::1]:8765/mcp",
         "http://localhost:8765/mcp",
         "https://127.0.0.1:8765/mcp",
     ] {

@@ -154,14 +154,16 @@ pub fn compare_target(url: &str, pid: Option<u32>) -> Result<Compared, String> {
         .port_u16()
         .ok_or_else(|| format!("--compare {url}: no port"))?;
     // An address, never a name: a name could resolve beyond this host.
-    // IPv4 only, the form the benchmark client connects to.
+    // An IPv6 address comes in brackets.
     let loopback = host
-        .parse::<std::net::Ipv4Addr>()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
         .is_ok_and(|ip| ip.is_loopback());
     if !loopback {
         return Err(format!(
-            "--compare {url}: {host} is not a loopback address (127.0.0.0/8, as an address, \
-             not a name); the benchmark never sends traffic beyond this host"
+            "--compare {url}: {host} is not a loopback address (127.0.0.0/8 or [::1], as an \
+             address, not a name); the benchmark never sends traffic beyond this host"
         ));
     }
     let (pid, pid_note) = match pid {
