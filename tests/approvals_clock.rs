@@ -143,6 +143,19 @@ fn fixture() -> Fixture {
     }
 }
 
+/// The same directories served again, with the clock at `at_ms`.
+fn reopen(root: tempfile::TempDir, state: PathBuf, runs: Arc<AtomicUsize>, at_ms: i64) -> Fixture {
+    let (clock, manual) = Clock::manual(at_ms);
+    let daemon = open(root.path(), &state, clock, &runs);
+    Fixture {
+        root,
+        state,
+        daemon,
+        clock: manual,
+        runs,
+    }
+}
+
 impl Fixture {
     async fn call(&self, negotiated: bool, target: &str) -> Result<Delivery, TaskError> {
         let mut args = Map::new();
@@ -323,15 +336,7 @@ async fn an_expiry_journaled_but_not_projected_is_projected_after_a_restart() {
     drop(gate);
     let (root, state, runs) = f.close().await;
 
-    let (clock, manual) = Clock::manual(now + 1);
-    let daemon = open(root.path(), &state, clock, &runs);
-    let f = Fixture {
-        root,
-        state,
-        daemon,
-        clock: manual,
-        runs,
-    };
+    let f = reopen(root, state, runs, now + 1);
     let done = f.get(task.id.as_str()).await;
     assert_eq!(done.status, TaskStatus::Completed);
     assert!(outcome(&done).1);
@@ -479,15 +484,7 @@ async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
     );
     assert!(out.status.success(), "{out:?}");
     assert!(journal.join("journal.base").exists());
-    let (clock, manual) = Clock::manual(START_MS + 2 * 86_400_000);
-    let daemon = open(root.path(), &state, clock, &runs);
-    let f = Fixture {
-        root,
-        state,
-        daemon,
-        clock: manual,
-        runs,
-    };
+    let f = reopen(root, state, runs, START_MS + 2 * 86_400_000);
     assert_eq!(f.only_proposal(), newest);
     assert_eq!(f.proposal_state(&newest), "pending");
     assert_eq!(f.marker(), 0);

@@ -67,6 +67,21 @@ const GUARDS: &[(&str, Guard)] = &[
         Enforced(&["src/approvals/gate.rs::pending_proposals_are_bounded"]),
     ),
     (
+        "approvals.max_pending_per_owner",
+        Enforced(&["src/approvals/gate.rs::proposals_kept_are_bounded_per_owner_and_in_all"]),
+    ),
+    (
+        "approvals.max_proposals",
+        Enforced(&[
+            "src/approvals/gate.rs::proposals_kept_are_bounded_per_owner_and_in_all",
+            "src/approvals/gate.rs::settled_proposals_are_forgotten_and_only_their_segments_removed",
+        ]),
+    ),
+    (
+        "approvals.max_proposals_per_owner",
+        Enforced(&["src/approvals/gate.rs::proposals_kept_are_bounded_per_owner_and_in_all"]),
+    ),
+    (
         "server.max_connections",
         Enforced(&[
             "mcp_limits::silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout",
