@@ -341,24 +341,19 @@ impl Gate {
     }
 
     /// Whether a new proposal of `owner` fits the bounds: pending ones past
-    /// their deadline are journaled expired, and settled ones forgotten,
-    /// before a bound refuses it.
+    /// their deadline are journaled expired before a waiting bound refuses
+    /// it. (Settled ones are forgotten at most once a minute, at the start
+    /// of an admission: a caller refused at a bound cannot make the gate
+    /// scan for them on every call.)
     fn room_for(&self, journal: &mut Journal, owner: &str, now: i64) -> Result<(), GateError> {
         let s = &self.settings;
-        let full = |gate: &Gate| {
-            let view = gate.read();
-            let (all, mine) = (view.counts(), view.of_owner(owner));
-            (
-                all.pending >= s.max_pending || mine.pending >= s.max_pending_per_owner,
-                all.kept >= s.max_proposals || mine.kept >= s.max_proposals_per_owner,
-            )
+        let pending_full = {
+            let view = self.read();
+            view.counts().pending >= s.max_pending
+                || view.of_owner(owner).pending >= s.max_pending_per_owner
         };
-        let (pending_full, kept_full) = full(self);
         if pending_full {
             self.expire_overdue(journal, now)?;
-        }
-        if kept_full {
-            self.forget_settled(journal, now);
         }
         let view = self.read();
         let (all, mine) = (view.counts(), view.of_owner(owner));
