@@ -240,7 +240,11 @@ mod tests {
 
     #[test]
     fn compare_accepts_loopback_addresses_only() {
-        for ok in ["http://127.0.0.1:9/mcp", "http://127.1.2.3:9/mcp"] {
+        for ok in [
+            "http://127.0.0.1:9/mcp",
+            "http://127.1.2.3:9/mcp",
+            "http://[::1]:9/mcp",
+        ] {
             let c = compare_target(ok, None).unwrap_or_else(|e| panic!("{ok}: {e}"));
             assert_eq!(c.url, ok);
         }
@@ -248,7 +252,8 @@ mod tests {
             "http://10.0.0.1:9/mcp",
             "http://example.com:9/mcp",
             "http://localhost:9/mcp",
-            "http://[::1]:9/mcp",
+            "http://[2001:db8::1]:9/mcp",
+            "http://[::ffff:10.0.0.1]:9/mcp",
             "https://127.0.0.1:9/mcp",
             "http://127.0.0.1/mcp",
             "not a url",
