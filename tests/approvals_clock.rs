@@ -131,16 +131,7 @@ fn open(root: &Path, state: &Path, clock: Clock, runs: &Arc<AtomicUsize>) -> Dae
 fn fixture() -> Fixture {
     let root = common::private_dir();
     let state = common::state_dir(root.path());
-    let (clock, manual) = Clock::manual(START_MS);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let daemon = open(root.path(), &state, clock, &runs);
-    Fixture {
-        root,
-        state,
-        daemon,
-        clock: manual,
-        runs,
-    }
+    reopen(root, state, Arc::new(AtomicUsize::new(0)), START_MS)
 }
 
 /// The same directories served again, with the clock at `at_ms`.

@@ -218,6 +218,64 @@ fn a_sweep_deletes_at_most_128_rows_and_the_timer_clears_the_rest() {
     assert_eq!(physical_rows(&dir), 0);
 }
 
+/// A sweep skips a table with nothing due (the store keeps a lower bound
+/// on its earliest expiry), but that bound never hides an expired row: a
+/// short-lived task created after a long-lived one is swept as soon as it
+/// expires, by the timer's sweep and by the one riding in a creation's
+/// batch, and after a restart the bound is read from the file.
+#[test]
+fn a_task_expiring_before_every_other_is_still_swept_on_time() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, clock) = open_manual(&dir, |_| {});
+        created(&store, 3_600_000).await;
+        assert_eq!(store.sweep_now().await.unwrap(), 0);
+        created(&store, 100).await;
+        clock.advance(Duration::from_millis(99));
+        assert_eq!(store.sweep_now().await.unwrap(), 0);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(store.sweep_now().await.unwrap(), 1, "the 100 ms task");
+        assert_eq!(physical_rows(&dir), 1);
+
+        created(&store, 50).await;
+        clock.advance(Duration::from_millis(50));
+        // The creation's batch sweeps first.
+        created(&store, 60_000).await;
+        assert_eq!(physical_rows(&dir), 2, "the 50 ms task went with it");
+        store.shutdown().await.unwrap();
+    });
+    rt.block_on(async {
+        let (store, clock) = open_manual(&dir, |_| {});
+        // Restart recovery ended both tasks (interrupted), which keeps them
+        // a while longer: the earliest expiry is the file's. The clock
+        // starts over at the same epoch.
+        let (earliest, at_earliest): (i64, i64) = rusqlite::Connection::open_with_flags(
+            dir.join("tasks.db"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap()
+        .query_row(
+            "SELECT expires_ms, count(*) FROM tasks
+             WHERE expires_ms = (SELECT min(expires_ms) FROM tasks)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+        clock.advance(Duration::from_millis((earliest - EPOCH_MS - 1) as u64));
+        assert_eq!(store.sweep_now().await.unwrap(), 0);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(
+            store.sweep_now().await.unwrap(),
+            at_earliest as u64,
+            "the earliest tasks"
+        );
+        assert_eq!(physical_rows(&dir), 2 - at_earliest);
+        store.shutdown().await.unwrap();
+    });
+}
+
 #[test]
 fn the_live_limit_refuses_creation_until_tasks_expire() {
     let root = private_dir();

@@ -46,8 +46,14 @@ pub(super) trait RecordKind {
 
     /// Deletes up to `limit` expired records, oldest expiry first, inside
     /// the caller's transaction or as one statement of its own; what it
-    /// changes in the kind's counters counts once that commits.
+    /// changes in the kind's counters counts once that commits. A kind
+    /// whose [`NextExpiry`] says nothing is due yet runs no statement.
     fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64>;
+
+    /// A sweep of this or another kind failed: what this kind's sweep
+    /// learned is forgotten (its deletions may be undone with the
+    /// savepoint).
+    fn sweep_undone(&mut self);
 
     /// The transaction the kind's pending counter changes belong to
     /// committed: they count from now on.
@@ -105,7 +111,15 @@ impl Kinds {
     ) -> rusqlite::Result<u64> {
         let mut deleted = 0;
         for kind in self.all_mut() {
-            let n = kind.sweep(conn, now, limit)?;
+            let n = match kind.sweep(conn, now, limit) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.all_mut()
+                        .into_iter()
+                        .for_each(|kind| kind.sweep_undone());
+                    return Err(e);
+                }
+            };
             if n > 0 {
                 tracing::debug!(deleted = n, "{n} expired {}s swept", kind.name());
             }
@@ -134,5 +148,130 @@ impl Kinds {
         self.all_mut()
             .into_iter()
             .for_each(|kind| kind.rolled_back());
+    }
+}
+
+/// A lower bound on the earliest expiry among one table's rows, kept on
+/// the store thread so that a sweep with nothing due runs no statement
+/// (the sweep that rides in every batch holding a creation would
+/// otherwise probe every table each time).
+///
+/// It stays a lower bound because expiries only change in two ways: a
+/// row is inserted with its expiry (noted at once with [`added`], even if
+/// that insert is later rolled back: a bound too low costs one empty
+/// sweep), and a retained row's expiry is only ever raised. A sweep
+/// reads the earliest expiry left ([`swept`]), which counts only once its
+/// transaction commits; a rollback, or a sweep that failed, keeps the old
+/// bound.
+///
+/// [`added`]: NextExpiry::added
+/// [`swept`]: NextExpiry::swept
+pub(super) struct NextExpiry {
+    /// No row expires before this (Unix ms); `i64::MIN` until known.
+    due: i64,
+    /// What the sweep of the transaction in progress found.
+    swept: Option<i64>,
+}
+
+impl NextExpiry {
+    /// Nothing known yet: every sweep runs until the first [`load`].
+    ///
+    /// [`load`]: NextExpiry::load
+    pub(super) fn unknown() -> NextExpiry {
+        NextExpiry {
+            due: i64::MIN,
+            swept: None,
+        }
+    }
+
+    /// Whether a row may have expired at `now`.
+    pub(super) fn is_due(&self, now: i64) -> bool {
+        now >= self.due
+    }
+
+    /// The earliest expiry of `table` (`i64::MAX` when empty), read at
+    /// startup once recovery has committed.
+    pub(super) fn load(&mut self, conn: &Connection, table: &str) -> rusqlite::Result<()> {
+        self.due = earliest(conn, table)?;
+        self.swept = None;
+        Ok(())
+    }
+
+    /// A row expiring at `expires_ms` was inserted.
+    pub(super) fn added(&mut self, expires_ms: i64) {
+        self.due = self.due.min(expires_ms);
+        if let Some(s) = &mut self.swept {
+            *s = (*s).min(expires_ms);
+        }
+    }
+
+    /// `table` was swept in the transaction in progress: the earliest
+    /// expiry left counts once it commits.
+    pub(super) fn swept(&mut self, conn: &Connection, table: &str) -> rusqlite::Result<()> {
+        self.swept = Some(earliest(conn, table)?);
+        Ok(())
+    }
+
+    pub(super) fn committed(&mut self) {
+        if let Some(s) = self.swept.take() {
+            self.due = s;
+        }
+    }
+
+    pub(super) fn rolled_back(&mut self) {
+        self.swept = None;
+    }
+}
+
+/// The earliest `expires_ms` of `table` (from its expiry index), or
+/// `i64::MAX` when it has no row.
+fn earliest(conn: &Connection, table: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached(&format!("SELECT min(expires_ms) FROM {table}"))?
+        .query_row([], |r| r.get::<_, Option<i64>>(0))
+        .map(|m| m.unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expiry_bound_rises_only_with_a_committed_sweep_and_never_past_an_added_row() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (expires_ms INTEGER NOT NULL);
+             INSERT INTO t VALUES (100), (200);",
+        )
+        .unwrap();
+        let mut e = NextExpiry::unknown();
+        assert!(e.is_due(i64::MIN), "unknown: every sweep runs");
+        e.load(&conn, "t").unwrap();
+        assert!(!e.is_due(99));
+        assert!(e.is_due(100));
+
+        // A sweep whose transaction is rolled back (or whose savepoint
+        // failed) teaches nothing: its deletion is undone.
+        conn.execute("DELETE FROM t WHERE expires_ms <= 100", [])
+            .unwrap();
+        e.swept(&conn, "t").unwrap();
+        assert!(e.is_due(100), "not counted before the commit");
+        e.rolled_back();
+        assert!(e.is_due(100));
+
+        // Committed, the bound rises to what is left, but never past a row
+        // added in the same transaction after the sweep looked.
+        e.swept(&conn, "t").unwrap();
+        e.added(150);
+        e.committed();
+        assert!(!e.is_due(149));
+        assert!(e.is_due(150));
+
+        // An empty table: nothing is due until a row is added.
+        conn.execute("DELETE FROM t", []).unwrap();
+        e.swept(&conn, "t").unwrap();
+        e.committed();
+        assert!(!e.is_due(i64::MAX - 1));
+        e.added(300);
+        assert!(e.is_due(300));
     }
 }

@@ -18,7 +18,7 @@ use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 use serde_json::Value;
 
 use super::engine::{OpError, Tx};
-use super::kinds::RecordKind;
+use super::kinds::{NextExpiry, RecordKind};
 use super::tasks::{Outcome, TaskStatus};
 use super::{Digest, Store, StoreError, StoreOptions, hex};
 
@@ -385,11 +385,19 @@ CREATE INDEX leases_owner_expires ON leases (owner, expires_ms);",
 
 /// The routes kind on the store thread: it keeps no counters (a count of
 /// at most [`MAX_ROUTES`] rows is cheap where it is needed).
-pub(super) struct Routes;
+/// The routes kind's state on the store thread: when the next route and
+/// the next lease can expire, so that sweeps with nothing due are skipped.
+pub(super) struct Routes {
+    routes: NextExpiry,
+    leases: NextExpiry,
+}
 
 impl Routes {
     pub(super) fn new(_options: &StoreOptions) -> Routes {
-        Routes
+        Routes {
+            routes: NextExpiry::unknown(),
+            leases: NextExpiry::unknown(),
+        }
     }
 }
 
@@ -432,24 +440,38 @@ impl RecordKind for Routes {
         recover(conn, now)
     }
 
-    fn load(&mut self, _conn: &Connection, _now: i64) -> rusqlite::Result<()> {
-        Ok(())
+    fn load(&mut self, conn: &Connection, _now: i64) -> rusqlite::Result<()> {
+        self.routes.load(conn, "routes")?;
+        self.leases.load(conn, "leases")
     }
 
     fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
-        let routes = delete_expired_routes(conn, now, limit)?;
-        let leases = conn
-            .prepare_cached(
-                "DELETE FROM leases WHERE rowid IN
-                   (SELECT rowid FROM leases WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
-            )?
-            .execute(params![now, limit])? as u64;
-        Ok(routes + leases)
+        let mut deleted = 0;
+        if self.routes.is_due(now) {
+            deleted += delete_expired_routes(conn, now, limit)?;
+            self.routes.swept(conn, "routes")?;
+        }
+        if self.leases.is_due(now) {
+            deleted += delete_expired_leases(conn, now, limit)?;
+            self.leases.swept(conn, "leases")?;
+        }
+        Ok(deleted)
     }
 
-    fn committed(&mut self) {}
+    fn sweep_undone(&mut self) {
+        self.routes.rolled_back();
+        self.leases.rolled_back();
+    }
 
-    fn rolled_back(&mut self) {}
+    fn committed(&mut self) {
+        self.routes.committed();
+        self.leases.committed();
+    }
+
+    fn rolled_back(&mut self) {
+        self.routes.rolled_back();
+        self.leases.rolled_back();
+    }
 }
 
 // ------------------------------------------------------------- records --
@@ -743,6 +765,7 @@ fn prepare(tx: &mut Tx<'_>, new: &NewRoute) -> Result<Prepared, OpError> {
     let id = RouteId::generate()
         .map_err(|e| OpError::Refused(StoreError::Internal(format!("random source: {e}"))))?;
     insert(c, &id, new, &binding_digest, now)?;
+    tx.kinds.routes.routes.added(new.expires_ms);
     let record = find_unexpired(c, &id, now)?.ok_or_else(|| {
         OpError::Refused(StoreError::Internal(
             "a route vanished as it was written".into(),
@@ -841,13 +864,18 @@ fn advance(
     Ok(Advanced::Changed(after))
 }
 
-fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
-    let (c, now) = (tx.conn, tx.now);
-    c.prepare_cached(
+fn delete_expired_leases(conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
+    conn.prepare_cached(
         "DELETE FROM leases WHERE rowid IN
            (SELECT rowid FROM leases WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
     )?
-    .execute(params![now, ROUTE_SWEEP_ON_SUBMIT])?;
+    .execute(params![now, limit])
+    .map(|n| n as u64)
+}
+
+fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
+    let (c, now) = (tx.conn, tx.now);
+    delete_expired_leases(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
     if count(c, "SELECT count(*) FROM leases", [])? >= MAX_LEASES {
         return Err(OpError::Refused(StoreError::RouteCapacity {
             limit: MAX_LEASES,
@@ -872,6 +900,7 @@ fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
             &lease.body,
             lease.expires_ms
         ])?;
+    tx.kinds.routes.leases.added(lease.expires_ms);
     Ok(())
 }
 

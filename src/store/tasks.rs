@@ -12,7 +12,7 @@ use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{OpError, Tx};
-use super::kinds::RecordKind;
+use super::kinds::{NextExpiry, RecordKind};
 use super::{
     CapacityKind, Digest, MAX_PAYLOAD_BYTES, Store, StoreError, StoreOptions, StoreStats,
     TERMINAL_RETENTION_MS, hex,
@@ -257,6 +257,9 @@ pub(super) struct Tasks {
     rows: u64,
     /// Rows added (or, negative, deleted) by the transaction in progress.
     pending: i64,
+    /// When the next row can expire, so that sweeps with nothing due are
+    /// skipped.
+    expiry: NextExpiry,
 }
 
 impl Tasks {
@@ -266,6 +269,7 @@ impl Tasks {
             max_live_per_owner: options.settings.max_live_tasks_per_owner,
             rows: 0,
             pending: 0,
+            expiry: NextExpiry::unknown(),
         }
     }
 
@@ -311,22 +315,32 @@ impl RecordKind for Tasks {
     fn load(&mut self, conn: &Connection, _now: i64) -> rusqlite::Result<()> {
         self.rows = count_all(conn)?;
         self.pending = 0;
-        Ok(())
+        self.expiry.load(conn, "tasks")
     }
 
     fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
+        if !self.expiry.is_due(now) {
+            return Ok(0);
+        }
         let n = delete_expired(conn, now, limit)?;
         self.pending -= n as i64;
+        self.expiry.swept(conn, "tasks")?;
         Ok(n)
+    }
+
+    fn sweep_undone(&mut self) {
+        self.expiry.rolled_back();
     }
 
     fn committed(&mut self) {
         self.rows = self.rows_now();
         self.pending = 0;
+        self.expiry.committed();
     }
 
     fn rolled_back(&mut self) {
         self.pending = 0;
+        self.expiry.rolled_back();
     }
 }
 
@@ -789,6 +803,7 @@ fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
         .map_err(|e| OpError::Refused(StoreError::Internal(format!("random source: {e}"))))?;
     let record = insert(c, &id, new, now)?;
     tasks.pending += delta + 1;
+    tasks.expiry.added(record.expires_ms);
     Ok(Created::New(record))
 }
 
