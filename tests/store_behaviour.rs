@@ -45,6 +45,21 @@ async fn created(store: &Store, ttl_ms: i64) -> taskgate::store::TaskRecord {
         .clone()
 }
 
+/// A task's status as the file says, read beside the store.
+fn status_on_disk(dir: &std::path::Path, id: &taskgate::store::TaskId) -> String {
+    rusqlite::Connection::open_with_flags(
+        dir.join("tasks.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap()
+    .query_row(
+        "SELECT status FROM tasks WHERE id = ?1",
+        [id.as_str()],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
 fn physical_rows(dir: &std::path::Path) -> i64 {
     let c = rusqlite::Connection::open_with_flags(
         dir.join("tasks.db"),
@@ -272,6 +287,72 @@ fn a_task_expiring_before_every_other_is_still_swept_on_time() {
             "the earliest tasks"
         );
         assert_eq!(physical_rows(&dir), 2 - at_earliest);
+        store.shutdown().await.unwrap();
+    });
+}
+
+/// A run's outcome, which no client waits on, waits for company: the
+/// creation that comes after it shares its commit, so a client creating
+/// tasks one after another pays one commit per task, not two. The wait is
+/// lengthened here so that it is certain; a creation never waits for it,
+/// and an outcome alone is committed all the same once it ends.
+#[test]
+fn a_runs_outcome_waits_for_the_next_creation_and_shares_its_commit() {
+    let root = private_dir();
+    let dir = state_dir(root.path());
+    let rt = runtime();
+    rt.block_on(async {
+        let (store, _clock) = open_manual(&dir, |o| o.outcome_linger = Duration::from_secs(600));
+        let first = created(&store, 60_000).await;
+        let outcome = Some(Outcome::Result(serde_json::json!({"content": []})));
+        let mut finishing = Box::pin(store.finish_run(&first.id, TaskStatus::Completed, outcome));
+        // Polled once, the outcome is queued (its answer is awaited below).
+        std::future::poll_fn(|cx| {
+            assert!(finishing.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        // The store thread has taken it and waits with it: not answered,
+        // not on disk.
+        while store.queued() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), finishing.as_mut())
+                .await
+                .is_err(),
+            "the outcome was committed alone"
+        );
+        assert_eq!(status_on_disk(&dir, &first.id), "working");
+        let batches = store.progress();
+        let started = std::time::Instant::now();
+        let second = created(&store, 60_000).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the creation did not wait out the outcome's linger"
+        );
+        let finished = finishing.await.unwrap().unwrap();
+        assert_eq!(finished.status, TaskStatus::Completed);
+        assert!(store.progress() <= batches + 1, "one batch for both");
+        assert_eq!(status_on_disk(&dir, &first.id), "completed");
+        assert!(store.get(&second.id, &owner()).await.unwrap().is_some());
+        store.shutdown().await.unwrap();
+    });
+    rt.block_on(async {
+        // At its default length, an outcome with no creation after it is
+        // committed alone.
+        let (store, _clock) = open_manual(&dir, |_| {});
+        let t = created(&store, 60_000).await;
+        let done = store
+            .finish_run(
+                &t.id,
+                TaskStatus::Completed,
+                Some(Outcome::Result(serde_json::json!({"content": []}))),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(done.status, TaskStatus::Completed);
         store.shutdown().await.unwrap();
     });
 }

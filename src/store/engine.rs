@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::config::DbConfig;
@@ -79,6 +79,9 @@ pub(super) trait WriteOp: Send {
     /// Whether the batch should first sweep a bounded number of expired
     /// records (a write that adds records makes room for them).
     fn makes_room(&self) -> bool;
+    /// Whether nobody waits on this write to answer a client (a run's
+    /// outcome), so that its batch may wait for one that somebody does.
+    fn lingers(&self) -> bool;
     /// What the write does, for messages and the disabled reason.
     fn during(&self) -> &'static str;
     fn apply(&mut self, tx: &mut Tx<'_>) -> Result<(), OpError>;
@@ -122,6 +125,7 @@ where
 pub(super) struct Write<T, F> {
     pub(super) during: &'static str,
     pub(super) makes_room: bool,
+    pub(super) lingers: bool,
     pub(super) body: F,
     pub(super) reply: Reply<T>,
     pub(super) done: Option<T>,
@@ -134,6 +138,10 @@ where
 {
     fn makes_room(&self) -> bool {
         self.makes_room
+    }
+
+    fn lingers(&self) -> bool {
+        self.lingers
     }
 
     fn during(&self) -> &'static str {
@@ -178,6 +186,14 @@ pub(super) enum Command {
     Shutdown {
         reply: Reply<()>,
     },
+}
+
+impl Command {
+    /// A write nobody waits on to answer a client: its batch may wait for
+    /// company ([`Engine::linger`]).
+    fn lingers(&self) -> bool {
+        matches!(self, Command::Write(w) if w.lingers())
+    }
 }
 
 /// A command with the caller's tracing span: the store thread enters it
@@ -361,8 +377,8 @@ impl Engine {
             let mut batch = Vec::new();
             match rx.recv_timeout(wait) {
                 Ok(cmd) => {
-                    batch.push(cmd);
-                    self.fill(&rx, &mut batch);
+                    self.start(&rx, &mut batch, cmd);
+                    self.linger(&rx, &mut batch);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
@@ -394,18 +410,60 @@ impl Engine {
         }
     }
 
+    /// `cmd`, just received, starts `batch`, which takes what else is
+    /// waiting in the queue, up to [`MAX_BATCH`], without blocking.
+    fn start(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>, cmd: Envelope) {
+        self.took(batch, cmd);
+        self.fill(rx, batch);
+    }
+
+    /// A command left the queue for `batch`.
+    fn took(&self, batch: &mut Vec<Envelope>, cmd: Envelope) {
+        batch.push(cmd);
+        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Adds what is waiting in the queue to `batch`, up to [`MAX_BATCH`],
     /// without blocking.
     fn fill(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>) {
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(cmd) => batch.push(cmd),
+                Ok(cmd) => self.took(batch, cmd),
                 Err(_) => break,
             }
         }
-        self.shared
-            .queued
-            .fetch_sub(batch.len() as i64, Ordering::Relaxed);
+    }
+
+    /// A batch of nothing but run outcomes (writes nobody waits on to
+    /// answer a client) waits up to `outcome_linger` ([`super::OUTCOME_LINGER`]) for a command that
+    /// someone does wait on, and takes it into the same commit: a client
+    /// creating tasks one after another otherwise waits for the previous
+    /// task's outcome to be synced before its creation can be, two commits
+    /// per task instead of one. The wait ends as soon as such a command
+    /// arrives, so it never delays one; an outcome is committed at most
+    /// that much later (until then the task reads as still working, which
+    /// is what is on disk).
+    fn linger(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>) {
+        if !batch.iter().all(|e| e.cmd.lingers()) {
+            return;
+        }
+        let until = Instant::now() + self.options.outcome_linger;
+        while batch.len() < MAX_BATCH {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            // A disconnected queue is seen by the next wait of `serve`.
+            let Ok(cmd) = rx.recv_timeout(left) else {
+                return;
+            };
+            let lingers = cmd.cmd.lingers();
+            self.took(batch, cmd);
+            if !lingers {
+                self.fill(rx, batch);
+                return;
+            }
+        }
     }
 
     /// Writes an online snapshot in steps, serving the queue between them.
@@ -469,10 +527,7 @@ impl Engine {
             }
             let mut batch = Vec::new();
             match rx.try_recv() {
-                Ok(cmd) => {
-                    batch.push(cmd);
-                    self.fill(rx, &mut batch);
-                }
+                Ok(cmd) => self.start(rx, &mut batch, cmd),
                 Err(TryRecvError::Empty) => {}
                 Err(TryRecvError::Disconnected) => {
                     break Err(StoreError::Stopped);

@@ -65,6 +65,11 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 pub const TERMINAL_RETENTION_MS: i64 = 3_600_000;
 /// Most commands the store thread takes into one group commit.
 pub const MAX_BATCH: usize = 256;
+/// How long a batch holding only runs' outcomes waits for a write that a
+/// client waits on (the next creation, usually), so that both share one
+/// commit. Never delays such a write; delays an outcome's commit at most
+/// this much.
+pub const OUTCOME_LINGER: Duration = Duration::from_millis(1);
 /// Pages an online snapshot copies per step (1 MiB at the 4 KiB page
 /// size). Between two steps the store thread serves every command that is
 /// waiting, so a snapshot delays a create by at most one step's copy.
@@ -335,6 +340,10 @@ pub struct StoreOptions {
     /// Test hook: while this file exists no expired row is deleted.
     #[doc(hidden)]
     pub hold_sweep_file: Option<PathBuf>,
+    /// How long a batch of runs' outcomes waits for company
+    /// ([`OUTCOME_LINGER`]; tests lengthen it to make the wait certain).
+    #[doc(hidden)]
+    pub outcome_linger: Duration,
 }
 
 impl StoreOptions {
@@ -348,6 +357,7 @@ impl StoreOptions {
             stall_file: None,
             busy_file: None,
             hold_sweep_file: None,
+            outcome_linger: OUTCOME_LINGER,
         }
     }
 
@@ -360,6 +370,7 @@ impl StoreOptions {
             stall_file: crate::testhooks::stall_file(),
             busy_file: crate::testhooks::busy_file(),
             hold_sweep_file: crate::testhooks::hold_sweep_file(),
+            outcome_linger: OUTCOME_LINGER,
         }
     }
 }
@@ -516,10 +527,32 @@ impl Store {
         makes_room: bool,
         body: impl FnMut(&mut engine::Tx<'_>) -> Result<T, engine::OpError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        self.write_with(during, makes_room, false, body).await
+    }
+
+    /// A write nobody waits on to answer a client (a run's outcome): its
+    /// batch may wait up to [`OUTCOME_LINGER`] for a write somebody does
+    /// wait on, to share its commit.
+    async fn lingering_write_op<T: Send + 'static>(
+        &self,
+        during: &'static str,
+        body: impl FnMut(&mut engine::Tx<'_>) -> Result<T, engine::OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.write_with(during, false, true, body).await
+    }
+
+    async fn write_with<T: Send + 'static>(
+        &self,
+        during: &'static str,
+        makes_room: bool,
+        lingers: bool,
+        body: impl FnMut(&mut engine::Tx<'_>) -> Result<T, engine::OpError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         self.call(move |reply| {
             Command::Write(Box::new(engine::Write {
                 during,
                 makes_room,
+                lingers,
                 body,
                 reply,
                 done: None,

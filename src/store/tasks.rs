@@ -875,6 +875,19 @@ impl Store {
         self.finish_projecting(id, status, outcome, None).await
     }
 
+    /// [`Store::finish`] for the outcome of a background run, which no
+    /// client waits on: its commit may wait up to [`super::OUTCOME_LINGER`]
+    /// for a write a client does wait on (the next creation, usually), so
+    /// that both share one commit.
+    pub async fn finish_run(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        outcome: Option<Outcome>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        self.finish_with(id, status, outcome, None, true).await
+    }
+
     /// [`Store::finish`] for an approval task, recording the journal
     /// sequence of the decision it projects.
     pub async fn finish_projecting(
@@ -883,6 +896,17 @@ impl Store {
         status: TaskStatus,
         outcome: Option<Outcome>,
         seq: Option<u64>,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        self.finish_with(id, status, outcome, seq, false).await
+    }
+
+    async fn finish_with(
+        &self,
+        id: &TaskId,
+        status: TaskStatus,
+        outcome: Option<Outcome>,
+        seq: Option<u64>,
+        lingers: bool,
     ) -> Result<Option<TaskRecord>, StoreError> {
         if !status.is_terminal() {
             return Err(StoreError::Invalid(format!(
@@ -900,7 +924,7 @@ impl Store {
             });
         }
         let id = id.clone();
-        self.write_op("writing a task", false, move |tx| {
+        let body = move |tx: &mut Tx<'_>| {
             Ok(finish(
                 tx.conn,
                 &id,
@@ -909,8 +933,12 @@ impl Store {
                 seq,
                 tx.now,
             )?)
-        })
-        .await
+        };
+        if lingers {
+            self.lingering_write_op("writing a task", body).await
+        } else {
+            self.write_op("writing a task", false, body).await
+        }
     }
 
     /// Records the owner's intent to cancel a nonterminal task; returns the

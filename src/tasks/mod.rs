@@ -980,7 +980,7 @@ impl TaskService {
             Ok(result) => (TaskStatus::Completed, Some(Outcome::Result(result))),
         };
         let (status, outcome) = self.fit_in_record(&id, &owner, status, outcome);
-        match self.store.finish(&id, status, outcome).await {
+        match self.store.finish_run(&id, status, outcome).await {
             Ok(Some(r)) => tracing::debug!(
                 status = r.status.as_str(),
                 "task {id} finished {}",
