@@ -117,8 +117,6 @@ impl Handler {
     }
 }
 
-/// A tool as `tools/list` shows it: schema, behaviour hints, and whether it
-/// runs as a task.
 /// What `mcp_server_operation_duration_seconds` calls an error: the
 /// registered name taskgate sent, else the JSON-RPC code's meaning.
 fn error_type(e: &ErrorData) -> &'static str {
@@ -167,6 +165,8 @@ fn observe<T>(
     crate::metrics::get().operation(method, tool, error_type, started.elapsed().as_secs_f64());
 }
 
+/// A tool as `tools/list` shows it: schema, behaviour hints, and whether it
+/// runs as a task.
 fn wire_tool(spec: &ToolSpec) -> WireTool {
     let schema = match &spec.input_schema {
         Value::Object(m) => m.clone(),
