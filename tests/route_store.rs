@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use taskgate::store::{
-    Advanced, Clock, Decider, Digest, MAX_ROUTES, MAX_ROUTES_PER_OWNER, ManualClock, NewRoute,
-    Outcome, Prepared, RouteChange, RouteId, RoutePhase, RouteRecord, Store, StoreError,
+    Advanced, CapacityKind, Clock, Decider, Digest, MAX_ROUTES, MAX_ROUTES_PER_OWNER, ManualClock,
+    NewRoute, Outcome, Prepared, RouteChange, RouteId, RoutePhase, RouteRecord, Store, StoreError,
     StoreOptions, TaskStatus,
 };
 
@@ -389,6 +389,73 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
                 counts.routed
             ),
             (3, 2, 1)
+        );
+    });
+}
+
+/// One sweep deletes expired tasks first, then routes and leases. When a
+/// later kind's deletion fails (a trigger refuses it here, as a full disk
+/// would), the tasks it had deleted are back in the file, and the live-task
+/// limit goes on counting them as the file does: a creation batch's failed
+/// sweep lets no creation past the limit, and the timer's failed sweep
+/// leaves no deleted task counted.
+#[test]
+fn a_failed_route_sweep_leaves_the_task_count_as_the_file_holds() {
+    let root = private_dir();
+    let db = root.path().join("tasks.db");
+    let (store, hand) = open_with(root.path(), |o| o.settings.max_live_tasks = 2);
+    let tasks_in_file = |c: &rusqlite::Connection| -> i64 {
+        c.query_row("SELECT count(*) FROM tasks", [], |r| r.get(0))
+            .unwrap()
+    };
+    runtime().block_on(async {
+        for _ in 0..2 {
+            store.create(new_task(100)).await.unwrap();
+        }
+        prepared(&store, route(caller(0), "k", 100)).await;
+        let side = rusqlite::Connection::open(&db).unwrap();
+        side.execute_batch(
+            "CREATE TRIGGER hold_routes BEFORE DELETE ON routes
+             BEGIN SELECT RAISE(ABORT, 'routes held'); END;",
+        )
+        .unwrap();
+        hand.advance(std::time::Duration::from_millis(100));
+
+        // Both tasks and the route have expired. Each creation's batch
+        // sweeps first; the routes' deletion fails and the tasks' is undone
+        // with it. The two expired tasks do not count against the limit,
+        // the two new ones do.
+        for _ in 0..2 {
+            store.create(new_task(60_000)).await.unwrap();
+        }
+        assert_eq!(tasks_in_file(&side), 4);
+        let third = store.create(new_task(60_000)).await;
+        assert!(
+            matches!(
+                third,
+                Err(StoreError::Capacity(CapacityKind::LiveTasks { limit: 2 }))
+            ),
+            "a third live task: {third:?}"
+        );
+
+        // All four expired. The timer's sweep fails the same way (whichever
+        // runs it, the beat or this call) and keeps the tasks it deleted.
+        hand.advance(std::time::Duration::from_millis(60_000));
+        let swept = store.sweep_now().await;
+        assert!(swept.is_err(), "the routes are held: {swept:?}");
+        assert_eq!(tasks_in_file(&side), 4);
+        side.execute_batch("DROP TRIGGER hold_routes").unwrap();
+        for _ in 0..2 {
+            store.create(new_task(60_000)).await.unwrap();
+        }
+        assert_eq!(tasks_in_file(&side), 2, "the expired ones were swept");
+        let third = store.create(new_task(60_000)).await;
+        assert!(
+            matches!(
+                third,
+                Err(StoreError::Capacity(CapacityKind::LiveTasks { limit: 2 }))
+            ),
+            "a third live task: {third:?}"
         );
     });
 }

@@ -838,8 +838,10 @@ impl Engine {
             .is_some_and(|f| f.exists())
     }
 
-    /// Deletes up to [`SWEEP_BATCH`] expired records of each kind, each
-    /// kind's deletion committed on its own.
+    /// Deletes up to [`SWEEP_BATCH`] expired records of each kind, every
+    /// kind's deletion in one transaction: when one kind's fails, the
+    /// others' are undone with it, so what each kind counts stays what the
+    /// file holds.
     fn sweep(&mut self) -> Result<u64, StoreError> {
         if let Some(e) = self.disabled() {
             return Err(e);
@@ -850,13 +852,18 @@ impl Engine {
         let now = self.now_ms();
         let Engine { conn, kinds, .. } = self;
         let conn = open_connection(conn);
-        let swept = kinds.sweep(conn, now, SWEEP_BATCH);
+        let swept = Self::exec(conn, "BEGIN IMMEDIATE")
+            .and_then(|()| kinds.sweep(conn, now, SWEEP_BATCH))
+            .and_then(|n| Self::exec(conn, "COMMIT").map(|()| n));
         match swept {
             Ok(n) => {
                 self.kinds.committed();
                 Ok(n)
             }
             Err(e) => {
+                if !self.conn().is_autocommit() {
+                    let _ = Self::exec(self.conn(), "ROLLBACK");
+                }
                 self.kinds.rolled_back();
                 Err(self.fail(e, "sweeping expired records"))
             }

@@ -45,14 +45,16 @@ pub(super) trait RecordKind {
     fn load(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()>;
 
     /// Deletes up to `limit` expired records, oldest expiry first, inside
-    /// the caller's transaction or as one statement of its own; what it
-    /// changes in the kind's counters counts once that commits. A kind
-    /// whose [`NextExpiry`] says nothing is due yet runs no statement.
+    /// the caller's transaction (the sweep timer's own, or a savepoint in a
+    /// batch); what it changes in the kind's counters counts once that
+    /// commits. A kind whose [`NextExpiry`] says nothing is due yet runs no
+    /// statement.
     fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64>;
 
-    /// A sweep of this or another kind failed: what this kind's sweep
-    /// learned is forgotten (its deletions may be undone with the
-    /// savepoint).
+    /// A sweep of this or another kind failed, and the caller undoes every
+    /// kind's deletions: what this kind's sweep learned is forgotten and
+    /// the rows it deleted count again (the rest of the transaction, a
+    /// batch's writes, may still commit).
     fn sweep_undone(&mut self);
 
     /// The transaction the kind's pending counter changes belong to

@@ -257,6 +257,9 @@ pub(super) struct Tasks {
     rows: u64,
     /// Rows added (or, negative, deleted) by the transaction in progress.
     pending: i64,
+    /// Rows the sweep of the transaction in progress deleted (part of
+    /// `pending`, given back if that sweep is undone).
+    swept: u64,
     /// When the next row can expire, so that sweeps with nothing due are
     /// skipped.
     expiry: NextExpiry,
@@ -269,6 +272,7 @@ impl Tasks {
             max_live_per_owner: options.settings.max_live_tasks_per_owner,
             rows: 0,
             pending: 0,
+            swept: 0,
             expiry: NextExpiry::unknown(),
         }
     }
@@ -315,6 +319,7 @@ impl RecordKind for Tasks {
     fn load(&mut self, conn: &Connection, _now: i64) -> rusqlite::Result<()> {
         self.rows = count_all(conn)?;
         self.pending = 0;
+        self.swept = 0;
         self.expiry.load(conn, "tasks")
     }
 
@@ -324,22 +329,26 @@ impl RecordKind for Tasks {
         }
         let n = delete_expired(conn, now, limit)?;
         self.pending -= n as i64;
+        self.swept += n;
         self.expiry.swept(conn, "tasks")?;
         Ok(n)
     }
 
     fn sweep_undone(&mut self) {
+        self.pending += std::mem::take(&mut self.swept) as i64;
         self.expiry.rolled_back();
     }
 
     fn committed(&mut self) {
         self.rows = self.rows_now();
         self.pending = 0;
+        self.swept = 0;
         self.expiry.committed();
     }
 
     fn rolled_back(&mut self) {
         self.pending = 0;
+        self.swept = 0;
         self.expiry.rolled_back();
     }
 }
