@@ -393,6 +393,18 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
     });
 }
 
+/// A third live task is refused under a limit of two.
+async fn refused_a_third(store: &Store) {
+    let third = store.create(new_task(60_000)).await;
+    assert!(
+        matches!(
+            third,
+            Err(StoreError::Capacity(CapacityKind::LiveTasks { limit: 2 }))
+        ),
+        "a third live task: {third:?}"
+    );
+}
+
 /// One sweep deletes expired tasks first, then routes and leases. When a
 /// later kind's deletion fails (a trigger refuses it here, as a full disk
 /// would), the tasks it had deleted are back in the file, and the live-task
@@ -429,14 +441,7 @@ fn a_failed_route_sweep_leaves_the_task_count_as_the_file_holds() {
             store.create(new_task(60_000)).await.unwrap();
         }
         assert_eq!(tasks_in_file(&side), 4);
-        let third = store.create(new_task(60_000)).await;
-        assert!(
-            matches!(
-                third,
-                Err(StoreError::Capacity(CapacityKind::LiveTasks { limit: 2 }))
-            ),
-            "a third live task: {third:?}"
-        );
+        refused_a_third(&store).await;
 
         // All four expired. The timer's sweep fails the same way (whichever
         // runs it, the beat or this call) and keeps the tasks it deleted.
@@ -449,13 +454,6 @@ fn a_failed_route_sweep_leaves_the_task_count_as_the_file_holds() {
             store.create(new_task(60_000)).await.unwrap();
         }
         assert_eq!(tasks_in_file(&side), 2, "the expired ones were swept");
-        let third = store.create(new_task(60_000)).await;
-        assert!(
-            matches!(
-                third,
-                Err(StoreError::Capacity(CapacityKind::LiveTasks { limit: 2 }))
-            ),
-            "a third live task: {third:?}"
-        );
+        refused_a_third(&store).await;
     });
 }
