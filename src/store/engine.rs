@@ -265,6 +265,15 @@ pub(super) fn run(
     engine.serve(rx);
 }
 
+/// When a turn of the store thread's loop began (see [`Engine::woke`]).
+#[derive(Clone, Copy)]
+struct Woke {
+    /// For scheduling the timers.
+    monotonic: Duration,
+    /// Unix ms, for what the timers' sweep finds expired.
+    now_ms: i64,
+}
+
 /// The engine's connection, borrowed apart from its other fields. Only
 /// `close` takes it, and that ends the loop: no command runs after.
 fn open_connection(conn: &Option<Rc<Connection>>) -> &Connection {
@@ -375,7 +384,9 @@ impl Engine {
             let deadline = self.next_sweep.min(self.next_checkpoint);
             let wait = deadline.saturating_sub(self.options.clock.monotonic());
             let mut batch = Vec::new();
-            match rx.recv_timeout(wait) {
+            let received = rx.recv_timeout(wait);
+            let woke = self.woke();
+            match received {
                 Ok(cmd) => {
                     self.start(&rx, &mut batch, cmd);
                     self.linger(&rx, &mut batch);
@@ -387,7 +398,7 @@ impl Engine {
                 }
             }
             let mut after = self.process(batch);
-            self.run_timers();
+            self.run_timers(woke);
             self.shared.progress.fetch_add(1, Ordering::Relaxed);
             if after.shutdown.is_none()
                 && let Some(job) = after.snapshot.take()
@@ -526,6 +537,7 @@ impl Engine {
                 Err(e) => break Err(failed(e, "copying")),
             }
             let mut batch = Vec::new();
+            let woke = self.woke();
             match rx.try_recv() {
                 Ok(cmd) => self.start(rx, &mut batch, cmd),
                 Err(TryRecvError::Empty) => {}
@@ -538,7 +550,7 @@ impl Engine {
             if had_commands {
                 report.batches_between += 1;
             }
-            self.run_timers();
+            self.run_timers(woke);
             self.shared.progress.fetch_add(1, Ordering::Relaxed);
             if let Some(job) = after.snapshot {
                 let _ = job.reply.send(Err(StoreError::Internal(
@@ -684,7 +696,7 @@ impl Engine {
             let _entered = span.enter();
             match cmd {
                 Command::Sweep { reply } => {
-                    let _ = reply.send(self.sweep());
+                    let _ = reply.send(self.sweep(self.now_ms()));
                 }
                 Command::Checkpoint { reply } => {
                     let _ = reply.send(self.checkpoint());
@@ -838,18 +850,17 @@ impl Engine {
             .is_some_and(|f| f.exists())
     }
 
-    /// Deletes up to [`SWEEP_BATCH`] expired records of each kind, every
+    /// Deletes up to [`SWEEP_BATCH`] records of each kind expired at `now`, every
     /// kind's deletion in one transaction: when one kind's fails, the
     /// others' are undone with it, so what each kind counts stays what the
     /// file holds.
-    fn sweep(&mut self) -> Result<u64, StoreError> {
+    fn sweep(&mut self, now: i64) -> Result<u64, StoreError> {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
         if self.sweep_held() {
             return Ok(0);
         }
-        let now = self.now_ms();
         let Engine { conn, kinds, .. } = self;
         let conn = open_connection(conn);
         let swept = Self::exec(conn, "BEGIN IMMEDIATE")
@@ -894,12 +905,24 @@ impl Engine {
         Ok(report)
     }
 
-    fn run_timers(&mut self) {
-        let now = self.options.clock.monotonic();
+    /// The time a turn of the loop began, before it took any command: the
+    /// turn's timers run at that time, never at one that a caller could
+    /// only have seen after its answer (with a manual clock, a test moves
+    /// time between answers, and timers that read the clock after
+    /// answering raced with it).
+    fn woke(&self) -> Woke {
+        Woke {
+            monotonic: self.options.clock.monotonic(),
+            now_ms: self.now_ms(),
+        }
+    }
+
+    fn run_timers(&mut self, woke: Woke) {
+        let now = woke.monotonic;
         if now >= self.next_sweep {
             self.next_sweep = now + SWEEP_INTERVAL;
             if self.disabled().is_none()
-                && let Err(e) = self.sweep()
+                && let Err(e) = self.sweep(woke.now_ms)
             {
                 tracing::warn!(error = %e, "expiry sweep failed: {e}");
             }
