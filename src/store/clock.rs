@@ -70,8 +70,10 @@ pub struct ManualClock(Arc<AtomicI64>);
 
 impl ManualClock {
     /// Moves the clock forward. The store's timers (the expiry sweep, the
-    /// checkpoint) see it when the store thread next wakes: at the latest
-    /// right after the batch of its next command.
+    /// checkpoint) see it in the first turn of the store thread's loop that
+    /// begins after the move: at the latest the one that takes the next
+    /// command sent after it, or the turn right after that one when the
+    /// command joined a batch already begun.
     pub fn advance(&self, by: Duration) {
         self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
     }

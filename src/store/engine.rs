@@ -833,9 +833,16 @@ impl Engine {
                 Ok(v)
             }
             Err(e) => {
-                if !conn.is_autocommit() {
-                    let _ = Self::exec(conn, "ROLLBACK TO w");
-                    let _ = Self::exec(conn, "RELEASE w");
+                // A savepoint that cannot be rolled back would leave its
+                // changes in the batch while the kinds forget them: the
+                // whole transaction goes instead (the caller then finds the
+                // connection outside it and fails the batch).
+                if !conn.is_autocommit()
+                    && Self::exec(conn, "ROLLBACK TO w")
+                        .and_then(|()| Self::exec(conn, "RELEASE w"))
+                        .is_err()
+                {
+                    let _ = conn.execute_batch("ROLLBACK");
                 }
                 Err(e)
             }
@@ -872,11 +879,17 @@ impl Engine {
                 Ok(n)
             }
             Err(e) => {
-                if !self.conn().is_autocommit() {
-                    let _ = Self::exec(self.conn(), "ROLLBACK");
-                }
                 self.kinds.rolled_back();
-                Err(self.fail(e, "sweeping expired records"))
+                let err = self.fail(e, "sweeping expired records");
+                // As after a failed batch: a transaction that cannot be
+                // rolled back leaves the connection unusable.
+                if !self.conn().is_autocommit()
+                    && let Err(rb) = self.conn().execute_batch("ROLLBACK")
+                    && matches!(severity(&rb), Severity::Fatal)
+                {
+                    self.latch(&rb, "rolling back", true);
+                }
+                Err(err)
             }
         }
     }
