@@ -284,7 +284,7 @@ fn local_call() -> Call {
 
 async fn committed(svc: &Arc<TaskService>) -> TaskRecord {
     match svc.call(local_call()).await.expect("call") {
-        Delivery::Task(record) => record,
+        Delivery::Task(record) | Delivery::Routed { task: record, .. } => record,
         Delivery::Now(v) => panic!("the call ran synchronously: {v}"),
     }
 }

@@ -41,6 +41,8 @@ pub const CRASH_ROUTE_PREPARED: &str = "route-prepared";
 pub const CRASH_ROUTE_DISPATCHING: &str = "route-dispatching";
 /// The upstream answered the submission; nothing of it is committed.
 pub const CRASH_ROUTE_ANSWERED: &str = "route-answered";
+/// A cancel attempt of a durable route is counted; it is not sent yet.
+pub const CRASH_ROUTE_CANCEL_COUNTED: &str = "route-cancel-counted";
 /// A held call's proposal is journaled; its approval task is not committed.
 pub const CRASH_APPROVAL_PROPOSED: &str = "approval-proposed";
 /// An approval task's decision was read from the journal; its projection

@@ -507,26 +507,32 @@ fn a_cancel_is_committed_first_and_retried_once_and_a_late_poll_cancels() {
         shown.contains("cancel_requested") && shown.contains("1 forwarded, not acknowledged"),
         "{shown}"
     );
-    // The next poll retries once; unacknowledged again, the route needs
-    // reconciliation, and later polls send nothing more.
+    // The next poll retries once; unacknowledged again, the route stays
+    // cancel_requested and reads as needing reconciliation; later polls
+    // send no more cancels, but still ask for the task's outcome on the
+    // session it went out on.
     let t = s.get(&id).unwrap();
     assert_eq!(hang.received("tasks/cancel").len(), 2);
-    assert_eq!(failed_name(&t), "TG_TASK_RECONCILIATION_REQUIRED", "{t}");
+    assert_unconfirmed_cancel(&t);
     let gets = hang.received("tasks/get").len();
     for _ in 0..2 {
         std::thread::sleep(Duration::from_millis(
             t["pollIntervalMs"].as_u64().unwrap_or(1000),
         ));
-        assert_eq!(
-            failed_name(&s.get(&id).unwrap()),
-            "TG_TASK_RECONCILIATION_REQUIRED"
-        );
+        assert_unconfirmed_cancel(&s.get(&id).unwrap());
     }
     assert_eq!(hang.received("tasks/cancel").len(), 2);
-    assert_eq!(
-        hang.received("tasks/get").len(),
-        gets,
-        "a route in reconciliation was polled"
+    assert!(
+        hang.received("tasks/get").len() > gets,
+        "a route whose cancel is unconfirmed was not asked about any more"
+    );
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("cancel_requested")
+            && shown.contains("working (reconciliation required)")
+            && shown.contains("2 forwarded, not acknowledged"),
+        "{shown}"
     );
 
     // A poll past the deadline sends the deadline's cancel.
@@ -752,4 +758,261 @@ fn the_meta_tools_are_listed_only_while_a_capability_is_routable() {
         meta.iter().all(|m| names.contains(&m.to_string())),
         "{names:?}"
     );
+}
+
+/// A route whose cancel went unacknowledged: still `working` for the caller
+/// (a verified answer can still end it), said to need reconciliation.
+fn assert_unconfirmed_cancel(t: &Value) {
+    assert_eq!(t["status"], "working", "{t}");
+    let message = t["statusMessage"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("cancel_requested") && message.contains("reconciliation required"),
+        "{t}"
+    );
+}
+
+/// The route reads as needing reconciliation and has no result.
+fn assert_reconciling(t: &Value, why: &str) {
+    assert_eq!(t["status"], "working", "{why}: {t}");
+    assert!(t.get("result").is_none(), "{why}: {t}");
+    let message = t["statusMessage"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("reconciliation required") && message.contains(why),
+        "{why}: {t}"
+    );
+}
+
+#[test]
+fn a_poll_answer_for_another_task_or_with_a_wrong_or_missing_echo_never_ends_a_route() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    // Each liar echoes correctly at creation, so each route is routed;
+    // then its tasks/get answers lie in one way each.
+    let (other, t1) = Upstream::table(&place, "other", "othertask", &[], "");
+    let (wrong, t2) = Upstream::table(&place, "wrong", "getwrongecho", &[], "");
+    let (bare, t3) = Upstream::table(&place, "bare", "getnoecho", &[], "");
+    // The weaker rule still never takes another task's answer ...
+    let (weakother, t4) = Upstream::table(
+        &place,
+        "weakother",
+        "othertask",
+        &[],
+        "route_echo = \"creation_only\"",
+    );
+    // ... and takes a poll without an echo only where it is configured.
+    let (weak, t5) = Upstream::table(
+        &place,
+        "weak",
+        "getnoecho",
+        &[],
+        "route_echo = \"creation_only\"",
+    );
+    let s = Setup::start(
+        root,
+        &format!("{t1}{t2}{t3}{t4}{t5}"),
+        &["other", "wrong", "bare", "weakother", "weak"],
+        SETTLE,
+    );
+    for (up, why) in [
+        (&other, "about another task"),
+        (&wrong, "echo carries another submission binding"),
+        (&bare, "did not echo the execution envelope"),
+        (&weakother, "about another task"),
+    ] {
+        let cap = format!("{}.work", up.alias);
+        let args = json!({"value": "mine"});
+        let sub = s.submission(&cap, &cap, &args, Duration::from_secs(600));
+        let id = task_id(&s.submit(&sub, &args).unwrap());
+        // Past the provider's work time, every poll still meets the lie.
+        std::thread::sleep(Duration::from_millis(400));
+        let t = s.get(&id).unwrap();
+        assert_reconciling(&t, why);
+        std::thread::sleep(Duration::from_millis(
+            t["pollIntervalMs"].as_u64().unwrap_or(1000),
+        ));
+        let t = s.get(&id).unwrap();
+        assert_reconciling(&t, why);
+        assert!(!t.to_string().contains("another task's answer"), "{t}");
+        assert_eq!(up.received("tools/call").len(), 1, "{cap} sent again");
+        assert!(up.received("tasks/get").len() >= 2, "{cap} was not polled");
+        let out = s.admin(&["routes", "show", &id]);
+        let shown = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            shown.contains("reconciliation_required")
+                && shown.contains("working (reconciliation required)")
+                && shown.contains(why),
+            "{shown}"
+        );
+    }
+    let args = json!({"value": "weak"});
+    let sub = s.submission("weak.work", "weak", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    let t = s.wait(&id);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(text(&t["result"]), "done weak");
+    assert_eq!(weak.received("tools/call").len(), 1);
+    // The weaker rule is shown wherever the operator looks.
+    let out = s.admin(&["upstream", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        listed.contains("weak  ") && listed.contains("route echo creation_only (weaker"),
+        "{listed}"
+    );
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("echo rule            creation_only (weaker"),
+        "{shown}"
+    );
+    let out = s.admin(&["status"]);
+    let status = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        status.contains("upstream         weak:") && status.contains("route_echo = creation_only"),
+        "{status}"
+    );
+}
+
+#[test]
+fn overlapping_polls_send_one_cancel_at_a_time_and_two_in_all() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (hang, table) = Upstream::table(
+        &place,
+        "hang",
+        "hangcancel",
+        &[("UPSTREAM_TASKS_WORK_MS", "600000")],
+        "request_timeout_secs = 8",
+    );
+    let s = Setup::start(root, &table, &["hang"], SETTLE);
+    let args = json!({"value": "c"});
+    let sub = s.submission("hang.work", "overlap", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    let interval = s.get(&id).unwrap()["pollIntervalMs"]
+        .as_u64()
+        .unwrap_or(1000);
+    // One caller cancels (the provider never answers it, so it waits out
+    // the request bound); meanwhile five polls arrive, each on its own
+    // connection and each past the poll interval, so each reaches the
+    // provider.
+    let clients: Vec<_> = (0..6).map(|_| s.client()).collect();
+    let polls_seen = runtime().block_on(async {
+        let mut clients = clients.into_iter();
+        let canceller = clients.next().unwrap();
+        let cancel_id = id.clone();
+        let cancel = tokio::spawn(async move { canceller.cancel_task(&cancel_id).await });
+        let mut polls = Vec::new();
+        for (n, c) in clients.enumerate() {
+            let poll_id = id.clone();
+            let after = Duration::from_millis((n as u64 + 1) * (interval + 100));
+            polls.push(tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                c.get_task(&poll_id).await
+            }));
+        }
+        let mut seen = Vec::new();
+        for p in polls {
+            seen.push(p.await.unwrap().unwrap());
+        }
+        let _ = cancel.await.unwrap();
+        seen
+    });
+    assert_eq!(
+        hang.received("tasks/cancel").len(),
+        1,
+        "polls during an unanswered cancel sent more cancels"
+    );
+    for t in &polls_seen {
+        assert_eq!(t["status"], "working", "{t}");
+    }
+    assert!(
+        hang.received("tasks/get").len() >= 5,
+        "the polls did not reach the provider, so they proved nothing"
+    );
+    // The cancel timed out: the next poll sends the one retry, and no
+    // poll after it sends another.
+    let t = s.get(&id).unwrap();
+    assert_unconfirmed_cancel(&t);
+    assert_eq!(hang.received("tasks/cancel").len(), 2);
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(interval + 50));
+        assert_unconfirmed_cancel(&s.get(&id).unwrap());
+    }
+    assert_eq!(
+        hang.received("tasks/cancel").len(),
+        2,
+        "more than two cancels"
+    );
+    assert_eq!(hang.received("tools/call").len(), 1);
+    // The attempts were counted before they were sent.
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(shown.contains("2 forwarded, not acknowledged"), "{shown}");
+}
+
+#[test]
+fn a_route_whose_poll_met_an_error_still_learns_its_verified_result() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "flaky", "flakyget", &[], "");
+    let s = Setup::start(root, &table, &["flaky"], SETTLE);
+    let args = json!({"value": "late"});
+    let sub = s.submission("flaky.work", "flaky", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    // The first poll meets the provider's error: the outcome is unknown.
+    let t = s.get(&id).unwrap();
+    assert_reconciling(&t, "answered tasks/get for its task with an error");
+    let out = s.admin(&["routes", "show", &id]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("reconciliation_required"),
+        "{out:?}"
+    );
+    // Later polls on the same session learn the verified result; nothing
+    // is sent again.
+    let t = s.wait(&id);
+    assert_eq!(t["status"], "completed", "{t}");
+    assert_eq!(text(&t["result"]), "done late");
+    assert_eq!(up.received("tools/call").len(), 1);
+    assert!(up.received("tasks/get").len() >= 2);
+}
+
+#[test]
+fn the_caller_gets_the_binding_and_never_the_providers_task_id() {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let (up, table) = Upstream::table(&place, "up", "echo", &[], "");
+    let s = Setup::start(root, &table, &["up"], SETTLE);
+    let args = json!({"value": "b"});
+    let sub = s.submission("up.work", "binding", &args, Duration::from_secs(600));
+    let handle = s.submit(&sub, &args).unwrap();
+    let id = task_id(&handle);
+    let route = &handle["_meta"]["dev.taskgate/route"];
+    assert_eq!(route["publicTaskId"], id.as_str(), "{handle}");
+    // The binding as committed: the submission, field for field.
+    assert_eq!(route["binding"], sub, "{handle}");
+    assert_eq!(route["bindingDigest"], canonical_digest(&sub), "{handle}");
+    // The same submission again gets the same binding back.
+    let again = s.submit(&sub, &args).unwrap();
+    assert_eq!(again["_meta"]["dev.taskgate/route"], *route);
+    let done = s.wait(&id);
+    assert_eq!(done["status"], "completed", "{done}");
+    let upstream_id = up.effects()[0]["task"].as_str().unwrap().to_string();
+    assert!(upstream_id.starts_with("up-"));
+    for answer in [&handle, &done] {
+        assert!(
+            !answer.to_string().contains(&upstream_id),
+            "the provider's task ID reached the caller: {answer}"
+        );
+    }
+    assert!(
+        done["result"]["_meta"]["dev.taskgate/route"]
+            .get("upstreamTaskId")
+            .is_none()
+    );
+    // The operator still reads it.
+    let out = s.admin(&["routes", "show", &id]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&upstream_id));
 }

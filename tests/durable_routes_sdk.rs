@@ -51,9 +51,17 @@ impl Upstream {
         std::fs::write(&wrapper, script).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // The FastMCP recipe echoes the envelope on the task handle only
+        // (its tasks/get answers are the package's own): routable only
+        // under the weaker echo rule, said so in the table.
         let table = format!(
-            "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/sh\", \"{}\"]\nenv = [\"PATH\", \"HOME\"]\nsandbox = \"unconfined\"\neffect = \"idempotent_write\"\n",
-            wrapper.display()
+            "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/sh\", \"{}\"]\nenv = [\"PATH\", \"HOME\"]\nsandbox = \"unconfined\"\neffect = \"idempotent_write\"\n{}",
+            wrapper.display(),
+            if echo {
+                "route_echo = \"creation_only\"\n"
+            } else {
+                ""
+            }
         );
         (Upstream { effects, messages }, table)
     }

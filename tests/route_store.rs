@@ -248,7 +248,10 @@ fn the_upstream_task_id_is_written_once_and_a_cancel_intent_survives_it() {
             .advance_route(
                 &r.id,
                 &[RoutePhase::Prepared],
-                RouteChange::Reconcile { reason: "x".into() },
+                RouteChange::Reconcile {
+                    reason: "x".into(),
+                    detach: false,
+                },
             )
             .await
             .unwrap();

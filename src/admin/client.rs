@@ -490,6 +490,9 @@ pub fn render(s: &Status) -> Vec<String> {
         if let Some(v) = &u.protocol_version {
             line.push_str(&format!(", protocol {v}"));
         }
+        if u.route_echo == crate::config::RouteEcho::CreationOnly.as_str() {
+            line.push_str(", routes trust polls without an echo (route_echo = creation_only)");
+        }
         if let Some(e) = &u.last_error {
             line.push_str(&format!("; last error: {e}"));
         }

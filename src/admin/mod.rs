@@ -339,6 +339,14 @@ pub struct RouteStatus {
     pub cancel_reason: Option<String>,
     pub cancel_attempts: i64,
     pub cancel_acknowledged: bool,
+    /// Whether the caller is told the route needs reconciliation (an
+    /// unacknowledged cancel, or an unknown outcome).
+    #[serde(default)]
+    pub reconciliation_required: bool,
+    /// The echo rule of its upstream now (`every_answer` or
+    /// `creation_only`), when the upstream is still configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_echo: Option<String>,
     /// provider or broker, once terminal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,

@@ -616,11 +616,19 @@ fn ms_rfc3339(ms: i64) -> String {
 }
 
 /// A route as the operator sees it; `binding` only for one route.
-fn route_status(r: &crate::store::RouteRecord, binding: bool) -> RouteStatus {
-    let status = match r.phase {
-        RoutePhase::Terminal => r.status.map(|s| s.as_str()).unwrap_or("failed"),
-        RoutePhase::ReconciliationRequired => "failed",
-        _ => "working",
+fn route_status(ctx: &Context, r: &crate::store::RouteRecord, binding: bool) -> RouteStatus {
+    // What the caller reads comes from the router's own view, so the two
+    // never disagree.
+    let (status, reconciliation_required) = match ctx.svc.router() {
+        Some(router) => {
+            let (status, needs) = router.reads_as(r);
+            (status.as_str(), needs)
+        }
+        None => match r.phase {
+            RoutePhase::Terminal => (r.status.map(|s| s.as_str()).unwrap_or("failed"), false),
+            RoutePhase::ReconciliationRequired => ("failed", true),
+            _ => ("working", false),
+        },
     };
     RouteStatus {
         id: r.id.to_string(),
@@ -636,6 +644,11 @@ fn route_status(r: &crate::store::RouteRecord, binding: bool) -> RouteStatus {
         cancel_reason: r.cancel_reason.clone(),
         cancel_attempts: r.cancel_attempts,
         cancel_acknowledged: r.cancel_acknowledged,
+        reconciliation_required,
+        route_echo: ctx
+            .upstreams
+            .route_echo(&r.upstream)
+            .map(|e| e.as_str().to_string()),
         decided_by: r.decider.map(|d| d.as_str().to_string()),
         schema_digest: r.schema_digest.clone(),
         request_digest: r.request_digest.to_hex(),
@@ -667,7 +680,7 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
             };
             match store.route(&parsed).await {
                 Ok(Some(r)) => Answer::Routes {
-                    routes: vec![route_status(&r, true)],
+                    routes: vec![route_status(ctx, &r, true)],
                 },
                 Ok(None) => Answer::Error(AdminError::new(
                     ExitClass::CallFailed,
@@ -678,7 +691,7 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
         }
         None => match store.list_routes(MAX_LISTED_ROUTES, open).await {
             Ok(all) => Answer::Routes {
-                routes: all.iter().map(|r| route_status(r, false)).collect(),
+                routes: all.iter().map(|r| route_status(ctx, r, false)).collect(),
             },
             Err(e) => unavailable(e),
         },

@@ -43,7 +43,7 @@ pub use keys::{
     StoreSettings, TaskSettings, ToolLimits, ToolsSettings, UpstreamLimits, starter_config,
 };
 pub use upstream::{
-    MAX_ALIAS_LEN, MAX_UPSTREAMS, PINS_FILE_NAME, UpstreamConfig, UpstreamToolSettings,
+    MAX_ALIAS_LEN, MAX_UPSTREAMS, PINS_FILE_NAME, RouteEcho, UpstreamConfig, UpstreamToolSettings,
     UpstreamTransport, pins_file, valid_alias,
 };
 

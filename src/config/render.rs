@@ -466,7 +466,14 @@ table, under the upstream's own tool name, gives that tool its own
 or
 .BR task .
 The effect decides the scope a caller needs; the upstream's annotation hints are never used for
-it. A non_idempotent_write tool cannot run as a task. The digests of the tools an operator
+it. A non_idempotent_write tool cannot run as a task.
+.B route_echo
+says which of the upstream's answers must carry a durable route's execution envelope back:
+.B every_answer
+(the default: the task's creation and every tasks/get answer) or
+.B creation_only
+(weaker, for a provider that can echo only when it creates the task: a tasks/get answer without
+the envelope is taken when it names the bound task). An answer about another task is never taken. The digests of the tools an operator
 reviewed are kept in
 .I upstream\-pins.toml
 beside this file (written by

@@ -61,6 +61,32 @@ pub struct UpstreamToolSettings {
     pub task: Option<TaskMode>,
 }
 
+/// Which answers of a provider must carry the execution envelope back for a
+/// durable route to trust them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteEcho {
+    /// The task's creation and every `tasks/get` answer: an answer without
+    /// the echo, or with any part of it changed, never ends a route.
+    #[default]
+    EveryAnswer,
+    /// The creation only; a `tasks/get` answer without an echo is taken
+    /// when its task ID is the bound one (an echo that is present must
+    /// still match). Weaker: for providers that cannot echo on a poll.
+    CreationOnly,
+}
+
+impl RouteEcho {
+    /// As the configuration file, `upstream list`, `routes show` and
+    /// `status` write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteEcho::EveryAnswer => "every_answer",
+            RouteEcho::CreationOnly => "creation_only",
+        }
+    }
+}
+
 /// One `[[upstream]]` table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
@@ -75,6 +101,8 @@ pub struct UpstreamConfig {
     /// Per-tool settings, by the upstream's own tool name.
     pub tools: BTreeMap<String, UpstreamToolSettings>,
     pub limits: UpstreamLimits,
+    /// Which of its answers must echo a durable route's envelope.
+    pub route_echo: RouteEcho,
     /// Where it was declared.
     pub origin: String,
 }
@@ -125,6 +153,7 @@ pub(super) struct RawUpstream {
     ca_file: Option<PathBuf>,
     effect: Option<Effect>,
     task: Option<TaskMode>,
+    route_echo: Option<RouteEcho>,
     tools: Option<BTreeMap<String, RawUpstreamTool>>,
     #[allow(dead_code, reason = "read through UPSTREAM_CONNECT_TIMEOUT_SECS")]
     connect_timeout_secs: Option<u64>,
@@ -393,6 +422,7 @@ pub(super) fn settings(
             task,
             tools,
             limits,
+            route_echo: u.route_echo.unwrap_or_default(),
             origin: origin.to_string(),
         };
         // A task is never run twice, so a restart during a non-idempotent

@@ -63,10 +63,27 @@ fn show(r: &RouteStatus) -> Result<(), Refusal> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     field("route", &r.id)?;
     field("phase", &r.phase)?;
-    field("caller reads", &r.status)?;
+    field(
+        "caller reads",
+        &if r.reconciliation_required {
+            format!("{} (reconciliation required)", r.status)
+        } else {
+            r.status.clone()
+        },
+    )?;
     field("reason", &opt(&r.reason))?;
     field("capability", &r.capability)?;
     field("upstream", &r.upstream)?;
+    field(
+        "echo rule",
+        &match r.route_echo.as_deref() {
+            Some("creation_only") => {
+                "creation_only (weaker: polls without an echo are trusted)".to_string()
+            }
+            Some(rule) => rule.to_string(),
+            None => "- (the upstream is no longer configured)".to_string(),
+        },
+    )?;
     field("upstream task", &opt(&r.upstream_task_id))?;
     field("session", &opt(&r.session))?;
     field("coordinator", &opt(&r.coordinator))?;

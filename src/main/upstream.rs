@@ -58,7 +58,7 @@ fn list(a: &UpstreamListArgs) -> Result<(), Refusal> {
 fn summary(u: &UpstreamStatus) -> String {
     let protocol = u.protocol_version.as_deref().unwrap_or("-");
     format!(
-        "{}  {} since {}  {} {}  protocol {protocol}{}  tools {} ({} available, {} withheld, {} unpinned){}",
+        "{}  {} since {}  {} {}  protocol {protocol}{}  route echo {}  tools {} ({} available, {} withheld, {} unpinned){}",
         u.alias,
         u.state,
         u.since,
@@ -68,6 +68,11 @@ fn summary(u: &UpstreamStatus) -> String {
             ", advertises Tasks"
         } else {
             ""
+        },
+        if u.route_echo == taskgate::config::RouteEcho::CreationOnly.as_str() {
+            "creation_only (weaker: polls without an echo are trusted)"
+        } else {
+            u.route_echo.as_str()
         },
         u.tools,
         u.available,

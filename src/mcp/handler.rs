@@ -343,8 +343,20 @@ impl Handler {
                 Ok(CallToolResponse::Complete(result))
             }
             Delivery::Task(record) => {
+                // Kept for the task's later answers: a router checks its
+                // echo on each of them.
+                if let Some(e) = &envelope {
+                    self.svc.echoes().remember(&record.id, e);
+                }
                 let mut created = CreateTaskResult::new(convert::task(&record));
                 created.meta = echo(created.meta.take());
+                Ok(CallToolResponse::Task(created))
+            }
+            Delivery::Routed { task, route } => {
+                let mut created = CreateTaskResult::new(convert::task(&task));
+                let mut meta = created.meta.take().unwrap_or_default();
+                meta.0.insert(crate::route::ROUTE_META_KEY.into(), route);
+                created.meta = echo(Some(meta));
                 Ok(CallToolResponse::Task(created))
             }
         }
@@ -361,7 +373,16 @@ impl Handler {
             .get(&request.task_id, &self.caller(&context)?)
             .await
             .map_err(convert::error)?;
-        Ok(GetTaskResult::new(convert::detailed(record)))
+        // The caller owns the task (or the get was refused above): the
+        // envelope its router sent comes back with every answer.
+        let echo = self.svc.echoes().of(&record.id);
+        let mut result = GetTaskResult::new(convert::detailed(record));
+        if let Some(e) = echo {
+            let mut meta = rmcp::model::MetaObject::default();
+            meta.0.insert(EXECUTION_META_KEY.into(), e);
+            result.meta = Some(meta);
+        }
+        Ok(result)
     }
 
     async fn cancel(

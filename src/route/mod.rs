@@ -20,7 +20,7 @@ mod error;
 mod lease;
 mod submission;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{self, Caller};
-use crate::config::{Effect, TaskMode};
+use crate::config::{Effect, RouteEcho, TaskMode};
 use crate::store::{
     Advanced, Decider, Digest, ErrorBody, LeaseRecord, NewRoute, Outcome, Prepared, RouteChange,
     RouteId, RoutePhase, RouteRecord, Store, TaskId, TaskRecord, TaskStatus,
@@ -76,8 +76,9 @@ pub fn is_route_id(id: &str) -> bool {
 pub enum MetaAnswer {
     /// A tool result (the JSON shape of `CallToolResult`).
     Result(Value),
-    /// The route's public task.
-    Task(TaskRecord),
+    /// The route's public task, and what the caller is given of the route
+    /// itself (its binding as committed, and the digests).
+    Task { task: TaskRecord, route: Value },
 }
 
 pub struct Router {
@@ -91,8 +92,23 @@ pub struct Router {
     /// caller does not turn into an eager poller upstream (bounded by the
     /// route limit).
     polled: Mutex<HashMap<RouteId, i64>>,
+    /// Routes with a cancel in flight upstream: at most one each, however
+    /// many callers poll or cancel meanwhile (bounded by the route limit).
+    cancelling: Mutex<HashSet<RouteId>>,
     /// Dispatches in flight: they finish even when the caller goes away.
     dispatches: TaskTracker,
+}
+
+/// A route's one cancel slot, released when the attempt is over.
+struct CancelSlot<'a> {
+    held: &'a Mutex<HashSet<RouteId>>,
+    id: RouteId,
+}
+
+impl Drop for CancelSlot<'_> {
+    fn drop(&mut self) {
+        lock(self.held).remove(&self.id);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -144,6 +160,7 @@ impl Router {
             coordinator: random_hex().unwrap_or_else(|_| "unrandom".into()),
             poll_interval,
             polled: Mutex::new(HashMap::new()),
+            cancelling: Mutex::new(HashSet::new()),
             dispatches: TaskTracker::new(),
         })
     }
@@ -215,9 +232,15 @@ impl Router {
                 if !negotiated {
                     return Err(RouteError::TasksRequired);
                 }
-                self.submit(&args, caller, owner)
-                    .await
-                    .map(MetaAnswer::Task)
+                let task = self.submit(&args, caller, owner).await?;
+                let route = match RouteId::parse(task.id.as_str()) {
+                    Some(id) => self.store.route(&id).await?.map(|r| submitted(&r)),
+                    None => None,
+                };
+                Ok(MetaAnswer::Task {
+                    task,
+                    route: route.unwrap_or(Value::Null),
+                })
             }
             other => Err(RouteError::Internal(format!("{other} is not a meta-tool"))),
         }
@@ -301,8 +324,7 @@ impl Router {
         // changed since: the same binding gets the same task, another one a
         // conflict, and nothing is sent either way.
         submission.check_input(&arguments)?;
-        let binding = submission.binding();
-        let binding_bytes = submission::canonical(&binding);
+        let binding_bytes = submission::canonical(&submission.binding());
         let idempotency = Digest::of_parts(&[
             b"taskgate-idempotency",
             submission.idempotency_key.as_bytes(),
@@ -392,7 +414,7 @@ impl Router {
         let router = self.clone();
         let handle = self
             .dispatches
-            .spawn(async move { router.dispatch(record, routable, arguments, binding).await });
+            .spawn(async move { router.dispatch(record, routable, arguments).await });
         match handle.await {
             Ok(r) => r,
             Err(e) => Err(RouteError::Internal(format!("a dispatch failed: {e}"))),
@@ -405,7 +427,6 @@ impl Router {
         record: RouteRecord,
         bound: Routable,
         arguments: Map<String, Value>,
-        binding: Value,
     ) -> Result<TaskRecord, RouteError> {
         let id = record.id.clone();
         // What the upstream offers may have changed since the checks: then
@@ -434,12 +455,9 @@ impl Router {
             return self.current_view(&id).await;
         }
         testhooks::crash_point(testhooks::CRASH_ROUTE_DISPATCHING);
-        let envelope = json!({
-            "publicTaskId": id.as_str(),
-            "requestDigest": record.request_digest.to_hex(),
-            "bindingDigest": record.binding_digest.to_hex(),
-            "binding": binding,
-        });
+        // What goes out is what was committed: the same envelope every
+        // later answer is checked against.
+        let envelope = envelope_of(&record);
         let timeout = MAX_DISPATCH_TIMEOUT.min(current.timeout);
         let answer = self
             .upstreams
@@ -453,6 +471,7 @@ impl Router {
             }
             Err(Failure::Unknown(why)) => RouteChange::Reconcile {
                 reason: format!("the submission was sent and its answer is unknown: {why}"),
+                detach: false,
             },
             Ok(Answer::Task {
                 id: upstream_id,
@@ -465,10 +484,12 @@ impl Router {
                         "the upstream created task {:?} but {problem}",
                         cut(&upstream_id, 128)
                     ),
+                    detach: false,
                 },
                 None if upstream_id.is_empty() || upstream_id.len() > 256 => {
                     RouteChange::Reconcile {
                         reason: "the upstream answered with an unusable task ID".into(),
+                        detach: false,
                     }
                 }
                 None => RouteChange::Routed {
@@ -480,8 +501,9 @@ impl Router {
                 match echo_problem(echo.as_ref(), &envelope) {
                     Some(problem) => RouteChange::Reconcile {
                         reason: format!("the upstream answered at once but {problem}"),
+                        detach: false,
                     },
-                    None => self.completed(&record, value, bytes as u64, None),
+                    None => self.completed(&record, value, bytes as u64),
                 }
             }
             Ok(Answer::Error { code, message }) => RouteChange::Terminal {
@@ -498,7 +520,7 @@ impl Router {
                 reason: Some("the upstream refused the submission".into()),
             },
         };
-        if let RouteChange::Reconcile { reason } = &change {
+        if let RouteChange::Reconcile { reason, .. } = &change {
             tracing::warn!(route = %id, upstream = %record.upstream, "route {id} needs reconciliation: {reason}");
         }
         self.store.advance_route(&id, &from, change).await?;
@@ -546,13 +568,7 @@ impl Router {
     }
 
     /// A provider's result, accepted when it fits the declared output bound.
-    fn completed(
-        &self,
-        record: &RouteRecord,
-        mut value: Value,
-        bytes: u64,
-        upstream_id: Option<&str>,
-    ) -> RouteChange {
+    fn completed(&self, record: &RouteRecord, mut value: Value, bytes: u64) -> RouteChange {
         let binding = record.binding_json();
         let limit = binding["limits"]["outputBytes"]
             .as_u64()
@@ -579,7 +595,6 @@ impl Router {
                     "publicTaskId": record.id.as_str(),
                     "upstream": record.upstream,
                     "capability": record.capability,
-                    "upstreamTaskId": upstream_id,
                     "providerCompleted": true,
                     "policyAccepted": Value::Null,
                     "verified": false,
@@ -601,6 +616,13 @@ impl Router {
             Some(r) => Ok(self.view(&r)),
             None => Err(RouteError::UnknownTask),
         }
+    }
+
+    /// Whether a route may still learn its outcome from its upstream: its
+    /// upstream task was bound after a verified echo, and the connection it
+    /// went out on is the upstream's current one, unchanged.
+    fn may_poll(&self, r: &RouteRecord) -> bool {
+        matches!(self.reachable(r), Ok(Some(_)))
     }
 
     /// The route as the caller's task.
@@ -629,20 +651,39 @@ impl Router {
                 Some(format!("running at upstream {}", r.upstream)),
                 None,
             ),
-            RoutePhase::CancelRequested if r.cancel_attempts > 0 && !r.cancel_acknowledged => (
+            RoutePhase::CancelRequested if cancel_unconfirmed(r) => (
                 TaskStatus::Working,
                 Some(format!(
-                    "cancel requested ({}); upstream {} did not acknowledge it, so whether the task stops is unknown (reconciliation may be required); it is sent once more at the next poll",
+                    "cancel_requested ({}); reconciliation required: upstream {} has not acknowledged the cancel ({} of {MAX_CANCEL_ATTEMPTS} attempts), so whether the task stops is unknown; {}",
                     r.cancel_reason.as_deref().unwrap_or("by the caller"),
-                    r.upstream
+                    r.upstream,
+                    r.cancel_attempts,
+                    if r.cancel_attempts < MAX_CANCEL_ATTEMPTS {
+                        "the next poll sends it once more and asks for the task's outcome"
+                    } else {
+                        "no more cancels are sent; polls still ask for the task's outcome"
+                    }
                 )),
                 None,
             ),
             RoutePhase::CancelRequested => (
                 TaskStatus::Working,
                 Some(format!(
-                    "cancel requested ({}); waiting for upstream {} to confirm",
+                    "cancel_requested ({}); waiting for upstream {} to confirm",
                     r.cancel_reason.as_deref().unwrap_or("by the caller"),
+                    r.upstream
+                )),
+                None,
+            ),
+            // Still asked about, never sent again: not final for the caller
+            // while a verified answer can end it.
+            RoutePhase::ReconciliationRequired if self.may_poll(r) => (
+                TaskStatus::Working,
+                Some(format!(
+                    "reconciliation required: {}; taskgate asks upstream {} about its task on the connection it was sent on, and never sends it again",
+                    r.reason
+                        .as_deref()
+                        .unwrap_or("the upstream's outcome is unknown"),
                     r.upstream
                 )),
                 None,
@@ -677,6 +718,14 @@ impl Router {
         }
     }
 
+    /// What an operator is told the caller reads, and whether the route is
+    /// reported as needing reconciliation (`routes show`, `routes list`).
+    pub fn reads_as(&self, r: &RouteRecord) -> (TaskStatus, bool) {
+        let needs = r.phase == RoutePhase::ReconciliationRequired
+            || (r.phase == RoutePhase::CancelRequested && cancel_unconfirmed(r));
+        (self.view(r).status, needs)
+    }
+
     async fn owned(&self, id: &str, owner: &Digest) -> Result<RouteRecord, RouteError> {
         let id = RouteId::parse(id).ok_or(RouteError::UnknownTask)?;
         self.store
@@ -693,29 +742,37 @@ impl Router {
             return Ok(None);
         };
         match self.upstreams.routable_named(&r.capability) {
-            Ok(now) if &now.session != session => Err(
-                "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into(),
-            ),
-            Ok(now) if now.source_digest != r.source_digest.0 => Err(
-                "the upstream's configuration or the capability changed since dispatch".into(),
-            ),
+            Ok(now) if &now.session != session => Err(SESSION_CHANGED.into()),
+            Ok(now) if now.source_digest != r.source_digest.0 => {
+                Err("the upstream's configuration or the capability changed since dispatch".into())
+            }
             Ok(now) => Ok(Some(now)),
-            Err(why) if self.upstreams.session_is(&r.upstream, session) => Err(format!(
-                "the capability cannot be routed any more: {why}"
-            )),
-            Err(_) => Err(
-                "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into(),
-            ),
+            Err(why) if self.upstreams.session_is(&r.upstream, session) => {
+                Err(format!("the capability cannot be routed any more: {why}"))
+            }
+            Err(_) => Err(SESSION_CHANGED.into()),
         }
     }
 
-    async fn reconcile(&self, r: &RouteRecord, reason: String) -> Result<TaskRecord, RouteError> {
+    /// The route needs reconciliation, for `reason`; with `detach`, its
+    /// upstream is never asked about it again (the connection or the
+    /// configuration it was sent under is gone).
+    async fn reconcile(
+        &self,
+        r: &RouteRecord,
+        reason: String,
+        detach: bool,
+    ) -> Result<TaskRecord, RouteError> {
         tracing::warn!(route = %r.id, upstream = %r.upstream, "route {} needs reconciliation: {reason}", r.id);
         self.store
             .advance_route(
                 &r.id,
-                &[RoutePhase::Routed, RoutePhase::CancelRequested],
-                RouteChange::Reconcile { reason },
+                &[
+                    RoutePhase::Routed,
+                    RoutePhase::CancelRequested,
+                    RoutePhase::ReconciliationRequired,
+                ],
+                RouteChange::Reconcile { reason, detach },
             )
             .await?;
         self.current_view(&r.id).await
@@ -730,16 +787,24 @@ impl Router {
     ) -> Result<TaskRecord, RouteError> {
         authorize(caller, &[auth::SCOPE_TASKS_READ])?;
         let r = self.owned(id, owner).await?;
-        // A route in reconciliation is final for its caller: it is never
-        // asked about again (an answer now could contradict what the caller
-        // was told); the operator resolves it.
-        if !matches!(r.phase, RoutePhase::Routed | RoutePhase::CancelRequested) {
+        // A route in reconciliation is asked about only as the protocol
+        // allows: its upstream task is known (bound after a verified echo)
+        // and the exact session it went out on is still current. It is
+        // never sent again.
+        let pollable = match r.phase {
+            RoutePhase::Routed | RoutePhase::CancelRequested => true,
+            RoutePhase::ReconciliationRequired => {
+                r.upstream_task_id.is_some() && r.session.is_some()
+            }
+            _ => false,
+        };
+        if !pollable {
             return Ok(self.view(&r));
         }
         let routable = match self.reachable(&r) {
             Ok(Some(now)) => now,
             Ok(None) => return Ok(self.view(&r)),
-            Err(reason) => return self.reconcile(&r, reason).await,
+            Err(reason) => return self.reconcile(&r, reason, true).await,
         };
         let now = self.now();
         // An eager poller is answered from the store: the upstream is asked
@@ -776,36 +841,33 @@ impl Router {
         {
             r = after;
         }
-        if r.phase == RoutePhase::CancelRequested
-            && !r.cancel_acknowledged
-            && r.cancel_attempts < MAX_CANCEL_ATTEMPTS
-        {
+        if r.phase == RoutePhase::CancelRequested {
             self.forward_cancel(&r, &routable, timeout).await?;
             match self.store.route(&r.id).await? {
-                Some(now) if now.phase == RoutePhase::ReconciliationRequired => {
-                    return Ok(self.view(&now));
-                }
                 Some(now) => r = now,
                 None => return Err(RouteError::UnknownTask),
             }
         }
-        match self
+        let task = match self
             .upstreams
             .get_task(&r.upstream, &session, &upstream_id, timeout)
             .await
         {
+            Ok(task) => task,
             Err(PollFailure::SessionChanged) => {
-                self.reconcile(&r, "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection".into()).await
+                return self.reconcile(&r, SESSION_CHANGED.into(), true).await;
             }
             Err(PollFailure::Error { code, message }) => {
-                self.reconcile(
-                    &r,
-                    format!(
-                        "the upstream answered tasks/get for its task with an error ({code}: {})",
-                        cut(&message, 200)
-                    ),
-                )
-                .await
+                return self
+                    .reconcile(
+                        &r,
+                        format!(
+                            "the upstream answered tasks/get for its task with an error ({code}: {})",
+                            cut(&message, 200)
+                        ),
+                        false,
+                    )
+                    .await;
             }
             Err(PollFailure::Failed(f)) => {
                 let why = match f {
@@ -817,88 +879,111 @@ impl Router {
                     view.status_message.unwrap_or_default(),
                     cut(&why, 200)
                 ));
-                Ok(view)
+                return Ok(view);
             }
-            Ok(task) => {
-                if let Some(echo) = &task.echo
-                    && echo.get("publicTaskId").and_then(Value::as_str) != Some(r.id.as_str())
-                {
-                    return self
-                        .reconcile(&r, "the upstream's tasks/get answer names another public task".into())
-                        .await;
-                }
-                let change = match task.status.as_str() {
-                    "completed" => Some(self.completed(
-                        &r,
-                        task.result.clone().unwrap_or(json!({})),
-                        task.result
-                            .as_ref()
-                            .and_then(|v| serde_json::to_vec(v).ok())
-                            .map(|v| v.len() as u64)
-                            .unwrap_or(0),
-                        Some(&upstream_id),
+        };
+        // Only an answer about the bound task, carrying the envelope back
+        // as the upstream's echo rule requires, says anything of the route.
+        if let Some(problem) = answer_problem(&r, &upstream_id, &task, routable.echo) {
+            return self.reconcile(&r, problem, false).await;
+        }
+        let from = [
+            RoutePhase::Routed,
+            RoutePhase::CancelRequested,
+            RoutePhase::ReconciliationRequired,
+        ];
+        let change = match task.status.as_str() {
+            "completed" => Some(
+                self.completed(
+                    &r,
+                    task.result.clone().unwrap_or(json!({})),
+                    task.result
+                        .as_ref()
+                        .and_then(|v| serde_json::to_vec(v).ok())
+                        .map(|v| v.len() as u64)
+                        .unwrap_or(0),
+                ),
+            ),
+            "failed" => {
+                let error = task.error.clone().unwrap_or(json!({}));
+                let message = error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map(|m| cut(m, 512))
+                    .unwrap_or_else(|| "the upstream task failed".into());
+                Some(RouteChange::Terminal {
+                    status: TaskStatus::Failed,
+                    outcome: Some(error_outcome(
+                        wire::UPSTREAM_ERROR,
+                        format!("the upstream task failed: {message}"),
+                        Some(
+                            json!({"upstreamCode": error.get("code"), "upstreamMessage": message}),
+                        ),
                     )),
-                    "failed" => {
-                        let error = task.error.clone().unwrap_or(json!({}));
-                        let message = error
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .map(|m| cut(m, 512))
-                            .unwrap_or_else(|| "the upstream task failed".into());
-                        Some(RouteChange::Terminal {
-                            status: TaskStatus::Failed,
-                            outcome: Some(error_outcome(
-                                wire::UPSTREAM_ERROR,
-                                format!("the upstream task failed: {message}"),
-                                Some(json!({"upstreamCode": error.get("code"), "upstreamMessage": message})),
-                            )),
-                            decider: Decider::Provider,
-                            reason: None,
-                        })
-                    }
-                    "cancelled" => Some(RouteChange::Terminal {
-                        status: TaskStatus::Cancelled,
-                        outcome: None,
-                        decider: Decider::Provider,
-                        reason: Some(format!("cancelled at upstream {}", r.upstream)),
-                    }),
-                    "working" | "input_required" => None,
-                    other => {
-                        return self
-                            .reconcile(&r, format!("the upstream reports an unknown status {:?}", cut(other, 32)))
-                            .await;
-                    }
-                };
-                match change {
-                    Some(change) => {
-                        self.store
-                            .advance_route(
-                                &r.id,
-                                &[RoutePhase::Routed, RoutePhase::CancelRequested],
-                                change,
-                            )
-                            .await?;
-                        self.current_view(&r.id).await
-                    }
-                    None => {
-                        let mut view = self.view(&r);
-                        if let Some(m) = task.status_message {
-                            view.status_message = Some(format!(
-                                "{}: {}",
-                                view.status_message.unwrap_or_default(),
-                                cut(&m, MAX_STATUS_MESSAGE)
-                            ));
-                        }
-                        if let Some(p) = task.poll_interval_ms {
-                            view.poll_interval_ms = view.poll_interval_ms.max(p.min(60_000) as i64);
-                        }
-                        Ok(view)
-                    }
+                    decider: Decider::Provider,
+                    reason: None,
+                })
+            }
+            "cancelled" => Some(RouteChange::Terminal {
+                status: TaskStatus::Cancelled,
+                outcome: None,
+                decider: Decider::Provider,
+                reason: Some(format!("cancelled at upstream {}", r.upstream)),
+            }),
+            "working" | "input_required" => None,
+            other => {
+                return self
+                    .reconcile(
+                        &r,
+                        format!(
+                            "the upstream reports an unknown status {:?}",
+                            cut(other, 32)
+                        ),
+                        false,
+                    )
+                    .await;
+            }
+        };
+        match change {
+            Some(change) => {
+                self.store.advance_route(&r.id, &from, change).await?;
+                self.current_view(&r.id).await
+            }
+            None => {
+                let mut view = self.view(&r);
+                if let Some(m) = task.status_message {
+                    view.status_message = Some(format!(
+                        "{}: {}",
+                        view.status_message.unwrap_or_default(),
+                        cut(&m, MAX_STATUS_MESSAGE)
+                    ));
                 }
+                if let Some(p) = task.poll_interval_ms {
+                    view.poll_interval_ms = view.poll_interval_ms.max(p.min(60_000) as i64);
+                }
+                Ok(view)
             }
         }
     }
 
+    /// Takes the route's one cancel slot, unless a cancel of it is in
+    /// flight already.
+    fn cancel_slot(&self, id: &RouteId) -> Option<CancelSlot<'_>> {
+        let mut held = lock(&self.cancelling);
+        if !held.insert(id.clone()) {
+            return None;
+        }
+        Some(CancelSlot {
+            held: &self.cancelling,
+            id: id.clone(),
+        })
+    }
+
+    /// Sends the route's cancel upstream, at most [`MAX_CANCEL_ATTEMPTS`]
+    /// times in the route's life and never two at once: each attempt is
+    /// counted durably before it is sent, so neither overlapping polls nor
+    /// a restart can add one. An attempt not acknowledged leaves the route
+    /// `cancel_requested`, reported as needing reconciliation.
     async fn forward_cancel(
         &self,
         r: &RouteRecord,
@@ -908,6 +993,26 @@ impl Router {
         let (Some(upstream_id), Some(session)) = (&r.upstream_task_id, &r.session) else {
             return Ok(());
         };
+        if r.cancel_acknowledged || r.cancel_attempts >= MAX_CANCEL_ATTEMPTS {
+            return Ok(());
+        }
+        let Some(_slot) = self.cancel_slot(&r.id) else {
+            return Ok(());
+        };
+        let counted = self
+            .store
+            .advance_route(
+                &r.id,
+                &[RoutePhase::CancelRequested],
+                RouteChange::CancelAttempt {
+                    max_attempts: MAX_CANCEL_ATTEMPTS,
+                },
+            )
+            .await?;
+        if !matches!(counted, Advanced::Changed(_)) {
+            return Ok(());
+        }
+        testhooks::crash_point(testhooks::CRASH_ROUTE_CANCEL_COUNTED);
         let acknowledged = match self
             .upstreams
             .cancel_task(&routable.upstream, session, upstream_id, timeout)
@@ -919,28 +1024,14 @@ impl Router {
                 false
             }
         };
-        let after = self
-            .store
-            .advance_route(
-                &r.id,
-                &[RoutePhase::CancelRequested],
-                RouteChange::CancelForwarded { acknowledged },
-            )
-            .await?;
-        // The retry was not acknowledged either: whether the task stopped
-        // is unknown, and the route says so from now on.
-        if let Advanced::Changed(after) = after
-            && !after.cancel_acknowledged
-            && after.cancel_attempts >= MAX_CANCEL_ATTEMPTS
-        {
-            self.reconcile(
-                &after,
-                format!(
-                    "the upstream did not acknowledge the cancel ({} attempts); whether the task stopped is unknown",
-                    after.cancel_attempts
-                ),
-            )
-            .await?;
+        if acknowledged {
+            self.store
+                .advance_route(
+                    &r.id,
+                    &[RoutePhase::CancelRequested],
+                    RouteChange::CancelAcknowledged,
+                )
+                .await?;
         }
         Ok(())
     }
@@ -1017,6 +1108,65 @@ fn authorize(caller: &Caller, needed: &[&'static str]) -> Result<(), RouteError>
     Err(RouteError::Forbidden {
         missing: missing.iter().map(|s| s.to_string()).collect(),
     })
+}
+
+/// What the submitter is given of its route beside the task: the binding
+/// as committed (and sent), and the digests its provider must echo.
+fn submitted(r: &RouteRecord) -> Value {
+    json!({
+        "publicTaskId": r.id.as_str(),
+        "binding": r.binding_json(),
+        "bindingDigest": r.binding_digest.to_hex(),
+        "requestDigest": r.request_digest.to_hex(),
+    })
+}
+
+/// Why a route is never asked about on another connection.
+const SESSION_CHANGED: &str = "the upstream's connection changed since dispatch (a reconnect or a restart); the task is never asked for on another connection";
+
+/// Whether a cancel was sent and not (yet) acknowledged: its effect is
+/// unknown.
+fn cancel_unconfirmed(r: &RouteRecord) -> bool {
+    r.cancel_attempts > 0 && !r.cancel_acknowledged
+}
+
+/// The execution envelope of a route: sent with its submission, and what
+/// every answer that speaks of it must carry back.
+fn envelope_of(r: &RouteRecord) -> Value {
+    json!({
+        "publicTaskId": r.id.as_str(),
+        "requestDigest": r.request_digest.to_hex(),
+        "bindingDigest": r.binding_digest.to_hex(),
+        "binding": r.binding_json(),
+    })
+}
+
+/// What is wrong with a `tasks/get` answer for a route, if anything: an
+/// answer about another task is never taken, whatever the echo rule; an
+/// echo that is present must match whole; a missing echo is taken only
+/// from an upstream configured `route_echo = "creation_only"`.
+fn answer_problem(
+    r: &RouteRecord,
+    bound: &str,
+    task: &crate::upstream::RemoteTask,
+    rule: RouteEcho,
+) -> Option<String> {
+    if task.task_id != bound {
+        return Some(format!(
+            "the upstream's tasks/get answer is about another task ({:?}, not the bound {:?})",
+            cut(&task.task_id, 128),
+            cut(bound, 128)
+        ));
+    }
+    match (&task.echo, rule) {
+        (None, RouteEcho::CreationOnly) => None,
+        (echo, _) => {
+            echo_problem(echo.as_ref(), &envelope_of(r)).map(|p| match p.strip_prefix("its ") {
+                Some(rest) => format!("the upstream's tasks/get answer's {rest}"),
+                None => format!("the upstream's tasks/get answer {p}"),
+            })
+        }
+    }
 }
 
 /// What is wrong with a provider's echo of the envelope, if anything.

@@ -235,17 +235,24 @@ pub enum RouteChange {
         decider: Decider,
         reason: Option<String>,
     },
+    /// The outcome is unknown. With `detach`, the route forgets the
+    /// session it went out on (named in the reason instead), so that it is
+    /// never asked about again even if the same configuration came back.
     Reconcile {
         reason: String,
+        detach: bool,
     },
     CancelRequested {
         reason: String,
     },
-    /// One more cancel was forwarded (or tried), and whether the upstream
-    /// acknowledged it.
-    CancelForwarded {
-        acknowledged: bool,
+    /// One more cancel is about to be sent: counted before it leaves, and
+    /// only while fewer than `max_attempts` were and none was acknowledged
+    /// (otherwise the route stands as it was).
+    CancelAttempt {
+        max_attempts: i64,
     },
+    /// The upstream acknowledged a cancel.
+    CancelAcknowledged,
 }
 
 impl RouteChange {
@@ -256,7 +263,7 @@ impl RouteChange {
             RouteChange::Terminal { .. } => RoutePhase::Terminal,
             RouteChange::Reconcile { .. } => RoutePhase::ReconciliationRequired,
             RouteChange::CancelRequested { .. } => RoutePhase::CancelRequested,
-            RouteChange::CancelForwarded { .. } => return None,
+            RouteChange::CancelAttempt { .. } | RouteChange::CancelAcknowledged => return None,
         })
     }
 }
@@ -788,6 +795,11 @@ fn advance(
     if !from.contains(&current.phase) {
         return Ok(Advanced::Unchanged(current));
     }
+    if let RouteChange::CancelAttempt { max_attempts } = change
+        && (current.cancel_acknowledged || current.cancel_attempts >= *max_attempts)
+    {
+        return Ok(Advanced::Unchanged(current));
+    }
     let phase = change.target().unwrap_or(current.phase);
     let sql_id = id.as_str();
     match change {
@@ -837,11 +849,15 @@ fn advance(
             )?
             .execute(named_params! {":status": status.as_str(), ":outcome": payload, ":decider": decider.as_str(), ":reason": reason.as_deref().map(cut), ":now": now, ":id": sql_id})?;
         }
-        RouteChange::Reconcile { reason } => {
+        RouteChange::Reconcile { reason, detach } => {
+            let reason = match (&current.session, detach) {
+                (Some(session), true) => format!("{reason} (it went out on session {session})"),
+                _ => reason.clone(),
+            };
             c.prepare_cached(
-                "UPDATE routes SET phase = :phase, reason = :reason, updated_ms = :now WHERE id = :id",
+                "UPDATE routes SET phase = :phase, reason = :reason, session = CASE WHEN :detach THEN NULL ELSE session END, updated_ms = :now WHERE id = :id",
             )?
-            .execute(named_params! {":phase": phase.as_str(), ":reason": cut(reason), ":now": now, ":id": sql_id})?;
+            .execute(named_params! {":phase": phase.as_str(), ":reason": cut(&reason), ":detach": *detach, ":now": now, ":id": sql_id})?;
         }
         RouteChange::CancelRequested { reason } => {
             c.prepare_cached(
@@ -849,11 +865,17 @@ fn advance(
             )?
             .execute(named_params! {":phase": phase.as_str(), ":reason": cut(reason), ":now": now, ":id": sql_id})?;
         }
-        RouteChange::CancelForwarded { acknowledged } => {
+        RouteChange::CancelAttempt { .. } => {
             c.prepare_cached(
-                "UPDATE routes SET cancel_attempts = cancel_attempts + 1, cancel_acknowledged = max(cancel_acknowledged, :ack), updated_ms = :now WHERE id = :id",
+                "UPDATE routes SET cancel_attempts = cancel_attempts + 1, updated_ms = :now WHERE id = :id",
             )?
-            .execute(named_params! {":ack": *acknowledged as i64, ":now": now, ":id": sql_id})?;
+            .execute(named_params! {":now": now, ":id": sql_id})?;
+        }
+        RouteChange::CancelAcknowledged => {
+            c.prepare_cached(
+                "UPDATE routes SET cancel_acknowledged = 1, updated_ms = :now WHERE id = :id",
+            )?
+            .execute(named_params! {":now": now, ":id": sql_id})?;
         }
     }
     let after = find_unexpired(c, id, now)?.ok_or_else(|| {

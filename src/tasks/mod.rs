@@ -22,6 +22,7 @@
 
 mod approval;
 mod artifact_read;
+mod echoes;
 mod error;
 mod polls;
 mod request;
@@ -122,6 +123,10 @@ pub enum Delivery {
     Now(Value),
     /// The committed task the client polls.
     Task(TaskRecord),
+    /// A durable route's committed task, with what the caller is given of
+    /// the route (`_meta` of the answer under `dev.taskgate/route`: the
+    /// submission binding as committed, and its digests).
+    Routed { task: TaskRecord, route: Value },
 }
 
 /// Bounds the task service enforces at admission.
@@ -322,6 +327,9 @@ pub struct TaskService {
     /// The approval gate, once the daemon attached it (only when a tool
     /// needs approval).
     approvals: std::sync::OnceLock<Arc<Approvals>>,
+    /// Execution envelopes of routed submissions taskgate serves as a
+    /// provider, echoed on their tasks' answers.
+    echoes: echoes::Echoes,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -365,7 +373,13 @@ impl TaskService {
             fallback_noted: Notify::new(),
             router: std::sync::OnceLock::new(),
             approvals: std::sync::OnceLock::new(),
+            echoes: echoes::Echoes::default(),
         })
+    }
+
+    /// The execution envelopes received with routed submissions, by task.
+    pub fn echoes(&self) -> &echoes::Echoes {
+        &self.echoes
     }
 
     /// Serves durable routes (the meta-tools and `tgr-` task IDs) through
@@ -545,7 +559,7 @@ impl TaskService {
                 .map_err(TaskError::Route)?
             {
                 MetaAnswer::Result(v) => Ok(Delivery::Now(v)),
-                MetaAnswer::Task(record) => Ok(Delivery::Task(record)),
+                MetaAnswer::Task { task, route } => Ok(Delivery::Routed { task, route }),
             };
         }
         self.authorize(&call.caller, Operation::Call { tool: &call.tool })?;

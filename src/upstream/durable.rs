@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use super::Upstreams;
 use super::source::{Session, Shared, State};
 use super::tool::{Capability, PinState};
-use crate::config::Effect;
+use crate::config::{Effect, RouteEcho};
 use crate::tools::ArgumentError;
 
 /// The `_meta` key of the execution envelope sent with a submission and
@@ -54,6 +54,8 @@ pub struct Routable {
     pub session: String,
     /// The upstream's `request_timeout_secs`.
     pub timeout: Duration,
+    /// Which of its answers must carry the envelope back.
+    pub echo: RouteEcho,
 }
 
 /// What a submission got back.
@@ -90,6 +92,9 @@ pub enum Failure {
 /// A `tasks/get` answer.
 #[derive(Debug, Clone)]
 pub struct RemoteTask {
+    /// The task the answer is about, as the upstream names it: a route
+    /// takes it only when it is the route's bound upstream task.
+    pub task_id: String,
     pub status: String,
     pub status_message: Option<String>,
     pub poll_interval_ms: Option<u64>,
@@ -122,6 +127,7 @@ fn source_digest(shared: &Shared, cap: &Capability, session: &Session) -> [u8; 3
         format!("{:?}", config.transport).as_bytes(),
         format!("{:?}", config.limits).as_bytes(),
         config.alias.as_bytes(),
+        config.route_echo.as_str().as_bytes(),
         cap.digest.as_bytes(),
         format!("{:?} {:?}", cap.effect, cap.task).as_bytes(),
         session.version.as_bytes(),
@@ -187,6 +193,7 @@ fn routable_of(shared: &Arc<Shared>, name: &str) -> Result<Routable, String> {
         source_digest: source_digest(shared, cap, &session),
         session: session.id.clone(),
         timeout: shared.config().limits.request_timeout,
+        echo: shared.config().route_echo,
     })
 }
 
@@ -282,6 +289,11 @@ impl Upstreams {
         }
     }
 
+    /// The echo rule of the upstream configured as `alias`, if one is.
+    pub fn route_echo(&self, alias: &str) -> Option<RouteEcho> {
+        self.shared_of(alias).map(|s| s.config().route_echo)
+    }
+
     /// Whether `session` is the current session of `alias`.
     pub fn session_is(&self, alias: &str, session: &str) -> bool {
         self.session_if(alias, session).is_some()
@@ -371,6 +383,7 @@ impl Upstreams {
                 let bytes = serde_json::to_vec(&value).map(|v| v.len()).unwrap_or(0);
                 let field = |k: &str| value.get(k).cloned();
                 Ok(RemoteTask {
+                    task_id: r.task.task.task_id.clone(),
                     status: value
                         .get("status")
                         .and_then(Value::as_str)

@@ -288,6 +288,10 @@ pub struct UpstreamStatus {
     pub tasks_advertised: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// Which of its answers must echo a durable route's envelope:
+    /// `every_answer`, or the weaker `creation_only`.
+    #[serde(default)]
+    pub route_echo: String,
     /// Tools it lists, those callers get, and those withheld.
     pub tools: usize,
     pub available: usize,
@@ -346,6 +350,7 @@ fn status_of(shared: &Arc<source::Shared>, capabilities: bool) -> UpstreamStatus
         protocol_version: session.map(|s| s.version.clone()),
         tasks_advertised: session.is_some_and(|s| s.tasks),
         server: session.and_then(|s| s.server.clone()),
+        route_echo: config.route_echo.as_str().to_string(),
         tools: caps.len(),
         available: caps.iter().filter(|c| c.tool.is_some()).count(),
         withheld: caps.iter().filter(|c| c.tool.is_none()).count(),

@@ -239,7 +239,9 @@ fn now_ms() -> i64 {
 fn structured(answer: Result<MetaAnswer, RouteError>) -> Result<Value, String> {
     match answer {
         Ok(MetaAnswer::Result(v)) => Ok(v["structuredContent"].clone()),
-        Ok(MetaAnswer::Task(t)) => Err(format!("a task where a result was expected: {}", t.id)),
+        Ok(MetaAnswer::Task { task: t, .. }) => {
+            Err(format!("a task where a result was expected: {}", t.id))
+        }
         Err(e) => Err(e.message()),
     }
 }
@@ -344,7 +346,7 @@ impl Bench {
             )
             .await?
         {
-            MetaAnswer::Task(t) => Ok(t),
+            MetaAnswer::Task { task: t, .. } => Ok(t),
             MetaAnswer::Result(v) => Err(RouteError::Internal(format!(
                 "a result where a task was expected: {v}"
             ))),

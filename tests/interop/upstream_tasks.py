@@ -94,6 +94,17 @@ tasks/get result of that task. A call without the envelope gets no echo
               even when the request declares Tasks
   forever     tasks never complete on their own: they stay working until
               cancelled
+  othertask   tasks/get for any of its tasks answers with another task:
+              taskId "up-" and 32 f's, status completed, the result
+              {"content": [{"type": "text", "text": "another task's
+              answer"}], ...}, and the asked-for task's own echo (so only
+              the task ID gives it away)
+  getnoecho   echoes at creation, but no tasks/get answer carries `_meta`
+  getwrongecho  tasks/get answers echo the envelope with bindingDigest
+              replaced by 64 zeros (creation echoes it unchanged)
+  flakyget    the first tasks/get of each task gets the JSON-RPC error
+              -32603 "temporarily unavailable"; later ones are answered
+              as in echo
   restart     as echo, and each start of the process appends the line
               "START <pid>" to UPSTREAM_TASKS_EFFECT_LOG, so a test that
               kills the server can tell the sessions apart (a task id of an
@@ -120,7 +131,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODES = ("echo", "noecho", "wrongid", "lost", "hangcancel", "failcancel",
-         "sync", "forever", "restart")
+         "sync", "forever", "restart", "othertask", "getnoecho", "getwrongecho",
+         "flakyget")
+OTHER_TASK = "up-" + "f" * 32
 MODERN = "2026-07-28"
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 SUPPORTED = sorted(LEGACY_VERSIONS) + [MODERN]
@@ -194,6 +207,7 @@ class Task:
         self.echo = echo  # the _meta to return, or None
         self.created = created
         self.cancelled_at = None
+        self.gets = 0
 
 
 class Upstream:
@@ -278,11 +292,28 @@ class Upstream:
     def get_task(self, msg_id, task):
         with self.lock:
             status, updated = self.state(task)
+            task.gets += 1
+            first_get = task.gets == 1
+        if self.mode == "flakyget" and first_get:
+            return error(msg_id, -32603, "temporarily unavailable")
         result = {"resultType": "complete", **self.task_fields(task, status, updated)}
         if status == "completed":
             result["result"] = done_result(task.value)
-        if task.echo is not None:
-            result["_meta"] = task.echo
+        if self.mode == "othertask":
+            # Another task's status and result, under the asked-for task's
+            # own echo.
+            result.update(taskId=OTHER_TASK, status="completed",
+                          result={"content": [{"type": "text", "text": "another task's answer"}],
+                                  "isError": False})
+        echo = task.echo
+        if self.mode == "getnoecho":
+            echo = None
+        elif self.mode == "getwrongecho" and echo is not None:
+            envelope = echo.get(ENVELOPE)
+            if isinstance(envelope, dict):
+                echo = {ENVELOPE: dict(envelope, bindingDigest="0" * 64)}
+        if echo is not None:
+            result["_meta"] = echo
         return response(msg_id, result)
 
     def cancel_task(self, msg_id, task):
