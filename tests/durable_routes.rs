@@ -652,6 +652,30 @@ fn a_crash_at_each_dispatch_step_is_recovered_without_a_second_send() {
     );
     let status = admin_status(&s.state);
     assert_eq!(status["routes"]["reconciliation_required"], 3, "{status}");
+
+    // Killed once a cancel attempt was counted, before it was sent: the
+    // attempt stays counted, and nothing reached the upstream.
+    s.restart_crashing_at(taskgate::testhooks::CRASH_ROUTE_CANCEL_COUNTED);
+    wait_upstream(&s.state, "up", SETTLE, is_ready);
+    let sub = s.submission("up.work", "cancel-crash", &args, Duration::from_secs(600));
+    let id = task_id(&s.submit(&sub, &args).unwrap());
+    let cancels = up.received("tasks/cancel").len();
+    assert!(
+        s.cancel(&id).is_err(),
+        "the daemon answered past its crash point"
+    );
+    s.recover_from_crash();
+    let out = s.admin(&["routes", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("cancel_requested") && shown.contains("1 forwarded, not acknowledged"),
+        "{shown}"
+    );
+    assert_eq!(
+        up.received("tasks/cancel").len(),
+        cancels,
+        "a cancel was sent"
+    );
 }
 
 #[test]

@@ -352,10 +352,13 @@ impl Handler {
                 created.meta = echo(created.meta.take());
                 Ok(CallToolResponse::Task(created))
             }
-            Delivery::Routed { task, route } => {
+            Delivery::Routed {
+                task,
+                meta: entries,
+            } => {
                 let mut created = CreateTaskResult::new(convert::task(&task));
                 let mut meta = created.meta.take().unwrap_or_default();
-                meta.0.insert(crate::route::ROUTE_META_KEY.into(), route);
+                meta.0.extend(entries);
                 created.meta = echo(Some(meta));
                 Ok(CallToolResponse::Task(created))
             }

@@ -123,10 +123,13 @@ pub enum Delivery {
     Now(Value),
     /// The committed task the client polls.
     Task(TaskRecord),
-    /// A durable route's committed task, with what the caller is given of
-    /// the route (`_meta` of the answer under `dev.taskgate/route`: the
-    /// submission binding as committed, and its digests).
-    Routed { task: TaskRecord, route: Value },
+    /// A durable route's committed task, with the `_meta` entries its
+    /// answer carries (under `dev.taskgate/route`: the submission binding as
+    /// committed, and its digests).
+    Routed {
+        task: TaskRecord,
+        meta: serde_json::Map<String, Value>,
+    },
 }
 
 /// Bounds the task service enforces at admission.
@@ -559,7 +562,11 @@ impl TaskService {
                 .map_err(TaskError::Route)?
             {
                 MetaAnswer::Result(v) => Ok(Delivery::Now(v)),
-                MetaAnswer::Task { task, route } => Ok(Delivery::Routed { task, route }),
+                MetaAnswer::Task { task, route } => {
+                    let mut meta = serde_json::Map::new();
+                    meta.insert(route::ROUTE_META_KEY.into(), route);
+                    Ok(Delivery::Routed { task, meta })
+                }
             };
         }
         self.authorize(&call.caller, Operation::Call { tool: &call.tool })?;
