@@ -181,6 +181,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                     overrides: args.overrides(),
                     builtins,
                     clock: None,
+                    ..Default::default()
                 },
                 transport,
             )
