@@ -309,6 +309,7 @@ fn main() {
         },
         builtins: vec![Arc::new(bench_noop())],
         clock: None,
+        ..Default::default()
     })
     .unwrap_or_else(|e| panic!("cannot open the daemon: {e:?}"));
     let svc = daemon.service().clone();

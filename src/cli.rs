@@ -113,12 +113,14 @@ pub enum Command {
     /// be written; 76 permission denied.
     Approvals(ApprovalsArgs),
     /// Qualify a capability of this host end to end, with nothing but this
-    /// binary. --durable-tasks runs the durable route against an embedded
+    /// binary. --durable-tasks starts the daemon on a loopback port and
+    /// drives the durable route over HTTP with tokens, against an embedded
     /// qualification provider (this binary serving MCP over stdio, its task
     /// tool a bounded JSON worker run as a separate process): a discarded
     /// acknowledgement recovered by the same key and task ID after the
-    /// router's store is reopened on the same provider session, one worker
-    /// effect checked by an independent verifier, refusals, tampered and
+    /// daemon restarts on the same provider session, one worker effect
+    /// counted at the provider and checked by an independent verifier,
+    /// refusals and scopes, input, output and runtime bounds, tampered and
     /// escaping artifacts, cleanup, the update refusal and the deadline's
     /// cancel. Prints the structured result as JSON on stdout and a summary
     /// on stderr; exits 0 only when the result is PASS (1 otherwise).
@@ -165,6 +167,12 @@ pub enum Command {
         /// The directory the run's output directory is created in.
         #[arg(long, value_name = "DIR")]
         root: PathBuf,
+        /// A file every run appends one line to, before any check.
+        #[arg(long, value_name = "FILE")]
+        ledger: Option<PathBuf>,
+        /// Misbehave on purpose (honoured only in builds with test hooks).
+        #[arg(long, value_enum)]
+        liar: Option<crate::verify::Liar>,
     },
 }
 

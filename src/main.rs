@@ -181,6 +181,7 @@ fn run(cli: Cli) -> Result<(), Refusal> {
                     overrides: args.overrides(),
                     builtins,
                     clock: None,
+                    ..Default::default()
                 },
                 transport,
             )
@@ -238,10 +239,12 @@ fn run(cli: Cli) -> Result<(), Refusal> {
         Command::Approvals(args) => approvals::approvals(&args),
         Command::Verify(args) => verify(&args),
         Command::WireCodes(args) => wire_codes(args.json),
-        Command::QualificationWorker { root } => {
-            taskgate::verify::run_worker(&root, std::io::stdin().lock(), std::io::stdout().lock())
-                .map_err(Refusal::from)
-        }
+        Command::QualificationWorker { root, ledger, liar } => taskgate::verify::run_with(
+            &taskgate::verify::WorkerOptions { root, ledger, liar },
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        )
+        .map_err(Refusal::from),
         Command::Call(_)
         | Command::Task(_)
         | Command::Status(_)

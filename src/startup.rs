@@ -14,6 +14,7 @@
 //! `serve`, `check`, `check --config-only` and a reload: what one accepts
 //! the others accept.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::artifacts::Artifacts;
@@ -51,7 +52,18 @@ pub fn effective(
     overrides: &Overrides,
     builtins: Vec<Arc<dyn Runner>>,
 ) -> Result<Effective, Refusal> {
-    let config = Config::load(overrides)?;
+    let env: HashMap<String, String> = std::env::vars().collect();
+    effective_in(overrides, &env, builtins)
+}
+
+/// [`effective`] with the configuration layered from `env` instead of the
+/// process's environment.
+pub fn effective_in(
+    overrides: &Overrides,
+    env: &HashMap<String, String>,
+    builtins: Vec<Arc<dyn Runner>>,
+) -> Result<Effective, Refusal> {
+    let config = Config::load_from(overrides, env)?;
     // A listener off loopback needs credentials and TLS, from any layer.
     crate::http::exposure::check(&config)?;
     // The credential files are configuration too: a start, `check` and a

@@ -26,6 +26,12 @@ pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 /// the real binary can start a daemon an hour later without waiting one.
 pub const CLOCK_SKEW_MS_ENV: &str = "TASKGATE_TEST_CLOCK_SKEW_MS";
 
+/// Names a lie of the qualification worker (`runs-twice`, `exit-nonzero`,
+/// `follows-symlinks`): `taskgate verify --durable-tasks` runs its
+/// qualification worker with that lie, so a test can show the check that
+/// must catch it fail.
+pub const LYING_WORKER_ENV: &str = "TASKGATE_TEST_LYING_WORKER";
+
 /// The crash point between the two statements of the v1 → v2 migration.
 pub const CRASH_MID_MIGRATION: &str = "mid-migration";
 /// After a spilled result's temporary file is written and synced, before
@@ -89,6 +95,17 @@ pub fn clock_skew_ms() -> i64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// The lie the environment asks the qualification worker to tell, when
+/// hooks are compiled in.
+pub fn lying_worker() -> Option<String> {
+    if !compiled_in() {
+        return None;
+    }
+    std::env::var(LYING_WORKER_ENV)
+        .ok()
+        .filter(|lie| !lie.is_empty())
 }
 
 /// Aborts the process when the environment names this crash point.

@@ -124,6 +124,7 @@ fn open(root: &Path, state: &Path, clock: Clock, runs: &Arc<AtomicUsize>) -> Dae
         },
         builtins: vec![deploy(runs.clone())],
         clock: Some(clock),
+        ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{e:?}"))
 }

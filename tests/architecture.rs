@@ -40,6 +40,12 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("admin", "backup"),
     // The benchmark drives a daemon with the operator client.
     ("bench", "client"),
+    // The qualification starts the daemon as `serve` does, calls it as a
+    // client over HTTP, and reads its provider's counts over the admin
+    // socket.
+    ("verify", "service"),
+    ("verify", "client"),
+    ("verify", "admin"),
     // The HTTP application hosts the MCP handler.
     ("http", "mcp"),
     // The task service hands durable routes (their meta-tools and `tgr-`
@@ -83,7 +89,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "wire",
         ],
     ),
-    ("cli", &["config"]),
+    // The qualification worker's lies are a value of its flag.
+    ("cli", &["config", "verify"]),
     (
         "service",
         &[
@@ -133,13 +140,27 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // default listen address.
     ("client", &["config", "exit", "wire"]),
     ("logging", &["config", "events"]),
-    // The qualification worker's refusals carry their exit class; the
-    // durable-tasks qualification drives a router (store, upstreams,
-    // routes) in process as the local caller.
+    // The qualification worker's refusals carry their exit class (and its
+    // lies are test hooks); the durable-tasks qualification starts the
+    // daemon (service) on upstream connections it keeps, with tokens it
+    // makes (auth), and calls it over HTTP (client) with the route's
+    // meta-tools, expecting their wire codes; the provider's counts come
+    // over the admin socket its state directory records.
     (
         "verify",
         &[
-            "auth", "config", "exit", "route", "store", "tasks", "tools", "upstream",
+            "admin",
+            "auth",
+            "client",
+            "config",
+            "exit",
+            "route",
+            "service",
+            "state_dir",
+            "store",
+            "testhooks",
+            "upstream",
+            "wire",
         ],
     ),
     (

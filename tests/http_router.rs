@@ -117,6 +117,7 @@ fn fixture() -> Fixture {
         },
         builtins: vec![hold, linger],
         clock: None,
+        ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{e:?}"));
     Fixture {
@@ -481,6 +482,7 @@ fn run_serves_a_listener_in_process_until_its_shutdown() {
         },
         builtins: vec![quick],
         clock: None,
+        ..Default::default()
     };
     let rt = common::runtime();
     rt.block_on(async {

@@ -331,6 +331,7 @@ fn spilled_results_go_when_their_task_expires() {
         },
         builtins: vec![big],
         clock: Some(clock),
+        ..Default::default()
     })
     .unwrap();
     let svc = daemon.service().clone();

@@ -41,6 +41,7 @@ mod control;
 mod reload;
 mod stdio;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,6 +103,26 @@ pub struct Options {
     pub builtins: Vec<Arc<dyn Runner>>,
     /// The store's clock: the system's, unless a test moves its own.
     pub clock: Option<Clock>,
+    /// The environment the configuration is layered from (its `TASKGATE_*`
+    /// variables), at startup and at every reload: the process's own unless
+    /// given. `taskgate verify` gives its own, so that an operator's
+    /// variables do not change what it qualifies.
+    pub env: Option<Arc<HashMap<String, String>>>,
+    /// Upstream connections that outlive this daemon: used instead of its
+    /// own, and left connected when it stops. `taskgate verify` restarts
+    /// the router on them to show recovery on the very session a route was
+    /// dispatched on.
+    pub upstreams: Option<Arc<Upstreams>>,
+}
+
+impl Options {
+    /// Step 1 as this daemon reads it, at startup and at a reload.
+    fn effective(&self) -> Result<Effective, Refusal> {
+        match &self.env {
+            Some(env) => startup::effective_in(&self.overrides, env, self.builtins.clone()),
+            None => startup::effective(&self.overrides, self.builtins.clone()),
+        }
+    }
 }
 
 /// Runs `taskgate serve` to completion: the async runtime, the signal
@@ -159,7 +180,7 @@ fn configure(options: &Options, transport: Transport) -> Result<Effective, Refus
     for b in &options.builtins {
         tracing::warn!(tool = %b.spec().name, "serving a built-in test tool: {}", b.spec().name);
     }
-    let effective = startup::effective(&options.overrides, options.builtins.clone())?;
+    let effective = options.effective()?;
     if transport == Transport::Stdio
         && effective
             .config
@@ -191,6 +212,8 @@ pub struct Daemon {
     tls: Option<Arc<Tls>>,
     /// The upstream MCP servers: connected once the daemon serves.
     upstreams: Arc<Upstreams>,
+    /// Whether they are this daemon's to stop (not given in `Options`).
+    owns_upstreams: bool,
     pins: Pins,
     /// The paths no tool or stdio upstream may reach.
     protected: Vec<std::path::PathBuf>,
@@ -217,7 +240,13 @@ impl Daemon {
         } = effective;
         // Their supervisors start when the daemon serves (`Process::ready`);
         // until an upstream answers, its tools are absent.
-        let upstreams = Upstreams::new(protected.clone(), CancellationToken::new());
+        let (upstreams, owns_upstreams) = match &options.upstreams {
+            Some(shared) => (shared.clone(), false),
+            None => (
+                Upstreams::new(protected.clone(), CancellationToken::new()),
+                true,
+            ),
+        };
         let tools = tools.with_source(upstreams.clone());
         let clock = options.clock.clone().unwrap_or_else(Clock::system);
         let mut serving = startup::open_serving(&config, clock)?;
@@ -304,6 +333,7 @@ impl Daemon {
             auth: auth.map(Arc::new),
             tls: tls.map(Arc::new),
             upstreams,
+            owns_upstreams,
             pins,
             protected,
         })
@@ -338,6 +368,7 @@ impl Daemon {
             first_upstreams: Some((self.config.upstreams.clone(), self.pins)),
             first_protected: Some(self.protected),
             upstreams: self.upstreams,
+            owns_upstreams: self.owns_upstreams,
         };
         (process, self.config, self.claimed)
     }
@@ -400,6 +431,7 @@ struct Process {
     /// The TLS pair in force, re-read by reloads.
     tls: Option<Arc<Tls>>,
     upstreams: Arc<Upstreams>,
+    owns_upstreams: bool,
     /// The upstreams to connect once serving (taken by `ready`).
     first_upstreams: Option<(Vec<crate::config::UpstreamConfig>, Pins)>,
     first_protected: Option<Vec<std::path::PathBuf>>,
@@ -553,7 +585,9 @@ impl Process {
     /// The upstreams are closed (their calls were stopped with the tools),
     /// the chores end, then the store closes with its final checkpoint.
     async fn finish(&mut self) {
-        self.upstreams.stop_all().await;
+        if self.owns_upstreams {
+            self.upstreams.stop_all().await;
+        }
         self.chores_stop.cancel();
         self.chores.close();
         self.chores.wait().await;

@@ -56,11 +56,11 @@ impl Process {
         }
         self.reload.count += 1;
         let number = self.reload.count;
-        let validated = startup::effective(
-            &self.reload.options.overrides,
-            self.reload.options.builtins.clone(),
-        )
-        .and_then(|mut new| self.renew_credentials(&mut new).map(|()| new));
+        let validated = self
+            .reload
+            .options
+            .effective()
+            .and_then(|mut new| self.renew_credentials(&mut new).map(|()| new));
         let outcome = match validated {
             Ok(new) => {
                 let upstreams = (

@@ -38,7 +38,7 @@ use sha2::{Digest as _, Sha256};
 pub use artifacts::{
     CleanupError, Evidence, Expected, FileEvidence, Finding, Removed, check, remove_owned,
 };
-pub use worker::{Fault, WorkerError, run_worker};
+pub use worker::{Fault, Liar, WorkerError, WorkerOptions, run_with, run_worker};
 
 /// The name of the normalised result in an output directory.
 pub const RESULT_FILE: &str = "result.json";
@@ -154,6 +154,17 @@ pub(crate) mod at {
     /// A directory inside `dir`.
     pub fn open_dir(dir: impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
         openat(dir, name, DIR, Mode::empty())
+    }
+
+    /// A directory inside `dir`, following a link there: only a lying
+    /// worker does this (`Liar::FollowsSymlinks`).
+    pub fn open_dir_following(dir: impl AsFd, name: &str) -> Result<OwnedFd, Errno> {
+        openat(
+            dir,
+            name,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
     }
 
     /// A file inside `dir`, for reading. Non-blocking, so a FIFO planted

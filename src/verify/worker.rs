@@ -26,12 +26,35 @@
 //! the manifest under another `correlationId` and still succeeds, so a
 //! verifier that trusted the exit status would accept a run that is not
 //! the one asked for; `escape` asks for an output outside the root through
-//! the worker's own checks, which refuse it.
+//! the worker's own checks, which refuse it; `stall` waits (up to
+//! [`MAX_STALL`]) before writing, so that its declared runtime ends it.
+//!
+//! `limits` (optional) are the bounds the caller declared for the run:
+//! `runtimeMs` (1 to [`MAX_RUNTIME_MS`], default the maximum) and
+//! `artifactBytes` (at most [`MAX_WRITE_BYTES`], the default). The worker
+//! enforces them itself, as a remote worker must: a run past its runtime
+//! ends with [`WorkerError::RuntimeExceeded`] before writing anything, a
+//! run that would write more than its artifact bound is refused with
+//! [`WorkerError::TooLarge`]. `fill` (optional, bytes) adds a listed file
+//! `fill.bin` of that many zero bytes, so that the artifact bound can be
+//! reached with a small input.
+//!
+//! With `--ledger FILE`, every run appends one line to FILE as soon as it
+//! has read its request, before any check (`{"pid", "correlationId",
+//! "output"}`, `correlationId` null when the request did not parse): a
+//! count of the processes that ran, which no output directory can give (a
+//! second run of the same request is refused at its files and leaves
+//! nothing of its own).
+//!
+//! `--liar` (honoured only in builds with test hooks) makes the worker
+//! itself dishonest, so that tests can show the qualification catches it:
+//! see [`Liar`].
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag, mkdirat};
@@ -55,6 +78,17 @@ pub const MAX_KEY_BYTES: usize = 64;
 pub const MAX_STRING_BYTES: usize = 1024;
 /// The most bytes one run writes, all files together.
 pub const MAX_WRITE_BYTES: u64 = 8 * 1024 * 1024;
+/// The longest runtime a run may declare (the durable route's bound).
+pub const MAX_RUNTIME_MS: u64 = 30_000;
+/// How long the `stall` fault waits at most, whatever its runtime.
+pub const MAX_STALL: Duration = Duration::from_secs(60);
+/// The name of the `fill` file in an output directory.
+pub const FILL_FILE: &str = "fill.bin";
+/// How often a stalled run looks at its deadline.
+const STALL_STEP: Duration = Duration::from_millis(10);
+/// The longest ledger line: one `write` of at most this many bytes to a
+/// file opened for appending is never interleaved with another's.
+const MAX_LEDGER_LINE: usize = 512;
 
 /// The output the `escape` fault asks for.
 const ESCAPE_OUTPUT: &str = "../escape";
@@ -73,6 +107,60 @@ pub enum Fault {
     ChangeIdentity,
     /// Ask for an output outside the root (refused by the worker).
     Escape,
+    /// Wait before writing, until the declared runtime ends the run.
+    Stall,
+}
+
+/// A dishonest worker, for showing that the qualification notices one
+/// (`--liar`, honoured only in builds with test hooks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Liar {
+    /// After a good run, runs the same request once more as a second
+    /// process (which the ledger counts; its output is refused, as the
+    /// files exist).
+    RunsTwice,
+    /// Writes valid output, prints its line, and exits 1.
+    ExitNonzero,
+    /// Follows a symbolic link at the output directory instead of refusing
+    /// it.
+    FollowsSymlinks,
+}
+
+/// The declared bounds of one run.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Limits {
+    #[serde(default = "default_runtime_ms")]
+    runtime_ms: u64,
+    #[serde(default = "default_artifact_bytes")]
+    artifact_bytes: u64,
+}
+
+fn default_runtime_ms() -> u64 {
+    MAX_RUNTIME_MS
+}
+
+fn default_artifact_bytes() -> u64 {
+    MAX_WRITE_BYTES
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            runtime_ms: MAX_RUNTIME_MS,
+            artifact_bytes: MAX_WRITE_BYTES,
+        }
+    }
+}
+
+/// How the worker process was started (`qualification-worker`'s flags).
+#[derive(Debug, Clone, Default)]
+pub struct WorkerOptions {
+    pub root: PathBuf,
+    /// Where every run appends its line.
+    pub ledger: Option<PathBuf>,
+    pub liar: Option<Liar>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,6 +171,10 @@ struct Request {
     output: String,
     #[serde(default)]
     fault: Option<Fault>,
+    #[serde(default)]
+    limits: Option<Limits>,
+    #[serde(default)]
+    fill: u64,
 }
 
 /// Why a run was refused or failed. Each refusal is one line and maps to
@@ -113,6 +205,16 @@ pub enum WorkerError {
     NotADirectory { path: String },
     #[error("the run would write {bytes} bytes, more than its bound of {limit}; refused")]
     TooLarge { bytes: u64, limit: u64 },
+    #[error("the run passed its declared runtime of {limit_ms} ms; ended before writing anything")]
+    RuntimeExceeded { limit_ms: u64 },
+    #[error("{ledger}: cannot record the run: {source}")]
+    Ledger {
+        ledger: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("test hook: a lying worker exits 1 after a good run")]
+    Lied,
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -135,7 +237,11 @@ impl Classify for WorkerError {
             | WorkerError::Symlink { .. }
             | WorkerError::Exists { .. }
             | WorkerError::NotADirectory { .. } => ExitClass::UnsafePath,
-            WorkerError::Read(_) | WorkerError::Io { .. } | WorkerError::Stdout(_) => ExitClass::Io,
+            WorkerError::Read(_)
+            | WorkerError::Io { .. }
+            | WorkerError::Stdout(_)
+            | WorkerError::Ledger { .. } => ExitClass::Io,
+            WorkerError::RuntimeExceeded { .. } | WorkerError::Lied => ExitClass::CallFailed,
         }
     }
 }
@@ -143,20 +249,132 @@ impl Classify for WorkerError {
 /// Runs one request: reads it from `stdin`, writes its files under
 /// `root`, prints its line on `stdout`.
 pub fn run_worker(root: &Path, stdin: impl Read, stdout: impl Write) -> Result<(), WorkerError> {
-    run_bounded(root, stdin, stdout, MAX_WRITE_BYTES)
+    let options = WorkerOptions {
+        root: root.to_path_buf(),
+        ..WorkerOptions::default()
+    };
+    run_with(&options, stdin, stdout)
 }
 
+/// [`run_worker`] as the `qualification-worker` process runs it: the run
+/// recorded in the ledger, and a liar's lie told when test hooks allow it.
+pub fn run_with(
+    options: &WorkerOptions,
+    stdin: impl Read,
+    mut stdout: impl Write,
+) -> Result<(), WorkerError> {
+    let started = Instant::now();
+    // A run is recorded even when its request is refused unread (too
+    // large) or unparsed.
+    let bytes = read_bytes(stdin);
+    let parsed = bytes.as_ref().ok().map(|b| parse_request(b));
+    if let Some(ledger) = &options.ledger {
+        record_run(ledger, parsed.as_ref().and_then(|p| p.as_ref().ok()))?;
+    }
+    let bytes = bytes?;
+    let request = parsed.unwrap_or_else(|| parse_request(&bytes))?;
+    let liar = options.liar.filter(|_| crate::testhooks::compiled_in());
+    run_request(
+        &options.root,
+        &request,
+        &mut stdout,
+        MAX_WRITE_BYTES,
+        started,
+        liar,
+    )?;
+    match liar {
+        Some(Liar::RunsTwice) => {
+            run_again(options, &bytes);
+            Ok(())
+        }
+        Some(Liar::ExitNonzero) => Err(WorkerError::Lied),
+        _ => Ok(()),
+    }
+}
+
+/// The lie of [`Liar::RunsTwice`]: this binary run once more on the same
+/// request, its outcome ignored.
+fn run_again(options: &WorkerOptions, request: &[u8]) {
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("qualification-worker")
+        .arg("--root")
+        .arg(&options.root);
+    if let Some(ledger) = &options.ledger {
+        command.arg("--ledger").arg(ledger);
+    }
+    let child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if let Ok(mut child) = child {
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(request);
+        }
+        let _ = child.wait();
+    }
+}
+
+/// Appends this run's line to the ledger: one `write` to a file opened for
+/// appending (never through a link), so concurrent runs' lines never mix.
+fn record_run(ledger: &Path, request: Option<&Request>) -> Result<(), WorkerError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let line = serde_json::json!({
+        "pid": std::process::id(),
+        "correlationId": request.map(|r| r.identity.correlation_id.as_str()),
+        "output": request.map(|r| r.output.as_str()),
+    });
+    let mut text = line.to_string();
+    text.truncate(MAX_LEDGER_LINE - 1);
+    text.push('\n');
+    let shown = ledger.display().to_string();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(ledger)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|source| WorkerError::Ledger {
+            ledger: shown,
+            source,
+        })
+}
+
+#[cfg(test)]
 fn run_bounded(
     root: &Path,
     stdin: impl Read,
     mut stdout: impl Write,
     write_limit: u64,
 ) -> Result<(), WorkerError> {
-    let request = read_request(stdin)?;
+    let request = parse_request(&read_bytes(stdin)?)?;
+    run_request(
+        root,
+        &request,
+        &mut stdout,
+        write_limit,
+        Instant::now(),
+        None,
+    )
+}
+
+fn run_request(
+    root: &Path,
+    request: &Request,
+    mut stdout: impl Write,
+    write_limit: u64,
+    started: Instant,
+    liar: Option<Liar>,
+) -> Result<(), WorkerError> {
     let fault = request.fault.unwrap_or_default();
     let output = match fault {
         Fault::Escape => ESCAPE_OUTPUT,
-        Fault::None | Fault::ChangeIdentity => request.output.as_str(),
+        Fault::None | Fault::ChangeIdentity | Fault::Stall => request.output.as_str(),
     };
     if !is_plain_component(output) {
         return Err(WorkerError::Traversal {
@@ -164,6 +382,9 @@ fn run_bounded(
         });
     }
     check_identity(&request.identity)?;
+    let limits = check_limits(request.limits.unwrap_or_default())?;
+    let write_limit = write_limit.min(limits.artifact_bytes);
+    let deadline = started + Duration::from_millis(limits.runtime_ms);
     let input = check_input(&request.input)?;
     let actual = input_digest(input);
     if actual != request.identity.input_digest {
@@ -171,6 +392,9 @@ fn run_bounded(
             claimed: request.identity.input_digest.clone(),
             actual,
         });
+    }
+    if fault == Fault::Stall {
+        stall(deadline, limits.runtime_ms)?;
     }
 
     let result = canonical(&serde_json::json!({
@@ -182,13 +406,31 @@ fn run_bounded(
     if fault == Fault::ChangeIdentity {
         identity.correlation_id.push_str(CHANGED_SUFFIX);
     }
+    let mut files = vec![ManifestFile {
+        path: RESULT_FILE.to_string(),
+        bytes: result.len() as u64,
+        sha256: result_digest.clone(),
+    }];
+    // The bound is checked before the fill is made: a fill of any size
+    // costs nothing until it is admitted.
+    let bytes_before_manifest = (result.len() as u64).saturating_add(request.fill);
+    if bytes_before_manifest > write_limit {
+        return Err(WorkerError::TooLarge {
+            bytes: bytes_before_manifest,
+            limit: write_limit,
+        });
+    }
+    let fill = vec![0u8; request.fill as usize];
+    if request.fill > 0 {
+        files.push(ManifestFile {
+            path: FILL_FILE.to_string(),
+            bytes: request.fill,
+            sha256: sha256_hex(&fill),
+        });
+    }
     let manifest = Manifest {
         identity,
-        files: vec![ManifestFile {
-            path: RESULT_FILE.to_string(),
-            bytes: result.len() as u64,
-            sha256: result_digest.clone(),
-        }],
+        files,
         result_digest: result_digest.clone(),
     };
     let manifest =
@@ -197,16 +439,25 @@ fn run_bounded(
                 reason: e.to_string(),
             })?,
         );
-    let bytes = (result.len() + manifest.len()) as u64;
+    let bytes = bytes_before_manifest + manifest.len() as u64;
     if bytes > write_limit {
         return Err(WorkerError::TooLarge {
             bytes,
             limit: write_limit,
         });
     }
+    if Instant::now() >= deadline {
+        return Err(WorkerError::RuntimeExceeded {
+            limit_ms: limits.runtime_ms,
+        });
+    }
 
-    let dir = OutputDir::create(root, output)?;
+    let follow = liar == Some(Liar::FollowsSymlinks);
+    let dir = OutputDir::create(root, output, follow)?;
     dir.write_new(RESULT_FILE, &result)?;
+    if request.fill > 0 {
+        dir.write_new(FILL_FILE, &fill)?;
+    }
     dir.write_new(MANIFEST_FILE, &manifest)?;
     dir.sync()?;
 
@@ -220,7 +471,35 @@ fn run_bounded(
         .map_err(WorkerError::Stdout)
 }
 
-fn read_request(stdin: impl Read) -> Result<Request, WorkerError> {
+/// The `stall` fault: waits up to [`MAX_STALL`], and ends the run at its
+/// deadline.
+fn stall(deadline: Instant, limit_ms: u64) -> Result<(), WorkerError> {
+    let until = Instant::now() + MAX_STALL;
+    while Instant::now() < until {
+        if Instant::now() >= deadline {
+            return Err(WorkerError::RuntimeExceeded { limit_ms });
+        }
+        std::thread::sleep(STALL_STEP);
+    }
+    Ok(())
+}
+
+/// The declared bounds, within the worker's own.
+fn check_limits(limits: Limits) -> Result<Limits, WorkerError> {
+    if limits.runtime_ms == 0 || limits.runtime_ms > MAX_RUNTIME_MS {
+        return Err(WorkerError::Malformed {
+            reason: format!("limits.runtimeMs must be 1 to {MAX_RUNTIME_MS}"),
+        });
+    }
+    if limits.artifact_bytes > MAX_WRITE_BYTES {
+        return Err(WorkerError::Malformed {
+            reason: format!("limits.artifactBytes must be at most {MAX_WRITE_BYTES}"),
+        });
+    }
+    Ok(limits)
+}
+
+fn read_bytes(stdin: impl Read) -> Result<Vec<u8>, WorkerError> {
     let mut bytes = Vec::new();
     stdin
         .take(MAX_REQUEST_BYTES as u64 + 1)
@@ -231,7 +510,11 @@ fn read_request(stdin: impl Read) -> Result<Request, WorkerError> {
             limit: MAX_REQUEST_BYTES,
         });
     }
-    serde_json::from_slice(&bytes).map_err(|e| WorkerError::Malformed {
+    Ok(bytes)
+}
+
+fn parse_request(bytes: &[u8]) -> Result<Request, WorkerError> {
+    serde_json::from_slice(bytes).map_err(|e| WorkerError::Malformed {
         reason: e.to_string(),
     })
 }
@@ -319,8 +602,9 @@ struct OutputDir {
 
 impl OutputDir {
     /// Creates `root/name` (a directory already there is used; a symbolic
-    /// link there is refused) and opens it without following a link.
-    fn create(root: &Path, name: &str) -> Result<OutputDir, WorkerError> {
+    /// link there is refused) and opens it without following a link
+    /// (`follow` is the lie of [`Liar::FollowsSymlinks`]).
+    fn create(root: &Path, name: &str, follow: bool) -> Result<OutputDir, WorkerError> {
         let shown_root = root.display().to_string();
         let root_fd = at::open_root(root).map_err(|e| match e {
             Errno::ELOOP | Errno::ENOTDIR if at::root_is_symlink(root) => WorkerError::Symlink {
@@ -337,7 +621,12 @@ impl OutputDir {
             Err(Errno::EEXIST) => {}
             Err(e) => return Err(io_error(&shown, e)),
         }
-        let dir = at::open_dir(&root_fd, name).map_err(|e| match e {
+        let opened = if follow {
+            at::open_dir_following(&root_fd, name)
+        } else {
+            at::open_dir(&root_fd, name)
+        };
+        let dir = opened.map_err(|e| match e {
             Errno::ELOOP | Errno::ENOTDIR if at::is_symlink(&root_fd, name) => {
                 WorkerError::Symlink {
                     path: shown.clone(),
@@ -720,5 +1009,67 @@ mod tests {
         assert!(matches!(e, WorkerError::TooLarge { limit: 100, .. }), "{e}");
         assert!(names(root.path()).is_empty());
         assert_eq!(MAX_WRITE_BYTES, 8 << 20);
+    }
+    #[test]
+    fn the_ledger_records_a_run_before_its_checks_refuse_it() {
+        let base = tempfile::tempdir().unwrap();
+        let root = base.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        let options = WorkerOptions {
+            root: root.clone(),
+            ledger: Some(base.path().join("runs.jsonl")),
+            liar: None,
+        };
+        let e = run_with(
+            &options,
+            &request("task-1", sample(), "../x", "none")[..],
+            Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, WorkerError::Traversal { .. }), "{e}");
+        let line: Value = serde_json::from_str(
+            std::fs::read_to_string(base.path().join("runs.jsonl"))
+                .unwrap()
+                .trim_end(),
+        )
+        .unwrap();
+        assert_eq!(line["correlationId"], "task-1");
+        assert_eq!(line["output"], "../x");
+        assert_eq!(line["pid"], std::process::id());
+        // A ledger that is a symbolic link is not written through.
+        let target = base.path().join("target");
+        std::fs::write(&target, "keep").unwrap();
+        let linked = base.path().join("linked.jsonl");
+        symlink(&target, &linked).unwrap();
+        let options = WorkerOptions {
+            ledger: Some(linked),
+            ..options
+        };
+        let e = run_with(
+            &options,
+            &request("task-1", sample(), "run", "none")[..],
+            Vec::new(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, WorkerError::Ledger { .. }), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert!(names(&root).is_empty());
+    }
+
+    #[test]
+    fn a_stalled_run_ends_at_its_declared_runtime_and_writes_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let mut body: Value =
+            serde_json::from_slice(&request("task-1", sample(), "run", "stall")).unwrap();
+        body["limits"] = json!({"runtimeMs": 50});
+        let started = Instant::now();
+        let e = run(root.path(), &serde_json::to_vec(&body).unwrap()).unwrap_err();
+        assert!(
+            matches!(e, WorkerError::RuntimeExceeded { limit_ms: 50 }),
+            "{e}"
+        );
+        assert!(started.elapsed() < MAX_STALL);
+        assert_eq!(e.exit_class(), ExitClass::CallFailed);
+        assert!(names(root.path()).is_empty());
     }
 }
