@@ -340,8 +340,15 @@ fn an_approval_task_names_its_proposal_to_its_owner_and_to_no_one_else() {
     assert_eq!(f.admin(Some('o'), "POST", &approve, "").0, 200);
     let done = f.task_op('a', "get", &task).unwrap();
     assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(done["result"]["structuredContent"]["proposal"], alices.as_str());
-    assert_eq!(done["_meta"]["dev.taskgate/proposal"], alices.as_str(), "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["proposal"],
+        alices.as_str()
+    );
+    assert_eq!(
+        done["_meta"]["dev.taskgate/proposal"],
+        alices.as_str(),
+        "{done}"
+    );
     let still = f.task_op('m', "get", &mallorys_task).unwrap();
     assert_eq!(still["status"], "working", "{still}");
     assert_eq!(named_proposal(&still), mallorys);
@@ -354,7 +361,10 @@ fn an_approval_task_names_its_proposal_to_its_owner_and_to_no_one_else() {
     }
     assert!(!stored.is_empty());
     let holds = |needle: &str| stored.windows(needle.len()).any(|w| w == needle.as_bytes());
-    assert!(holds(&alices) && holds(&mallorys), "the proposal IDs are stored");
+    assert!(
+        holds(&alices) && holds(&mallorys),
+        "the proposal IDs are stored"
+    );
     assert!(!holds(target), "an argument value reached the task store");
     assert_eq!(f.marker(), 0, "nothing ran");
 }

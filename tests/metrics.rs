@@ -13,9 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::prereq::require_tool;
-use common::upstream::{
-    INTEROP, Place, error_name, is_ready, task_id, text, wait_upstream,
-};
+use common::upstream::{INTEROP, Place, error_name, is_ready, task_id, text, wait_upstream};
 use common::*;
 use prometheus_parse::{Sample, Scrape, Value as Metric};
 use serde_json::{Value, json};
@@ -617,7 +615,11 @@ fn after_a_known_workload_the_route_approval_and_upstream_series_are_exact_and_t
         );
     }
     assert!(
-        !has(&s, "taskgate_approval_events_total", &[("event", "expired")]),
+        !has(
+            &s,
+            "taskgate_approval_events_total",
+            &[("event", "expired")]
+        ),
         "nothing expired"
     );
     assert_eq!(value(&s, "taskgate_approvals_pending", &[]), 1.0);
