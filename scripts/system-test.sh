@@ -26,7 +26,7 @@
 # tool-grandchild-dies-with-daemon-kill, tool-fork-bomb-bounded-healthz-answers,
 # unit-exposure-running.
 #
-# Without arguments it builds target/debian/taskgate_<v>-1 and -2 with
+# Without arguments it builds taskgate_<v>-1 and -2 (in debian/ of cargo's target directory) with
 # scripts/build-deb.sh (on the host, before booting). With DEB it tests that
 # package and builds the upgrade with --revision 2 unless UPGRADE_DEB is given.
 #
@@ -261,7 +261,7 @@ build_deb() { # revision -> BUILT: the .deb's path
   BUILT=$(printf '%s\n' "$out" | sed -n 's/^built //p' | tail -n1)
   [ -n "$BUILT" ] || { WHY="scripts/build-deb.sh printed no 'built' line"; return 1; }
   case $BUILT in /*) ;; *) BUILT="$repo/$BUILT" ;; esac
-  # cargo-deb deletes the other revisions from target/debian: keep a copy.
+  # cargo-deb deletes the other revisions from its debian/ directory: keep a copy.
   mkdir -p "$work/debs"
   cp "$BUILT" "$work/debs/" || { WHY="cannot copy $BUILT"; return 1; }
   BUILT="$work/debs/$(basename "$BUILT")"

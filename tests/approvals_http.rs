@@ -275,3 +275,96 @@ fn another_owners_approval_task_and_approval_are_not_theirs() {
     assert_eq!(f.call('a', false, "prod").unwrap()["isError"], false);
     assert_eq!(f.marker(), 1);
 }
+
+/// The proposal an approval task names: in its status message and in
+/// `_meta`, which must agree.
+fn named_proposal(answer: &Value) -> String {
+    let id = answer["_meta"]["dev.taskgate/proposal"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no proposal in _meta: {answer}"))
+        .to_string();
+    let message = answer["statusMessage"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("proposal {id}")),
+        "the status message names another proposal or none: {answer}"
+    );
+    id
+}
+
+#[test]
+fn an_approval_task_names_its_proposal_to_its_owner_and_to_no_one_else() {
+    let f = start();
+    // A target value nobody may find in the task store.
+    let target = "prod-4d1e9b";
+    let alices_handle = f.call('a', true, target).unwrap();
+    assert_eq!(alices_handle["status"], "working", "{alices_handle}");
+    let alices = named_proposal(&alices_handle);
+    let task = alices_handle["taskId"].as_str().unwrap().to_string();
+    // It is the proposal the administrator sees waiting, and the only one.
+    let (_, _, listed) = f.admin(Some('o'), "GET", "/admin/v1/approvals?pending=true", "");
+    let pending: Vec<&str> = listed["proposals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(pending, vec![alices.as_str()], "{listed}");
+
+    // Each poll while it waits names it again; a retry finds the same.
+    let polled = f.task_op('a', "get", &task).unwrap();
+    assert_eq!(polled["status"], "working", "{polled}");
+    assert_eq!(named_proposal(&polled), alices);
+    let retried = f.call('a', true, target).unwrap();
+    assert_eq!(retried["taskId"], task.as_str(), "{retried}");
+    assert_eq!(named_proposal(&retried), alices);
+
+    // Mallory's identical call waits on a proposal of its own, and nothing
+    // mallory is shown names alice's: not her own task, not alice's.
+    let mallorys_handle = f.call('m', true, target).unwrap();
+    let mallorys = named_proposal(&mallorys_handle);
+    assert_ne!(mallorys, alices);
+    let mallorys_task = mallorys_handle["taskId"].as_str().unwrap().to_string();
+    let own = f.task_op('m', "get", &mallorys_task).unwrap();
+    assert_eq!(named_proposal(&own), mallorys);
+    for shown in [&mallorys_handle, &own] {
+        assert!(!shown.to_string().contains(&alices), "{shown}");
+    }
+    for who in ['m', 'e'] {
+        let refused = f.task_op(who, "get", &task).unwrap_err();
+        assert!(!refused.to_string().contains(&alices), "{refused}");
+    }
+
+    // The administrator approves what alice's client was told: her task
+    // completes with that proposal's receipt; mallory's still waits.
+    let approve = format!("/admin/v1/approvals/{alices}/approve");
+    assert_eq!(f.admin(Some('o'), "POST", &approve, "").0, 200);
+    let done = f.task_op('a', "get", &task).unwrap();
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["proposal"],
+        alices.as_str()
+    );
+    assert_eq!(
+        done["_meta"]["dev.taskgate/proposal"],
+        alices.as_str(),
+        "{done}"
+    );
+    let still = f.task_op('m', "get", &mallorys_task).unwrap();
+    assert_eq!(still["status"], "working", "{still}");
+    assert_eq!(named_proposal(&still), mallorys);
+
+    // The store holds the proposal IDs, never the call's arguments.
+    let state = f.root.path().join("state");
+    let mut stored = Vec::new();
+    for name in ["tasks.db", "tasks.db-wal"] {
+        stored.extend(std::fs::read(state.join(name)).unwrap_or_default());
+    }
+    assert!(!stored.is_empty());
+    let holds = |needle: &str| stored.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(
+        holds(&alices) && holds(&mallorys),
+        "the proposal IDs are stored"
+    );
+    assert!(!holds(target), "an argument value reached the task store");
+    assert_eq!(f.marker(), 0, "nothing ran");
+}

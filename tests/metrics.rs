@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::prereq::require_tool;
+use common::upstream::{INTEROP, Place, error_name, is_ready, task_id, text, wait_upstream};
 use common::*;
 use prometheus_parse::{Sample, Scrape, Value as Metric};
 use serde_json::{Value, json};
@@ -421,8 +422,163 @@ fn exposed(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// The `[[upstream]]` table of tests/interop/upstream_tasks.py (Tasks
+/// over stdio, the durable route's provider), confined to its wrapper,
+/// the server's directory and `out/`.
+fn tasks_upstream_table(place: &Place, alias: &str) -> String {
+    let script = format!(
+        "#!/bin/sh\nexport UPSTREAM_TASKS_WORK_MS=100\nexec /usr/bin/python3 {INTEROP}/upstream_tasks.py echo stdio\n"
+    );
+    let wrapper = place.bin.join(format!("{alias}.sh"));
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "[[upstream]]\nalias = \"{alias}\"\ncommand = [\"/bin/sh\", \"{}\"]\nread_paths = [\"{}\", \"{INTEROP}\"]\nwrite_paths = [\"{}\"]\neffect = \"idempotent_write\"\n",
+        wrapper.display(),
+        place.bin.display(),
+        place.out.display()
+    )
+}
+
+/// What the workload below did, and the exposition scraped after it.
+struct Workload {
+    text: String,
+    /// How long the one proposal still waiting had waited, at most.
+    pending_for: Duration,
+}
+
+/// A known workload through the real daemon: approval-held calls
+/// proposed, approved and spent, rejected, waiting and cancelled; an
+/// upstream tool called synchronously; an upstream that dies mid-call and
+/// is connected again; a durable route submitted and polled to its end;
+/// a credential nobody issued; a tool nobody configured. Then one scrape.
+fn run_workload() -> Workload {
+    prereq::require_tool("python3");
+    let root = private_dir();
+    let place = Place::new(root.path());
+    let out = place.out.clone();
+    let tokens = root.path().join("tokens.toml");
+    tokens_file(&tokens, &[("monitor", 'm', &["metrics:read"])]);
+    let mut sections = format!(
+        "[auth]\ntokens_file = \"{}\"\n[approvals]\npoll_interval_ms = 5000\n",
+        tokens.display()
+    );
+    sections += &tasks_upstream_table(&place, "up");
+    sections += &place.hostile_table("die", "die", &[], "");
+    let deploy = Tool::new("deploy")
+        .script(&format!(
+            "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
+            out.display()
+        ))
+        .args(&["{target}"])
+        .param("target", "string")
+        .extra(&format!(
+            "approval = \"required\"\nwrite_paths = [\"{}\"]",
+            out.display()
+        ));
+    let s = route::Setup::start_with_tools(
+        root,
+        &sections,
+        &[deploy],
+        &["up"],
+        Duration::from_secs(60),
+    );
+    wait_upstream(&s.state, "die", s.settle, is_ready);
+    let rt = runtime();
+    let plain = s.daemon().client(false);
+    let tasks = s.daemon().client(true);
+    let call = |client: &taskgate::client::Client, target: &str| {
+        rt.block_on(client.call_tool("deploy", json!({"target": target}), None))
+            .unwrap()
+    };
+    let proposal = |result: &Value| {
+        assert_eq!(
+            result["structuredContent"]["status"], "approval_required",
+            "{result}"
+        );
+        result["structuredContent"]["proposal"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let decide = |args: &[&str]| {
+        let mut all = vec!["approvals"];
+        all.extend(args);
+        let done = s.admin(&all);
+        assert!(done.status.success(), "{all:?}: {done:?}");
+    };
+
+    // Approvals: proposed 4, approved 1, consumed 1, rejected 1,
+    // cancelled 1; one left waiting.
+    let approved = proposal(&call(&plain, "eu"));
+    decide(&["approve", &approved]);
+    assert_eq!(call(&plain, "eu")["isError"], false);
+    let rejected = proposal(&call(&plain, "us"));
+    decide(&["reject", &rejected, "--reason", "not today"]);
+    let waiting_since = Instant::now();
+    let waiting = call(&tasks, "asia");
+    assert_eq!(waiting["status"], "working", "{waiting}");
+    let cancelled = call(&tasks, "mars");
+    let cancelled = cancelled["taskId"].as_str().unwrap().to_string();
+    rt.block_on(tasks.cancel_task(&cancelled)).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out.join("marker")).unwrap(),
+        "eu\n",
+        "only the approved call ran"
+    );
+
+    // An upstream tool called synchronously; an upstream that dies with
+    // a call in flight, connected again afterwards.
+    let r = rt
+        .block_on(plain.call_tool("up.work", json!({"value": "direct"}), None))
+        .unwrap();
+    assert_eq!(text(&r), "done direct", "{r}");
+    let died = rt.block_on(plain.call_tool("die.die", json!({}), None));
+    assert_eq!(
+        error_name(&died.unwrap_err()),
+        "TG_UPSTREAM_CONNECTION_LOST"
+    );
+    wait_upstream(&s.state, "die", s.settle, |u| {
+        is_ready(u) && u["last_error"].is_string()
+    });
+
+    // A durable route, polled to its end.
+    let args = json!({"value": "routed"});
+    let sub = s.submission("up.work", "key-1", &args, Duration::from_secs(600));
+    let handle = s.submit(&sub, &args).unwrap();
+    let done = s.wait(&task_id(&handle));
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // A credential nobody issued, and a tool nobody configured.
+    let (status, _, _) = scrape_raw(
+        s.daemon().port,
+        &format!("Authorization: Bearer {}\r\n", secret('z')),
+    );
+    assert_eq!(status, 401);
+    assert!(
+        rt.block_on(plain.call_tool("no-such-tool-x", json!({}), None))
+            .is_err()
+    );
+
+    let (status, _, text) = scrape_raw(s.daemon().port, "");
+    assert_eq!(status, 200, "{text}");
+    Workload {
+        text,
+        pending_for: waiting_since.elapsed(),
+    }
+}
+
+/// Whether the scrape has any sample of `name` with `labels`.
+fn has(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> bool {
+    scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+}
+
 #[test]
-fn the_shipped_alert_rules_and_dashboard_parse_and_name_real_metrics() {
+fn after_a_known_workload_the_route_approval_and_upstream_series_are_exact_and_the_shipped_rules_name_only_what_is_exposed()
+ {
     require_tool("promtool");
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring");
     let rules = docs.join("taskgate-alerts.yml");
@@ -439,39 +595,99 @@ fn the_shipped_alert_rules_and_dashboard_parse_and_name_real_metrics() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // What a daemon with approvals and an (absent) upstream exposes.
-    let root = private_dir();
-    let state = state_dir(root.path());
-    let cfg = write_config(root.path(), "", &[Tool::new("ok").script("printf done")]);
-    let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
-    let text = scrape_raw(daemon.port, "").2;
-    let mut have = exposed(&text);
-    // Families that appear only once their first event has happened.
-    for name in [
-        "taskgate_approvals_pending",
-        "taskgate_approvals_oldest_pending_age_seconds",
-        "taskgate_approvals_disabled",
-        "taskgate_approval_events_total",
-        "taskgate_upstream_up",
-        "taskgate_upstream_errors_total",
-        "taskgate_auth_failures_total",
-        "taskgate_errors_total",
-        "taskgate_tool_results_total",
-        "taskgate_http_requests_total",
-    ] {
-        have.insert(name.to_string());
-    }
-    for family in [
-        "mcp_server_operation_duration_seconds",
-        "taskgate_store_commit_duration_seconds",
-        "taskgate_store_commit_batch_rows",
-        "taskgate_store_checkpoint_duration_seconds",
-    ] {
-        for suffix in ["_bucket", "_sum", "_count"] {
-            have.insert(format!("{family}{suffix}"));
-        }
-    }
+    let workload = run_workload();
+    let text = &workload.text;
+    promtool_check_metrics(text);
+    let s = parse(text);
 
+    // Approvals, event by event; the one still waiting.
+    for (event, n) in [
+        ("proposed", 4.0),
+        ("approved", 1.0),
+        ("consumed", 1.0),
+        ("rejected", 1.0),
+        ("cancelled", 1.0),
+    ] {
+        assert_eq!(
+            value(&s, "taskgate_approval_events_total", &[("event", event)]),
+            n,
+            "approval events {event}"
+        );
+    }
+    assert!(
+        !has(
+            &s,
+            "taskgate_approval_events_total",
+            &[("event", "expired")]
+        ),
+        "nothing expired"
+    );
+    assert_eq!(value(&s, "taskgate_approvals_pending", &[]), 1.0);
+    assert_eq!(value(&s, "taskgate_approvals_disabled", &[]), 0.0);
+    let age = value(&s, "taskgate_approvals_oldest_pending_age_seconds", &[]);
+    assert!(
+        (0.0..=workload.pending_for.as_secs_f64() + 1.0).contains(&age),
+        "the oldest waiting proposal waited {age} s, at most {:?}",
+        workload.pending_for
+    );
+
+    // Upstreams: both connected now; the one that died failed once.
+    for alias in ["up", "die"] {
+        assert_eq!(
+            value(&s, "taskgate_upstream_up", &[("upstream", alias)]),
+            1.0,
+            "{alias}"
+        );
+    }
+    assert_eq!(
+        value(&s, "taskgate_upstream_errors_total", &[("upstream", "die")]),
+        1.0
+    );
+    assert!(
+        !has(&s, "taskgate_upstream_errors_total", &[("upstream", "up")]),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            "taskgate_errors_total",
+            &[("code", "TG_UPSTREAM_CONNECTION_LOST")]
+        ),
+        1.0
+    );
+
+    // Routes: the one submitted, ended; no other phase holds one.
+    for (phase, n) in [
+        ("prepared", 0.0),
+        ("dispatching", 0.0),
+        ("routed", 0.0),
+        ("cancel_requested", 0.0),
+        ("reconciliation_required", 0.0),
+        ("terminal", 1.0),
+    ] {
+        assert_eq!(
+            value(&s, "taskgate_routes", &[("phase", phase)]),
+            n,
+            "routes in phase {phase}"
+        );
+    }
+    assert_eq!(
+        value(
+            &s,
+            "taskgate_auth_failures_total",
+            &[("reason", "unknown_token")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&s, "taskgate_errors_total", &[("code", "TG_UNKNOWN_TOOL")]),
+        1.0
+    );
+
+    // The shipped rules and dashboard name only what this scrape exposes:
+    // nothing is added by hand, so a rule naming a metric the daemon does
+    // not expose (or exposes under another name) fails here.
+    let have = exposed(text);
     let rules_text = std::fs::read_to_string(&rules).unwrap();
     let exprs: Vec<String> = rules_text
         .lines()

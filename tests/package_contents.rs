@@ -389,3 +389,53 @@ fn man_pages_name_real_commands_reference_shipped_pages_and_have_the_operator_se
         assert!(completion.contains(cmd), "completion lacks {cmd}");
     }
 }
+
+/// A built file the package ships is read from cargo's target directory
+/// wherever it is (`CARGO_TARGET_DIR`): Cargo.toml names it under
+/// `target/release/`, the one prefix cargo-deb resolves there (any other
+/// `target/` path is read from the source tree), and scripts/build-deb.sh
+/// names no path under a fixed `target/`, taking the directory from cargo.
+#[test]
+fn the_package_reads_its_built_files_from_cargos_target_directory() {
+    let meta = metadata();
+    let package = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "taskgate")
+        .expect("the taskgate package");
+    let assets = package["metadata"]["deb"]["assets"]
+        .as_array()
+        .expect("[package.metadata.deb] assets");
+    let mut built = 0;
+    for asset in assets {
+        let source = asset[0].as_str().unwrap();
+        if source.starts_with("target/") {
+            assert!(
+                source.starts_with("target/release/"),
+                "the asset {source} is read from the source tree's target/, not cargo's target directory"
+            );
+            built += 1;
+        }
+    }
+    assert!(built >= 5, "the binary, the man pages and the completion");
+
+    let script = std::fs::read_to_string(repo().join("scripts/build-deb.sh")).unwrap();
+    for (n, line) in script.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with('#') {
+            continue;
+        }
+        let fixed = code.match_indices("target/").any(|(at, _)| {
+            code[..at]
+                .chars()
+                .last()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+        });
+        assert!(
+            !fixed,
+            "scripts/build-deb.sh line {}: a fixed target/ path ignores CARGO_TARGET_DIR: {line}",
+            n + 1
+        );
+    }
+}

@@ -4,13 +4,13 @@
 //! place taskgate constructs a JSON-RPC error.
 
 use rmcp::model::{
-    CallToolResult, DetailedTask, ErrorCode, ErrorData, JsonObject, Task, TaskPayload,
+    CallToolResult, DetailedTask, ErrorCode, ErrorData, JsonObject, MetaObject, Task, TaskPayload,
     TaskStatus as WireStatus,
 };
 use serde_json::Value;
 
 use crate::store::{Outcome, TaskRecord, TaskStatus};
-use crate::tasks::TaskError;
+use crate::tasks::{PROPOSAL_META_KEY, TaskError};
 use crate::wire::{self, WireCode};
 
 /// RFC 3339 UTC with milliseconds, as the protocol's timestamps are.
@@ -28,6 +28,17 @@ fn wire_status(s: TaskStatus) -> WireStatus {
         TaskStatus::Failed => WireStatus::Failed,
         TaskStatus::Cancelled => WireStatus::Cancelled,
     }
+}
+
+/// The `_meta` of an answer carrying the task `r`: the proposal a task of
+/// an approval-held call waits on (or waited on), so that its owner can
+/// name it to an administrator. Only the owner is ever shown a record.
+pub fn task_meta(r: &TaskRecord) -> Option<MetaObject> {
+    let proposal = r.proposal.as_ref()?;
+    let mut meta = MetaObject::default();
+    meta.0
+        .insert(PROPOSAL_META_KEY.into(), Value::String(proposal.id.clone()));
+    Some(meta)
 }
 
 /// The task metadata every task response carries.

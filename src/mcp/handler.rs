@@ -349,7 +349,7 @@ impl Handler {
                     self.svc.echoes().remember(&record.id, e);
                 }
                 let mut created = CreateTaskResult::new(convert::task(&record));
-                created.meta = echo(created.meta.take());
+                created.meta = echo(convert::task_meta(&record));
                 Ok(CallToolResponse::Task(created))
             }
             Delivery::Routed {
@@ -377,14 +377,17 @@ impl Handler {
             .await
             .map_err(convert::error)?;
         // The caller owns the task (or the get was refused above): the
-        // envelope its router sent comes back with every answer.
+        // envelope its router sent comes back with every answer, and the
+        // proposal an approval task waits on is named to its owner.
         let echo = self.svc.echoes().of(&record.id);
+        let mut meta = convert::task_meta(&record);
         let mut result = GetTaskResult::new(convert::detailed(record));
         if let Some(e) = echo {
-            let mut meta = rmcp::model::MetaObject::default();
-            meta.0.insert(EXECUTION_META_KEY.into(), e);
-            result.meta = Some(meta);
+            meta.get_or_insert_with(rmcp::model::MetaObject::default)
+                .0
+                .insert(EXECUTION_META_KEY.into(), e);
         }
+        result.meta = meta;
         Ok(result)
     }
 

@@ -51,7 +51,7 @@ pub use routes::{
 };
 pub use tasks::{
     Created, ErrorBody, NewTask, Outcome, ProposalRef, TaskId, TaskRecord, TaskStatus,
-    WAITING_FOR_APPROVAL,
+    waiting_for_approval,
 };
 
 /// Largest encoded terminal payload a record may hold (16 KiB); larger

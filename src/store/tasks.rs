@@ -436,13 +436,18 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<TaskRecord> {
     })
 }
 
-/// What an approval task says while it waits.
-pub const WAITING_FOR_APPROVAL: &str =
-    "waiting for an administrator to approve this exact call; nothing has run";
+/// What an approval task says while it waits: the proposal it waits on is
+/// named, so that its caller can tell an administrator what to approve (a
+/// proposal ID says nothing of the call's arguments).
+pub fn waiting_for_approval(proposal: &str) -> String {
+    format!(
+        "waiting for an administrator to approve this exact call as proposal {proposal}; nothing has run"
+    )
+}
 
 fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::Result<TaskRecord> {
     let expires = now.saturating_add(new.ttl_ms);
-    let status_message = new.proposal.as_ref().map(|_| WAITING_FOR_APPROVAL);
+    let status_message = new.proposal.as_ref().map(|p| waiting_for_approval(&p.id));
     conn.prepare_cached(
         "INSERT INTO tasks (id, owner, reference, request, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested, proposal, proposal_seq)
          VALUES (?1, ?2, ?3, ?4, 'working', ?8, ?5, ?5, ?6, ?7, NULL, 0, ?9, ?10)",
@@ -455,7 +460,7 @@ fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::
         now,
         expires,
         new.poll_interval_ms,
-        status_message,
+        status_message.as_deref(),
         new.proposal.as_ref().map(|p| p.id.as_str()),
         new.proposal.as_ref().map(|p| p.seq as i64),
     ])?;
@@ -463,7 +468,7 @@ fn insert(conn: &Connection, id: &TaskId, new: &NewTask, now: i64) -> rusqlite::
         proposal: new.proposal.clone(),
         id: id.clone(),
         status: TaskStatus::Working,
-        status_message: status_message.map(str::to_string),
+        status_message,
         created_ms: now,
         updated_ms: now,
         expires_ms: expires,

@@ -59,6 +59,9 @@ pub use error::TaskError;
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
 pub const OPERATION_ID_META_KEY: &str = "dev.taskgate/operationId";
+/// The `_meta` key under which a task that waits on an approval names its
+/// proposal, for the caller to give an administrator.
+pub const PROPOSAL_META_KEY: &str = "dev.taskgate/proposal";
 /// Longest operation reference accepted.
 pub const MAX_OPERATION_ID_BYTES: usize = 256;
 /// The extension a request declares to get tasks.

@@ -13,7 +13,7 @@ use sha2::Digest as _;
 use taskgate::client::{Client, ClientError};
 
 use super::upstream::{is_ready, wait_upstream};
-use super::{Daemon, runtime, state_dir, taskgate, write_config};
+use super::{Daemon, Tool, runtime, state_dir, taskgate, write_config};
 
 /// The daemon with its configuration, its upstreams ready and pinned.
 pub struct Setup {
@@ -32,8 +32,19 @@ impl Setup {
     /// The daemon on `sections`, with the upstreams `pin` names pinned
     /// once ready (each given `settle`).
     pub fn start(root: tempfile::TempDir, sections: &str, pin: &[&str], settle: Duration) -> Setup {
+        Setup::start_with_tools(root, sections, &[], pin, settle)
+    }
+
+    /// [`Setup::start`] with command tools beside the upstreams.
+    pub fn start_with_tools(
+        root: tempfile::TempDir,
+        sections: &str,
+        tools: &[Tool],
+        pin: &[&str],
+        settle: Duration,
+    ) -> Setup {
         let state = state_dir(root.path());
-        let cfg = write_config(root.path(), sections, &[]);
+        let cfg = write_config(root.path(), sections, tools);
         let log = root.path().join("taskgate.log");
         let daemon = Daemon::start(&cfg, &state, &log);
         let s = Setup {
