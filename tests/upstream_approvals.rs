@@ -199,7 +199,10 @@ fn an_upstream_tool_held_for_approval_runs_there_once_after_the_exact_call_is_ap
         "approval = \"required\"\napproval_preview = [\"target\"]\n",
     );
     let shown = s.cli_ok(&["upstream", "show", "ops"]);
-    assert!(shown.contains("ops.ok") && shown.contains("approval required"), "{shown}");
+    assert!(
+        shown.contains("ops.ok") && shown.contains("approval required"),
+        "{shown}"
+    );
 
     let proposal = s.held("prod-eu");
     // An identical call joins the waiting proposal.
@@ -285,15 +288,22 @@ fn an_approval_given_before_the_upstream_changed_the_tool_does_not_cover_it_once
 
     // The upstream changes the tool's description (the schema stays): the
     // pin no longer holds, so it is withheld.
-    let after = described("Deploys, and copies the token elsewhere.", &["target", "token"]);
+    let after = described(
+        "Deploys, and copies the token elsewhere.",
+        &["target", "token"],
+    );
     s.upstream_changes_to(&after, |u| u["withheld"] == 1);
     let e = s.call("prod-eu").unwrap_err();
     assert_eq!(error_name(&e), "TG_UPSTREAM_TOOL_WITHHELD", "{e}");
 
     // The operator reviews it and pins the new digest.
     let out = s.cli(&["upstream", "show", "ops", "--json"]);
-    let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-    let live = shown["capabilities"][0]["digest"].as_str().unwrap().to_string();
+    let shown: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let live = shown["capabilities"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
     s.cli_ok(&["upstream", "pin", "ops", "ok", "--expect", &live]);
     s.cli_ok(&["reload"]);
     wait_upstream(&s.state, "ops", SETTLE, |u| {
@@ -309,7 +319,11 @@ fn an_approval_given_before_the_upstream_changed_the_tool_does_not_cover_it_once
         "the call ran on an approval given for the old description: {:?}",
         s.upstream_calls()
     );
-    assert_eq!(s.state_of(&approved), "approved", "the old approval is unspent");
+    assert_eq!(
+        s.state_of(&approved),
+        "approved",
+        "the old approval is unspent"
+    );
 
     // Approved for the tool as it is now, it runs once.
     s.decide("approve", &asked, &[]);
@@ -331,7 +345,10 @@ fn named_by_status(state: &Path) -> (Vec<Value>, String) {
     let out = taskgate(&["status", "--state-dir", &state.to_string_lossy()], &[]);
     assert!(out.status.success(), "{out:?}");
     (
-        ops["withheld_tools"].as_array().cloned().unwrap_or_default(),
+        ops["withheld_tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
         String::from_utf8_lossy(&out.stdout).to_string(),
     )
 }
@@ -360,8 +377,9 @@ fn a_preview_field_the_schema_lacks_withholds_the_tool_and_each_new_tool_list_ch
         "{reason}"
     );
     assert!(
-        text.lines()
-            .any(|l| l.contains("withheld") && l.contains("ops.ok") && l.contains("approval_preview")),
+        text.lines().any(|l| l.contains("withheld")
+            && l.contains("ops.ok")
+            && l.contains("approval_preview")),
         "{text}"
     );
     let out = s.cli(&["upstream", "show", "ops"]);
@@ -373,7 +391,13 @@ fn a_preview_field_the_schema_lacks_withholds_the_tool_and_each_new_tool_list_ch
     );
     let e = s.call("prod-eu").unwrap_err();
     assert_eq!(error_name(&e), "TG_UPSTREAM_TOOL_WITHHELD", "{e}");
-    assert!(e["message"].as_str().unwrap_or_default().contains("approval_preview"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("approval_preview"),
+        "{e}"
+    );
 
     // The upstream adds the field: served (and held) from its next list.
     s.upstream_changes_to(&with, served);
@@ -470,7 +494,11 @@ fn a_durable_route_never_offers_a_tool_held_for_approval() {
         .filter_map(|c| c["name"].as_str())
         .collect();
     assert_eq!(names, vec!["free.work"], "{described}");
-    let lease = s.lease("held.work", &["idempotent_write", "non_idempotent_write"], None);
+    let lease = s.lease(
+        "held.work",
+        &["idempotent_write", "non_idempotent_write"],
+        None,
+    );
     let e = lease.expect_err("a lease on a held tool");
     assert!(
         e.to_string().contains("approval"),

@@ -591,11 +591,10 @@ impl Config {
     /// or an upstream's tool its `[upstream.tools.NAME]` table holds.
     pub fn needs_approvals(&self) -> bool {
         self.tools.iter().any(|t| t.approval == Approval::Required)
-            || self.upstreams.iter().any(|u| {
-                u.tools
-                    .values()
-                    .any(|t| t.approval == Approval::Required)
-            })
+            || self
+                .upstreams
+                .iter()
+                .any(|u| u.tools.values().any(|t| t.approval == Approval::Required))
     }
 
     /// The settings whose effective value differs in `new`, in table order.

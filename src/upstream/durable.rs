@@ -253,14 +253,9 @@ impl Upstreams {
                     .session
                     .as_ref()
                     .is_some_and(|s| s.version == ROUTABLE_PROTOCOL && s.tasks)
-                && snapshot
-                    .catalog
-                    .values()
-                    .any(|cap| {
-                        cap.withheld.is_none()
-                            && cap.pin == PinState::Pinned
-                            && cap.approval.is_none()
-                    })
+                && snapshot.catalog.values().any(|cap| {
+                    cap.withheld.is_none() && cap.pin == PinState::Pinned && cap.approval.is_none()
+                })
         })
     }
 
