@@ -497,6 +497,16 @@ pub fn render(s: &Status) -> Vec<String> {
             line.push_str(&format!("; last error: {e}"));
         }
         lines.push(line);
+        for w in &u.withheld_tools {
+            lines.push(format!("  withheld       {}: {}", w.name, w.reason));
+        }
+        if u.withheld > u.withheld_tools.len() {
+            lines.push(format!(
+                "  withheld       and {} more (taskgate upstream show {})",
+                u.withheld - u.withheld_tools.len(),
+                u.alias
+            ));
+        }
     }
     if let Some(r) = &s.routes {
         lines.push(format!(

@@ -701,7 +701,7 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
 fn no_approvals() -> Answer {
     Answer::Error(AdminError::new(
         ExitClass::Usage,
-        "approvals are not set up in this daemon: no [[tool]] has approval = \"required\" and no approval journal exists",
+        "approvals are not set up in this daemon: no [[tool]] or [upstream.tools.NAME] has approval = \"required\" and no approval journal exists",
     ))
 }
 

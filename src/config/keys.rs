@@ -568,8 +568,9 @@ settings! {
         pub jwt: Vec<JwtIssuer>,
     }
 
-    /// `[approvals]`: calls to a `[[tool]]` with `approval = "required"`
-    /// wait until an administrator approves that exact call.
+    /// `[approvals]`: calls to a `[[tool]]` (or an upstream's tool, in its
+    /// `[upstream.tools.NAME]` table) with `approval = "required"` wait
+    /// until an administrator approves that exact call.
     pub struct ApprovalSettings in Approvals {
         /// Private directory (0700) of the approval journal, a durable part of its own: never inside the state directory. Without it, the state directory's sibling named after it with `-approvals` (`/var/lib/taskgate-approvals` under the unit, its second `StateDirectory=`). Created and used only when some tool needs approval.
         #[key(APPROVALS_DIRECTORY, "directory", Kind::Path)]

@@ -587,6 +587,16 @@ pub struct Change {
 }
 
 impl Config {
+    /// Whether some tool's calls wait for an administrator: a `[[tool]]`,
+    /// or an upstream's tool its `[upstream.tools.NAME]` table holds.
+    pub fn needs_approvals(&self) -> bool {
+        self.tools.iter().any(|t| t.approval == Approval::Required)
+            || self
+                .upstreams
+                .iter()
+                .any(|u| u.tools.values().any(|t| t.approval == Approval::Required))
+    }
+
     /// The settings whose effective value differs in `new`, in table order.
     pub fn changes(&self, new: &Config) -> Vec<Change> {
         keys::KEYS

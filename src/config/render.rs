@@ -400,7 +400,16 @@ Its confinement:
 (absolute paths it may also write, beside its working directory) and
 .B sandbox
 (landlock, the default, or unconfined: written for each tool that is to run without
-filesystem confinement, never a default). The bounded keys; a limit left out is the
+filesystem confinement, never a default).
+.B approval
+(never, the default, or required) holds each call until an administrator approved that exact
+call (see
+.BR [approvals] );
+.B approval_preview
+(at most 8 properties of its
+.BR input_schema ,
+only with approval = required) lists the argument values the administrator is shown with it; no
+other argument value is kept. The bounded keys; a limit left out is the
 .B [tools]
 one:
 "#,
@@ -473,7 +482,24 @@ says which of the upstream's answers must carry a durable route's execution enve
 (the default: the task's creation and every tasks/get answer) or
 .B creation_only
 (weaker, for a provider that can echo only when it creates the task: a tasks/get answer without
-the envelope is taken when it names the bound task). An answer about another task is never taken. The digests of the tools an operator
+the envelope is taken when it names the bound task). An answer about another task is never taken.
+The
+.B approval
+and
+.B approval_preview
+of a tool's
+.BI [upstream.tools. NAME ]
+table hold its calls for an administrator as for a
+.BR [[tool]] ;
+an approval covers the exact call to the tool as digested when it was held (its pinned digest),
+so a changed description pinned again needs a new one, and such a tool is never routed durably.
+A preview field its listed
+.B inputSchema
+does not declare withholds the tool (named with the reason by
+.B taskgate status
+and
+.BR "taskgate upstream show" ),
+checked again each time its tool list is read. The digests of the tools an operator
 reviewed are kept in
 .I upstream\-pins.toml
 beside this file (written by

@@ -10,7 +10,10 @@ use serde::Deserialize;
 
 use super::keys::{self, ToolLimits, ToolsSettings, UpstreamLimits};
 use super::settings::Layers;
-use super::{ConfigError, Effect, Sandbox, TaskMode, ToolConfig, ToolConfinement, invalid_toml};
+use super::{
+    Approval, ConfigError, Effect, MAX_APPROVAL_PREVIEW_FIELDS, Sandbox, TaskMode, ToolConfig,
+    ToolConfinement, invalid_toml,
+};
 
 /// The name of the pins file, in the configuration file's directory (see
 /// `upstream::pins`).
@@ -55,10 +58,17 @@ pub enum UpstreamTransport {
 }
 
 /// What the operator says of one tool of an upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UpstreamToolSettings {
     pub effect: Option<Effect>,
     pub task: Option<TaskMode>,
+    /// Whether each exact call waits for an administrator, as for a
+    /// `[[tool]]`.
+    pub approval: Approval,
+    /// Argument fields an administrator sees with a held call. The
+    /// upstream's schema is only known once it is listed: a field it does
+    /// not have withholds the tool (see `upstream::tool`).
+    pub approval_preview: Vec<String>,
 }
 
 /// Which answers of a provider must carry the execution envelope back for a
@@ -110,11 +120,20 @@ pub struct UpstreamConfig {
 impl UpstreamConfig {
     /// The effect and task mode the operator gave the upstream's tool `name`.
     pub fn tool_settings(&self, name: &str) -> (Effect, TaskMode) {
-        let own = self.tools.get(name).copied().unwrap_or_default();
+        let own = self.tools.get(name);
         (
-            own.effect.unwrap_or(self.effect),
-            own.task.unwrap_or(self.task),
+            own.and_then(|t| t.effect).unwrap_or(self.effect),
+            own.and_then(|t| t.task).unwrap_or(self.task),
         )
+    }
+
+    /// The preview fields of the upstream's tool `name` when its calls
+    /// wait for an administrator; `None` when they do not.
+    pub fn tool_approval(&self, name: &str) -> Option<&[String]> {
+        self.tools
+            .get(name)
+            .filter(|t| t.approval == Approval::Required)
+            .map(|t| t.approval_preview.as_slice())
     }
 
     /// `stdio` or `http`, as `status` shows it.
@@ -193,6 +212,8 @@ const PROCESS_LIMITS: [&str; 5] = [
 struct RawUpstreamTool {
     effect: Option<Effect>,
     task: Option<TaskMode>,
+    approval: Option<Approval>,
+    approval_preview: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -394,18 +415,11 @@ pub(super) fn settings(
                 raw_tools.len()
             )));
         }
-        let tools: BTreeMap<String, UpstreamToolSettings> = raw_tools
-            .into_iter()
-            .map(|(name, t)| {
-                (
-                    name,
-                    UpstreamToolSettings {
-                        effect: t.effect,
-                        task: t.task,
-                    },
-                )
-            })
-            .collect();
+        let mut tools: BTreeMap<String, UpstreamToolSettings> = BTreeMap::new();
+        for (name, t) in raw_tools {
+            let settings = tool_settings(t).map_err(|e| bad(format!("tools.{name}: {e}")))?;
+            tools.insert(name, settings);
+        }
         let effect = u.effect.unwrap_or(Effect::NonIdempotentWrite);
         let task = u.task.unwrap_or(TaskMode::Never);
         let limits = UpstreamLimits::load(&Layers::table(
@@ -448,6 +462,31 @@ pub(super) fn settings(
         upstreams.push(config);
     }
     Ok(upstreams)
+}
+
+/// One `[upstream.tools.NAME]` table, its approval keys held to the rules
+/// of a `[[tool]]`'s (what can be checked before the upstream lists its
+/// schema).
+fn tool_settings(t: RawUpstreamTool) -> Result<UpstreamToolSettings, String> {
+    let approval = t.approval.unwrap_or_default();
+    let approval_preview = t.approval_preview.unwrap_or_default();
+    if !approval_preview.is_empty() && approval != Approval::Required {
+        return Err(
+            "approval_preview is shown with a held call; it needs approval = \"required\"".into(),
+        );
+    }
+    if approval_preview.len() > MAX_APPROVAL_PREVIEW_FIELDS {
+        return Err(format!(
+            "approval_preview lists {} fields; at most {MAX_APPROVAL_PREVIEW_FIELDS}",
+            approval_preview.len()
+        ));
+    }
+    Ok(UpstreamToolSettings {
+        effect: t.effect,
+        task: t.task,
+        approval,
+        approval_preview,
+    })
 }
 
 /// The upstream whose alias prefixes a command tool's name, if any: a
@@ -570,6 +609,47 @@ mod tests {
                 crate::exit::Classify::exit_class(&e),
                 crate::exit::ExitClass::Config
             );
+        }
+    }
+
+    #[test]
+    fn an_upstream_tools_approval_keys_follow_a_command_tools_rules() {
+        let stdio = "[[upstream]]\nalias = \"a\"\ncommand = [\"/bin/true\"]\n";
+        let c = load(&format!(
+            "{stdio}[upstream.tools.x]\napproval = \"required\"\napproval_preview = [\"target\"]\n[upstream.tools.y]\neffect = \"read_only\"\n[upstream.tools.z]\napproval = \"required\"\n"
+        ))
+        .unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.tool_approval("x"), Some(&["target".to_string()][..]));
+        assert_eq!(u.tool_approval("z"), Some(&[][..]));
+        assert_eq!(u.tool_approval("y"), None);
+        assert_eq!(u.tool_approval("unlisted"), None);
+        assert!(c.needs_approvals());
+        assert!(!load(stdio).unwrap().needs_approvals());
+        let nine: Vec<String> = (0..=MAX_APPROVAL_PREVIEW_FIELDS)
+            .map(|i| format!("\"f{i}\""))
+            .collect();
+        for (table, says) in [
+            (
+                "approval_preview = [\"target\"]\n".to_string(),
+                "tools.x: approval_preview is shown with a held call; it needs approval = \"required\"",
+            ),
+            (
+                "approval = \"never\"\napproval_preview = [\"target\"]\n".to_string(),
+                "it needs approval = \"required\"",
+            ),
+            (
+                format!(
+                    "approval = \"required\"\napproval_preview = [{}]\n",
+                    nine.join(", ")
+                ),
+                "approval_preview lists 9 fields; at most 8",
+            ),
+            ("approval = \"maybe\"\n".to_string(), "approval"),
+        ] {
+            let text = format!("{stdio}[upstream.tools.x]\n{table}");
+            let e = load(&text).unwrap_err();
+            assert!(e.to_string().contains(says), "{text}\n=> {e}");
         }
     }
 

@@ -119,7 +119,7 @@ fn approvals_of(svc: &TaskService) -> Result<Arc<Approvals>, Box<Response>> {
     svc.approvals().cloned().ok_or_else(|| {
         Box::new(error(
             StatusCode::NOT_FOUND,
-            "approvals are not set up in this daemon: no [[tool]] has approval = \"required\"",
+            "approvals are not set up in this daemon: no [[tool]] or [upstream.tools.NAME] has approval = \"required\"",
         ))
     })
 }

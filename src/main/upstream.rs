@@ -108,8 +108,17 @@ fn show(alias: &str, a: &UpstreamListArgs) -> Result<(), Refusal> {
         }
         for c in &u.capabilities {
             out(format!(
-                "  {}  {}  {}  effect {}  task {}",
-                c.name, c.digest, c.pin, c.effect, c.task
+                "  {}  {}  {}  effect {}  task {}{}",
+                c.name,
+                c.digest,
+                c.pin,
+                c.effect,
+                c.task,
+                if c.approval {
+                    "  approval required"
+                } else {
+                    ""
+                }
             ))?;
             if let Some(w) = &c.withheld {
                 out(format!("      withheld: {w}"))?;

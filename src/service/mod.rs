@@ -313,12 +313,7 @@ impl Daemon {
         ));
         // The journal is opened when a tool needs approval, or when one
         // exists already (its waiting tasks still need it).
-        if config
-            .tools
-            .iter()
-            .any(|t| t.approval == crate::config::Approval::Required)
-            || config.approvals.directory.exists()
-        {
+        if config.needs_approvals() || config.approvals.directory.exists() {
             svc.attach_approvals(Arc::new(crate::tasks::Approvals::open(
                 &config.approvals,
                 config.tasks.default_ttl,

@@ -225,13 +225,7 @@ impl Process {
         new.tools.log_confinement();
         // The first tool that needs approval opens the journal now (its
         // settings are the ones the daemon started with).
-        if self.svc.approvals().is_none()
-            && new
-                .config
-                .tools
-                .iter()
-                .any(|t| t.approval == crate::config::Approval::Required)
-        {
+        if self.svc.approvals().is_none() && new.config.needs_approvals() {
             self.svc
                 .attach_approvals(std::sync::Arc::new(crate::tasks::Approvals::open(
                     &self.reload.applied.approvals,

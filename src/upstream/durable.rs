@@ -169,6 +169,12 @@ fn routable_of(shared: &Arc<Shared>, name: &str) -> Result<Routable, String> {
     if let Some(why) = &cap.withheld {
         return Err(format!("{name} is withheld: {why}"));
     }
+    // A route carries no approval: routing it would run it unapproved.
+    if cap.approval.is_some() {
+        return Err(format!(
+            "{name} needs an administrator's approval of each call (approval = \"required\"), which a durable route does not carry; call it as a tool"
+        ));
+    }
     if cap.pin != PinState::Pinned {
         return Err(format!(
             "{name} is not pinned: only a capability the operator reviewed and pinned (taskgate upstream pin {alias}) is routed"
@@ -247,10 +253,9 @@ impl Upstreams {
                     .session
                     .as_ref()
                     .is_some_and(|s| s.version == ROUTABLE_PROTOCOL && s.tasks)
-                && snapshot
-                    .catalog
-                    .values()
-                    .any(|cap| cap.withheld.is_none() && cap.pin == PinState::Pinned)
+                && snapshot.catalog.values().any(|cap| {
+                    cap.withheld.is_none() && cap.pin == PinState::Pinned && cap.approval.is_none()
+                })
         })
     }
 

@@ -298,11 +298,26 @@ pub struct UpstreamStatus {
     pub withheld: usize,
     /// Listed tools with no pin.
     pub unpinned: usize,
+    /// The withheld tools, each with why (by name; at most
+    /// [`MAX_WITHHELD_NAMED`], the count says how many there are).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withheld_tools: Vec<WithheldTool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Each capability (only for `taskgate upstream show`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<CapabilityStatus>,
+}
+
+/// The most withheld tools `status` names one by one: a status answer
+/// stays bounded when an upstream lists many that fail the same way.
+pub const MAX_WITHHELD_NAMED: usize = 32;
+
+/// A tool callers do not get, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WithheldTool {
+    pub name: String,
+    pub reason: String,
 }
 
 /// One capability of an upstream.
@@ -321,6 +336,9 @@ pub struct CapabilityStatus {
     pub withheld: Option<String>,
     pub effect: String,
     pub task: String,
+    /// Whether each exact call waits for an administrator's approval.
+    #[serde(default)]
+    pub approval: bool,
     /// The description as listed.
     pub described: Value,
 }
@@ -355,6 +373,16 @@ fn status_of(shared: &Arc<source::Shared>, capabilities: bool) -> UpstreamStatus
         available: caps.iter().filter(|c| c.tool.is_some()).count(),
         withheld: caps.iter().filter(|c| c.tool.is_none()).count(),
         unpinned: caps.iter().filter(|c| c.pin == PinState::Unpinned).count(),
+        withheld_tools: caps
+            .iter()
+            .filter_map(|c| {
+                c.withheld.as_ref().map(|why| WithheldTool {
+                    name: c.name.clone(),
+                    reason: why.clone(),
+                })
+            })
+            .take(MAX_WITHHELD_NAMED)
+            .collect(),
         last_error: snapshot.last_error.clone(),
         capabilities: if capabilities {
             caps.iter()
@@ -376,6 +404,7 @@ fn status_of(shared: &Arc<source::Shared>, capabilities: bool) -> UpstreamStatus
                     withheld: c.withheld.clone(),
                     effect: effect_name(c.effect).to_string(),
                     task: task_name(c.task).to_string(),
+                    approval: c.approval.is_some(),
                     described: c.described.clone(),
                 })
                 .collect()

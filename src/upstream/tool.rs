@@ -15,7 +15,7 @@ use super::digest;
 use super::source::Shared;
 use super::transport::Refused;
 use crate::config::{Effect, TaskMode, UpstreamConfig};
-use crate::tools::{ArgumentError, RunError, RunFuture, Runner, Shown, ToolSpec};
+use crate::tools::{ApprovalRule, ArgumentError, RunError, RunFuture, Runner, Shown, ToolSpec};
 use crate::wire;
 
 /// Longest tool name MCP allows.
@@ -49,10 +49,51 @@ pub struct Capability {
     pub withheld: Option<String>,
     pub effect: Effect,
     pub task: TaskMode,
+    /// How its calls wait for an administrator, when the operator said so.
+    pub approval: Option<ApprovalRule>,
     /// Its description as listed (for `upstream show`).
     pub described: Value,
     /// The runner, when it is callable.
     pub tool: Option<Arc<UpstreamTool>>,
+}
+
+/// What an approval of a call to an upstream's tool binds beside the
+/// caller and the arguments: the upstream's identity and how it is reached
+/// and bounded, the tool's digest (the pinned one, when it is pinned: a
+/// changed description is a new digest, pinned again a new definition)
+/// and the operator's effect and task mode for it.
+fn approval_definition(
+    config: &UpstreamConfig,
+    digest: &str,
+    effect: Effect,
+    task: TaskMode,
+) -> String {
+    use sha2::Digest as _;
+    let what = format!(
+        "upstream|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+        config.alias, config.transport, config.limits, digest, effect, task,
+    );
+    sha2::Sha256::digest(what.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Why a tool held for approval cannot be served with the preview the
+/// operator asked for: a field its input schema does not declare. The
+/// administrator would decide without what the operator wanted shown (and
+/// an upstream could rename a field to keep it out of sight), so the tool
+/// is withheld rather than held with less.
+fn missing_preview(config: &UpstreamConfig, remote: &str, input: &Value) -> Option<String> {
+    let preview = config.tool_approval(remote)?;
+    let properties = input.get("properties").and_then(Value::as_object);
+    let field = preview
+        .iter()
+        .find(|f| !properties.is_some_and(|p| p.contains_key(f.as_str())))?;
+    Some(format!(
+        "approval_preview names {field:?}, which is not a property of its inputSchema, so a held call could not show it; review the tool with `taskgate upstream show {}` and fix [upstream.tools.{remote}] approval_preview",
+        config.alias
+    ))
 }
 
 fn valid_tool_name(name: &str) -> bool {
@@ -105,8 +146,14 @@ impl Capability {
         } else if jsonschema::validator_for(&input).is_err() {
             Some("its inputSchema is not a valid JSON Schema".into())
         } else {
-            None
+            missing_preview(config, &tool.name, &input)
         };
+        let approval = config
+            .tool_approval(&tool.name)
+            .map(|preview| ApprovalRule {
+                definition: approval_definition(config, &digest, effect, task),
+                preview: preview.to_vec(),
+            });
         Capability {
             remote: tool.name.to_string(),
             name,
@@ -115,6 +162,7 @@ impl Capability {
             withheld,
             effect,
             task,
+            approval,
             described: super::source::described(tool),
             tool: None,
         }
@@ -129,6 +177,7 @@ pub struct UpstreamTool {
     remote: String,
     validator: jsonschema::Validator,
     upstream: Arc<Shared>,
+    approval: Option<ApprovalRule>,
 }
 
 impl std::fmt::Debug for UpstreamTool {
@@ -171,6 +220,7 @@ impl UpstreamTool {
             remote: cap.remote.clone(),
             validator,
             upstream,
+            approval: cap.approval.clone(),
         })
     }
 
@@ -370,5 +420,11 @@ impl Runner for UpstreamTool {
     /// `max_concurrent_requests`.
     fn starts_process(&self) -> bool {
         false
+    }
+
+    /// The same gate as a command tool's: the task service holds the call
+    /// before anything is sent upstream.
+    fn approval(&self) -> Option<&ApprovalRule> {
+        self.approval.as_ref()
     }
 }

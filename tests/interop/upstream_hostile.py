@@ -43,7 +43,9 @@ is answered too. What tools/list and tools/call do depends on MODE:
 In every mode a tools/call behaves the mode's way whatever tool it names.
 
 HOSTILE_MESSAGE_LOG names a file each received JSON-RPC message is appended
-to, one a line. With UPSTREAM_HEADER_LOG set (HTTP only), every HTTP
+to, one a line. HOSTILE_LIST_CHANGED_FIFO (stdio only) names a FIFO: for each
+line written to it the server sends notifications/tools/list_changed, so a
+test changes the drift tool's file and then says so, as a server would. With UPSTREAM_HEADER_LOG set (HTTP only), every HTTP
 request's method, path and headers (names lower-cased) are appended to that
 file, one JSON object a line: {"method": ..., "path": ..., "headers": {...}}.
 """
@@ -208,8 +210,22 @@ def answer_late(out, msg_id):
         out.flush()
 
 
+def announce_list_changes(out, fifo):
+    notice = json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).encode()
+    while True:
+        # Opening blocks until a writer comes; its end is one batch.
+        with open(fifo, "rb") as f:
+            for _ in f:
+                with write_lock:
+                    out.write(notice + b"\n")
+                    out.flush()
+
+
 def serve_stdio(server):
     out = sys.stdout.buffer
+    fifo = os.environ.get("HOSTILE_LIST_CHANGED_FIFO")
+    if fifo:
+        threading.Thread(target=announce_list_changes, args=(out, fifo), daemon=True).start()
     for line in sys.stdin.buffer:
         if not line.strip():
             continue
