@@ -22,6 +22,14 @@ pub const BUSY_FILE_ENV: &str = "TASKGATE_TEST_BUSY_FILE";
 pub const HOLD_SWEEP_FILE_ENV: &str = "TASKGATE_TEST_HOLD_SWEEP_FILE";
 /// Names a crash point at which the process aborts (SIGABRT, no cleanup).
 pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
+/// While this file exists, the approval journal's syncs it names (words
+/// among [`JOURNAL_SYNC_APPEND`] and [`JOURNAL_SYNC_BASE`]) fail with EIO
+/// after their write, as a disk that lost what it was given would.
+pub const JOURNAL_SYNC_FAULT_FILE_ENV: &str = "TASKGATE_TEST_JOURNAL_SYNC_FAULT_FILE";
+/// The sync of a record appended to the approval journal.
+pub const JOURNAL_SYNC_APPEND: &str = "append";
+/// The sync of `journal.base`, written before old segments are removed.
+pub const JOURNAL_SYNC_BASE: &str = "base";
 /// Milliseconds added to the wall clock the store reads, so that a test of
 /// the real binary can start a daemon an hour later without waiting one.
 pub const CLOCK_SKEW_MS_ENV: &str = "TASKGATE_TEST_CLOCK_SKEW_MS";
@@ -83,6 +91,15 @@ pub fn hold_sweep_file() -> Option<PathBuf> {
         return None;
     }
     std::env::var_os(HOLD_SWEEP_FILE_ENV).map(PathBuf::from)
+}
+
+/// The journal's sync-fault file named in the environment, when hooks are
+/// compiled in.
+pub fn journal_sync_fault_file() -> Option<PathBuf> {
+    if !compiled_in() {
+        return None;
+    }
+    std::env::var_os(JOURNAL_SYNC_FAULT_FILE_ENV).map(PathBuf::from)
 }
 
 /// The wall-clock skew the environment asks for, when hooks are compiled

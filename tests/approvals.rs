@@ -695,16 +695,146 @@ fn backup_and_restore_carry_the_journal_with_the_tasks() {
     assert!(s.marker().is_empty());
 }
 
-/// The byte length of the first `n` frames of a journal segment (each an
-/// 8-byte little-endian length, the record padded to 8 bytes, a 32-byte
-/// hash).
+/// The byte length of a journal segment's magic and its first `n` frames
+/// (each an 8-byte little-endian length, 8 bytes checking it, the record
+/// padded to 8 bytes, a 32-byte hash).
 fn frames_len(segment: &[u8], n: usize) -> usize {
-    let mut at = 0;
+    assert!(segment.starts_with(&taskgate::approvals::journal::FORMAT_MAGIC));
+    let mut at = taskgate::approvals::journal::FORMAT_MAGIC.len();
     for _ in 0..n {
         let len = u64::from_le_bytes(segment[at..at + 8].try_into().unwrap()) as usize;
-        at += 8 + len.div_ceil(8) * 8 + 32;
+        at += 16 + len.div_ceil(8) * 8 + 32;
     }
     at
+}
+
+/// Where the last frame of a journal segment starts.
+fn last_frame_at(segment: &[u8]) -> usize {
+    let mut n = 0;
+    while frames_len(segment, n + 1) < segment.len() {
+        n += 1;
+    }
+    assert_eq!(frames_len(segment, n + 1), segment.len());
+    frames_len(segment, n)
+}
+
+#[test]
+fn a_spent_approvals_record_with_a_changed_length_is_damage_and_never_runs_again() {
+    let s = Setup::start();
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    let ran = s.call(false, "prod-eu");
+    assert_eq!(text_of(&ran), "deployed", "{ran}");
+    assert_eq!(s.marker().len(), 1);
+    let (root, state) = s.stop();
+
+    // The last frame is the `consumed` record that spent the approval: one
+    // byte of its length raised, so that it claims to run past the end of
+    // the file, as a frame a crash cut short would.
+    let segment = root.path().join("state-approvals/journal-000001.log");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = last_frame_at(&bytes);
+    assert!(
+        String::from_utf8_lossy(&bytes[at..]).contains("\"consumed\""),
+        "the last record is the consumption"
+    );
+    bytes[at + 1] = bytes[at + 1].wrapping_add(1);
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let s = Setup::again(root, state);
+    let status = admin_status(&s.state);
+    assert!(
+        status["approvals"]["disabled"]
+            .as_str()
+            .is_some_and(|r| r.contains("journal-000001.log") && r.contains("length")),
+        "an acknowledged record was taken for a torn one: {status}"
+    );
+    // The identical call is refused, and does not run a second time.
+    let refused = s.call_err(false, "prod-eu");
+    assert_eq!(refused["code"], -32077, "{refused}");
+    assert_eq!(s.marker().len(), 1, "the spent approval ran again");
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        bytes,
+        "the evidence was changed"
+    );
+    let (root, state) = s.stop();
+    let cfg = config(root.path());
+    let check = taskgate(
+        &[
+            "check",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        text.contains("DAMAGED") && text.contains("journal-000001.log"),
+        "{check:?}"
+    );
+}
+
+#[test]
+fn a_decision_whose_journal_sync_fails_is_refused_and_disables_approvals_until_restart() {
+    use taskgate::testhooks::{JOURNAL_SYNC_APPEND, JOURNAL_SYNC_FAULT_FILE_ENV};
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let cfg = config(root.path());
+    let fault = root.path().join("journal-sync-fault");
+    let fault_env = fault.to_string_lossy().into_owned();
+    let s = Setup::serve(
+        root,
+        state,
+        &cfg,
+        &[(JOURNAL_SYNC_FAULT_FILE_ENV, &fault_env)],
+    );
+    let proposal = proposal_of(&s.call(false, "prod-eu"));
+    let other = proposal_of(&s.call(false, "prod-us"));
+    let records = admin_status(&s.state)["approvals"]["records"].clone();
+
+    // The approval's record is written, its sync fails: never acknowledged.
+    std::fs::write(&fault, JOURNAL_SYNC_APPEND).unwrap();
+    let approved = s.decide("approve", &proposal, &[]);
+    assert!(!approved.status.success(), "{approved:?}");
+    let said = String::from_utf8_lossy(&approved.stderr);
+    assert!(
+        said.contains("could not record the decision"),
+        "{approved:?}"
+    );
+    std::fs::remove_file(&fault).unwrap();
+
+    // The gate is disabled until a restart, whatever the disk does now.
+    let status = admin_status(&s.state);
+    assert!(
+        status["approvals"]["disabled"]
+            .as_str()
+            .is_some_and(|r| r.contains("append")),
+        "{status}"
+    );
+    assert_eq!(status["approvals"]["records"], records, "{status}");
+    let rejected = s.decide("reject", &other, &["--reason", REASON]);
+    assert!(!rejected.status.success(), "{rejected:?}");
+    assert!(
+        String::from_utf8_lossy(&rejected.stderr).contains("disabled"),
+        "{rejected:?}"
+    );
+    let refused = s.call_err(false, "prod-eu");
+    assert_eq!(refused["code"], -32077, "{refused}");
+    assert!(s.marker().is_empty());
+
+    // After a restart neither is decided, and deciding works again.
+    let s = s.restart();
+    assert!(admin_status(&s.state)["approvals"]["disabled"].is_null());
+    for id in [&proposal, &other] {
+        let shown = s.approvals_json(&["show", id]);
+        assert_eq!(shown["proposals"][0]["state"], "pending", "{shown}");
+    }
+    assert!(s.decide("approve", &proposal, &[]).status.success());
+    assert_eq!(text_of(&s.call(false, "prod-eu")), "deployed");
+    assert_eq!(s.marker(), vec!["prod-eu".to_string()]);
 }
 
 #[test]

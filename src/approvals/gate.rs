@@ -96,6 +96,12 @@ pub enum GateError {
     },
     #[error("a rejection reason is at most {MAX_REASON_BYTES} bytes")]
     ReasonTooLong,
+    /// An append failed earlier (its record may or may not be on disk):
+    /// the gate decides nothing more until the journal is opened again.
+    #[error(
+        "approvals are disabled until the daemon is restarted: {reason}; nothing was decided or run"
+    )]
+    Disabled { reason: String },
 }
 
 pub struct Gate {
@@ -112,6 +118,9 @@ pub struct Gate {
     /// The journal directory's lock, held while the gate is open (see
     /// [`Gate::open_dir`]).
     _lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    /// Why the gate stopped deciding: an append that failed, whose record
+    /// the disk may or may not hold (set once, never cleared).
+    failed: std::sync::OnceLock<String>,
 }
 
 /// How often settled proposals are looked for (at the next new call).
@@ -169,6 +178,7 @@ impl Gate {
                 segments: Mutex::new(()),
                 head_seq: head_seq.into(),
                 _lock: None,
+                failed: std::sync::OnceLock::new(),
             },
             opened,
         ))
@@ -237,9 +247,22 @@ impl Gate {
     /// Appends `event` (under the journal lock the caller holds) once it is
     /// checked, then shows it to readers.
     fn append(&self, journal: &mut Journal, event: &Event) -> Result<Proposal, GateError> {
+        self.usable()?;
         self.read().check(event).map_err(GateError::Refused)?;
         let record = event.to_record().map_err(|_| GateError::ReasonTooLong)?;
-        let seq = journal.append(&record)?;
+        let seq = match journal.append(&record) {
+            Ok(seq) => seq,
+            Err(e @ JournalError::RecordTooLarge { .. }) => return Err(e.into()),
+            Err(e) => {
+                // Whether the record reached the disk is unknown (a failed
+                // sync may have lost it, or a retry could write it twice):
+                // never answer another decision from this journal.
+                let reason = format!("the approval journal failed an append: {e}");
+                tracing::error!(error = %e, "{reason}; approvals are disabled until the daemon is restarted");
+                let _ = self.failed.set(reason);
+                return Err(e.into());
+            }
+        };
         crate::metrics::get().approval_event(event.kind());
         self.head_seq
             .store(seq, std::sync::atomic::Ordering::SeqCst);
@@ -278,6 +301,7 @@ impl Gate {
     pub fn admit(&self, held: &HeldCall, now: i64) -> Result<Admission, GateError> {
         let call = held.call.as_str();
         let mut journal = lock(&self.journal);
+        self.usable()?;
         if now
             >= self
                 .next_forget_ms
@@ -429,6 +453,20 @@ impl Gate {
         }
     }
 
+    /// Why the gate decides nothing more, once an append failed.
+    pub fn disabled(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    fn usable(&self) -> Result<(), GateError> {
+        match self.failed.get() {
+            Some(reason) => Err(GateError::Disabled {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Keeps journal segments from being removed while the guard lives (an
     /// online backup copies them).
     pub fn hold_segments(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -462,6 +500,7 @@ impl Gate {
             .unwrap_or(self.settings.execution_window_ms)
             .clamp(0, self.settings.execution_window_ms);
         let mut journal = lock(&self.journal);
+        self.usable()?;
         let p = self.current(&mut journal, id, now)?;
         if self.settings.forbid_self_approval && p.owner == decider_owner {
             return Err(GateError::SelfApproval);
@@ -524,6 +563,7 @@ impl Gate {
 
     /// The proposal, journaled expired first when its deadline passed.
     fn current(&self, journal: &mut Journal, id: &str, now: i64) -> Result<Proposal, GateError> {
+        self.usable()?;
         let p = self
             .read()
             .get(id)
@@ -536,6 +576,7 @@ impl Gate {
     /// the IDs expired.
     pub fn expire_due(&self, now: i64) -> Result<Vec<String>, GateError> {
         let mut journal = lock(&self.journal);
+        self.usable()?;
         self.expire_overdue(&mut journal, now)
     }
 
@@ -921,6 +962,56 @@ mod tests {
             Gate::open(d.path(), settings()),
             Err(GateError::Inconsistent { seq: 2, .. })
         ));
+    }
+
+    #[test]
+    fn a_decision_whose_sync_failed_is_never_acknowledged_and_disables_the_gate() {
+        let d = tempfile::tempdir().unwrap();
+        let hooks = tempfile::tempdir().unwrap();
+        let g = open(d.path());
+        let (p, _) = held(g.admit(&call("alice", "call-1", "deploy"), 0).unwrap());
+        let (q, _) = held(g.admit(&call("alice", "call-2", "deploy"), 0).unwrap());
+        let fault = hooks.path().join("fault");
+        std::fs::write(&fault, crate::testhooks::JOURNAL_SYNC_APPEND).unwrap();
+        lock(&g.journal).set_sync_fault_file(Some(fault.clone()));
+        let records = g.checkpoint().records;
+        assert!(matches!(
+            g.approve(&p, "bob", "bob", 1),
+            Err(GateError::Journal(JournalError::Io { .. }))
+        ));
+        // Not decided, and nothing else is decided from now on, even once
+        // the disk works again: the record may or may not be on it.
+        assert_eq!(g.proposal(&p).unwrap().state, State::Pending);
+        assert_eq!(g.checkpoint().records, records);
+        assert!(
+            g.disabled().is_some_and(|r| r.contains("append")),
+            "{:?}",
+            g.disabled()
+        );
+        std::fs::remove_file(&fault).unwrap();
+        for refused in [
+            g.reject(&q, "bob", "no", 2).map(|_| ()),
+            g.approve(&p, "bob", "bob", 2).map(|_| ()),
+            g.cancel(&q, "alice", 2).map(|_| ()),
+            g.admit(&call("alice", "call-1", "deploy"), 2).map(|_| ()),
+            g.observe(&p, 2).map(|_| ()),
+            g.expire_due(2).map(|_| ()),
+        ] {
+            assert!(
+                matches!(refused, Err(GateError::Disabled { .. })),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(g.checkpoint().records, records);
+        drop(g);
+        // Opened again: the decision never happened, and one can be taken.
+        let g = open(d.path());
+        assert!(g.disabled().is_none());
+        assert_eq!(g.proposal(&p).unwrap().state, State::Pending);
+        assert_eq!(
+            g.approve(&p, "bob", "bob", 3).unwrap().state,
+            State::Approved
+        );
     }
 
     fn segment_count(dir: &std::path::Path) -> usize {

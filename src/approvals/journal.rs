@@ -2,23 +2,36 @@
 //! approval decision, kept in its own private directory (never the task
 //! store's).
 //!
-//! A journal is a sequence of segment files `journal-NNNNNN.log`. Each
-//! frame is an 8-byte little-endian payload length, the payload (one
-//! record as canonical JSON, RFC 8785), zero padding to a multiple of 8
-//! bytes, and the SHA-256 of the previous frame's hash, the length and the
-//! payload: every frame vouches for all before it. The first frame of each
-//! segment is a segment record naming the journal's identity, the segment's
-//! number and the hash the previous segment ended with, so a segment that
-//! is missing, reordered or taken from another journal breaks the chain.
+//! A journal is a sequence of segment files `journal-NNNNNN.log`. A segment
+//! starts with the 8 bytes [`FORMAT_MAGIC`]; then come frames: an 8-byte
+//! little-endian payload length, 8 bytes checking that length (the start of
+//! a SHA-256 over it), the payload (one record as canonical JSON, RFC
+//! 8785), zero padding to a multiple of 8 bytes, and the SHA-256 of the
+//! previous frame's hash, the length and the payload: every frame vouches
+//! for all before it. The first frame of each segment is a segment record
+//! naming the journal's identity, the segment's number, the hash the
+//! previous segment ended with and the format, so a segment that is
+//! missing, reordered or taken from another journal breaks the chain.
 //!
 //! An append is written and synced (the file, and the directory when it
 //! starts a segment) before it returns: nothing is acknowledged that a
 //! crash could take back. At opening the chain is verified from the first
-//! segment: a final frame cut short (a crash in the middle of an append,
-//! never acknowledged) is truncated away; any other mismatch refuses the
-//! journal, naming the segment and the offset, and leaves every file as it
-//! is for investigation. The hashes are integrity checks, not signatures:
-//! whoever can rewrite the files can also compute the hashes again.
+//! segment. The only thing taken for a crash in the middle of an append
+//! (never acknowledged) is a prefix of one frame at the very end of the
+//! last segment: fewer bytes than a frame header, or a header whose length
+//! passes its own check and runs past the end of the file. Such a torn tail
+//! is copied aside (`journal-NNNNNN-at-OFFSET.torn`, synced) before it is
+//! cut off. Anything else (a changed byte anywhere, a length that fails its
+//! check, a missing, reordered or foreign segment, a cut inside an earlier
+//! segment) refuses the journal, naming the segment and the offset, and
+//! leaves every file as it is for investigation.
+//!
+//! Segments written before lengths were checked (format 1: no magic, no
+//! length check) are still read, but a frame of theirs running past the end
+//! of the file cannot be told from an altered length and is refused as
+//! damage; a journal whose last segment is of format 1 goes on in a new
+//! segment. The hashes are integrity checks, not signatures: whoever can
+//! rewrite the files can also compute the hashes again.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -37,6 +50,19 @@ pub const MIN_SEGMENT_BYTES: u64 = 64 * 1024;
 pub const MAX_SEGMENTS: u32 = 999_999;
 const HASH_BYTES: usize = 32;
 const LEN_BYTES: usize = 8;
+/// The length's own check, after the length.
+const CHECK_BYTES: usize = 8;
+/// A frame's header in the current format: the length and its check.
+const HEADER_BYTES: usize = LEN_BYTES + CHECK_BYTES;
+/// The first bytes of every segment in the current format (2). A segment
+/// of format 1 starts with a frame length of at most 64 KiB, whose high
+/// bytes are zero; these are not, whichever one byte of them is changed.
+pub const FORMAT_MAGIC: [u8; 8] = *b"TGJRNL02";
+/// The format segments are written in.
+const FORMAT: u32 = 2;
+/// Evidence files of torn tails that may share one segment and offset
+/// (each a crash at that very place) before opening refuses to add more.
+const MAX_TORN_COPIES: u32 = 100;
 const ZERO_HASH: [u8; HASH_BYTES] = [0; HASH_BYTES];
 
 #[derive(Debug, Error)]
@@ -89,6 +115,10 @@ struct SegmentRecord {
     /// segments written before old segments could be removed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     first_seq: Option<u64>,
+    /// The segment's frame format (absent in format 1), so that the chain
+    /// vouches for the magic the segment starts with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    format: Option<u32>,
 }
 
 /// Where a journal whose oldest segments were removed begins: written (and
@@ -136,8 +166,13 @@ pub struct Checkpoint {
 /// What opening found beside the records.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Opened {
-    /// Bytes of an unfinished final frame that were cut away.
+    /// Bytes of an unfinished final frame that were cut away (by
+    /// [`Journal::verify`]: that a start would cut away).
     pub truncated: u64,
+    /// The file in the journal's directory those bytes were copied to
+    /// before they were cut (by [`Journal::verify`]: the segment and offset
+    /// they are at).
+    pub kept_as: Option<String>,
 }
 
 /// Where one kept segment starts, and its bytes once it is closed.
@@ -162,6 +197,56 @@ pub struct Journal {
     records: u64,
     /// The segments kept, oldest first; the last is the one appended to.
     kept: Vec<SegmentStart>,
+    /// The syncs a test hook makes fail.
+    faults: Faults,
+}
+
+/// A sync of the journal a test hook can make fail
+/// ([`crate::testhooks::JOURNAL_SYNC_FAULT_FILE_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncPoint {
+    /// An appended record's.
+    Append,
+    /// `journal.base`'s, before old segments are removed.
+    Base,
+}
+
+/// The file whose presence, naming a [`SyncPoint`], makes that sync fail
+/// with EIO after its write (test hooks only; `None` in a shipped build).
+#[derive(Debug, Clone, Default)]
+struct Faults(Option<PathBuf>);
+
+impl Faults {
+    fn from_env() -> Faults {
+        Faults(crate::testhooks::journal_sync_fault_file())
+    }
+
+    fn injected(&self, at: SyncPoint) -> std::io::Result<()> {
+        let Some(file) = &self.0 else {
+            return Ok(());
+        };
+        let named = match at {
+            SyncPoint::Append => crate::testhooks::JOURNAL_SYNC_APPEND,
+            SyncPoint::Base => crate::testhooks::JOURNAL_SYNC_BASE,
+        };
+        match std::fs::read_to_string(file) {
+            Ok(text) if text.split_whitespace().any(|w| w == named) => {
+                Err(std::io::Error::from_raw_os_error(nix::libc::EIO))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Syncs `file`'s data (and its metadata too with `all`): the one way
+    /// the journal syncs a file it must not lose, so a hook sits on each.
+    fn sync(&self, file: &File, at: SyncPoint, all: bool) -> std::io::Result<()> {
+        self.injected(at)?;
+        if all {
+            file.sync_all()
+        } else {
+            file.sync_data()
+        }
+    }
 }
 
 fn segment_name(n: u32) -> String {
@@ -176,6 +261,33 @@ pub fn segment_number(name: &str) -> Option<u32> {
         .and_then(|d| d.parse::<u32>().ok())
 }
 
+/// The file a torn tail of segment `n` at `offset` is copied to (`copy`
+/// from 1; later copies only when a crash tore that very place again).
+fn torn_name(n: u32, offset: u64, copy: u32) -> String {
+    if copy <= 1 {
+        format!("journal-{n:06}-at-{offset}.torn")
+    } else {
+        format!("journal-{n:06}-at-{offset}.{copy}.torn")
+    }
+}
+
+/// Whether a file in the journal's directory is a torn tail's evidence.
+pub fn is_torn_evidence(name: &str) -> bool {
+    name.starts_with("journal-") && name.ends_with(".torn")
+}
+
+/// The check of a frame's length: a changed length byte (or check byte)
+/// makes them disagree, so it is never taken for a frame a crash cut.
+fn length_check(len: u64) -> [u8; CHECK_BYTES] {
+    let mut h = Sha256::new();
+    h.update(b"taskgate journal frame length");
+    h.update(len.to_le_bytes());
+    let digest: [u8; HASH_BYTES] = h.finalize().into();
+    let mut out = [0u8; CHECK_BYTES];
+    out.copy_from_slice(&digest[..CHECK_BYTES]);
+    out
+}
+
 fn frame_hash(previous: &[u8; HASH_BYTES], payload: &[u8]) -> [u8; HASH_BYTES] {
     let mut h = Sha256::new();
     h.update(previous);
@@ -188,15 +300,22 @@ fn padded(len: usize) -> usize {
     len.div_ceil(8) * 8
 }
 
-/// The bytes of one frame.
+/// The bytes of one frame (in the current format).
 fn frame(previous: &[u8; HASH_BYTES], payload: &[u8]) -> (Vec<u8>, [u8; HASH_BYTES]) {
     let hash = frame_hash(previous, payload);
-    let mut out = Vec::with_capacity(LEN_BYTES + padded(payload.len()) + HASH_BYTES);
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    let len = payload.len() as u64;
+    let mut out = Vec::with_capacity(frame_size(payload.len()));
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&length_check(len));
     out.extend_from_slice(payload);
-    out.resize(LEN_BYTES + padded(payload.len()), 0);
+    out.resize(HEADER_BYTES + padded(payload.len()), 0);
     out.extend_from_slice(&hash);
     (out, hash)
+}
+
+/// The bytes a frame of a `len`-byte payload takes (current format).
+fn frame_size(len: usize) -> usize {
+    HEADER_BYTES + padded(len) + HASH_BYTES
 }
 
 fn canonical(record: &Value) -> Result<Vec<u8>, JournalError> {
@@ -216,9 +335,12 @@ fn sync_dir(dir: &Path) -> Result<(), JournalError> {
         .map_err(io(dir, "syncing the directory"))
 }
 
+/// The hash `text` spells in lower-case hex (the only way the journal
+/// writes one: an upper-case digit is a changed byte, not the same hash).
 fn unhex(text: &str) -> Option<[u8; HASH_BYTES]> {
     let mut out = [0u8; HASH_BYTES];
-    if text.len() != HASH_BYTES * 2 {
+    if text.len() != HASH_BYTES * 2 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return None;
     }
     for (i, byte) in out.iter_mut().enumerate() {
@@ -254,7 +376,7 @@ fn read_base(dir: &Path) -> Result<Option<Base>, JournalError> {
 
 /// Writes the base file whole (a temporary file synced, then renamed and
 /// the directory synced).
-fn write_base(dir: &Path, base: &Base) -> Result<(), JournalError> {
+fn write_base(dir: &Path, base: &Base, faults: &Faults) -> Result<(), JournalError> {
     use std::os::unix::fs::OpenOptionsExt;
     let value = serde_json::to_value(base).unwrap_or(Value::Null);
     let bytes = canonical(&value)?;
@@ -267,20 +389,21 @@ fn write_base(dir: &Path, base: &Base) -> Result<(), JournalError> {
         .open(&tmp)
         .map_err(io(&tmp, "writing the journal's base"))?;
     f.write_all(&bytes)
-        .and_then(|_| f.sync_all())
+        .and_then(|_| faults.sync(&f, SyncPoint::Base, true))
         .map_err(io(&tmp, "writing the journal's base"))?;
     std::fs::rename(&tmp, dir.join(BASE_FILE)).map_err(io(&tmp, "renaming the journal's base"))?;
     sync_dir(dir)
 }
 
 /// Reads one segment's frames, checking the chain from `previous`. Returns
-/// the records, the hash it ends with, its valid length, and whether its
-/// final frame was cut short.
+/// the records, the hash it ends with, its valid length, whether its final
+/// frame was cut short, and its format.
 struct Scanned {
     records: Vec<Value>,
     head: [u8; HASH_BYTES],
     valid: u64,
     torn: bool,
+    format: u32,
 }
 
 fn scan(path: &Path, previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64, String)> {
@@ -288,38 +411,57 @@ fn scan(path: &Path, previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64, String
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(|e| (0, format!("unreadable: {e}")))?;
-    let mut at = 0usize;
+    scan_bytes(&bytes, previous)
+}
+
+/// [`scan`] of a segment's bytes. A frame is torn (a crash cut it) only
+/// when it is the last thing in the file and either its header is not all
+/// there or its length passes its check and runs past the end; a segment
+/// holding no whole frame is torn from its start.
+fn scan_bytes(bytes: &[u8], previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64, String)> {
+    let (format, header, mut at) = if bytes.starts_with(&FORMAT_MAGIC) {
+        (FORMAT, HEADER_BYTES, FORMAT_MAGIC.len())
+    } else {
+        (1, LEN_BYTES, 0)
+    };
+    if bytes.len() < FORMAT_MAGIC.len() {
+        // Created, and the crash came before its magic (or, by an earlier
+        // version, its first length) was all written.
+        at = bytes.len();
+    }
     let mut head = previous;
     let mut records = Vec::new();
+    let mut torn = false;
     while at < bytes.len() {
         let rest = bytes.len() - at;
-        if rest < LEN_BYTES {
-            return Ok(Scanned {
-                records,
-                head,
-                valid: at as u64,
-                torn: true,
-            });
+        if rest < header {
+            torn = true;
+            break;
         }
         let len = u64::from_le_bytes(bytes[at..at + LEN_BYTES].try_into().unwrap_or([0; 8]));
+        if format == FORMAT && bytes[at + LEN_BYTES..at + HEADER_BYTES] != length_check(len) {
+            return Err((
+                at as u64,
+                "its length does not match the length's check (altered)".into(),
+            ));
+        }
         if len as usize > MAX_RECORD_BYTES {
             return Err((at as u64, format!("a frame claims {len} bytes")));
         }
         let len = len as usize;
-        let body = LEN_BYTES + padded(len);
+        let body = header + padded(len);
         if rest < body + HASH_BYTES {
-            return Ok(Scanned {
-                records,
-                head,
-                valid: at as u64,
-                torn: true,
-            });
+            if format == FORMAT {
+                torn = true;
+                break;
+            }
+            return Err((
+                at as u64,
+                "its frame runs past the end of the file; in a segment of format 1 (written before frame lengths were checked) a cut append cannot be told from an altered length".into(),
+            ));
         }
-        let payload = &bytes[at + LEN_BYTES..at + LEN_BYTES + len];
-        if bytes[at + LEN_BYTES + len..at + body]
-            .iter()
-            .any(|b| *b != 0)
-        {
+        let payload = &bytes[at + header..at + header + len];
+        if bytes[at + header + len..at + body].iter().any(|b| *b != 0) {
             return Err((at as u64, "padding is not zero".into()));
         }
         let stored: [u8; HASH_BYTES] = bytes[at + body..at + body + HASH_BYTES]
@@ -338,11 +480,23 @@ fn scan(path: &Path, previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64, String
         head = stored;
         at += body + HASH_BYTES;
     }
+    if records.is_empty() {
+        // Not even the segment record is whole: the segment holds nothing
+        // (the magic goes with the first frame).
+        return Ok(Scanned {
+            records,
+            head,
+            valid: 0,
+            torn: !bytes.is_empty(),
+            format,
+        });
+    }
     Ok(Scanned {
         records,
         head,
         valid: at as u64,
-        torn: false,
+        torn,
+        format,
     })
 }
 
@@ -364,6 +518,8 @@ struct Chain {
     tail_valid: u64,
     tail_size: u64,
     torn: bool,
+    /// The last segment's format.
+    tail_format: u32,
 }
 
 /// Reads and verifies every segment kept (from the base, or from segment
@@ -418,7 +574,9 @@ fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
         tail_valid: 0,
         tail_size: 0,
         torn: false,
+        tail_format: FORMAT,
     };
+    let mut newest_format = 1;
     for n in numbers.iter().copied() {
         let path = dir.join(segment_name(n));
         let scanned = scan(&path, chain.head)
@@ -430,6 +588,21 @@ fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
                 "cut short, but it is not the last segment".into(),
             ));
         }
+        // A segment holding no whole frame has no format to speak of.
+        if scanned.valid > 0 && scanned.format < newest_format {
+            return Err(damaged(
+                segment_name(n),
+                0,
+                format!(
+                    "it is of format {} but follows a segment of format {newest_format}",
+                    scanned.format
+                ),
+            ));
+        }
+        if scanned.valid > 0 {
+            newest_format = scanned.format;
+        }
+        let format_named = (scanned.format != 1).then_some(scanned.format);
         let next_seq = chain.base_seq + chain.read + 1;
         let mut records = scanned.records.into_iter();
         let seg: Option<SegmentRecord> = records
@@ -442,6 +615,7 @@ fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
                     && s.segment == n
                     && s.previous == hex(&chain.head)
                     && s.first_seq.is_none_or(|f| f == next_seq)
+                    && s.format == format_named
                     && chain.identity.as_ref().is_none_or(|id| *id == s.journal) =>
             {
                 chain.identity.get_or_insert(s.journal);
@@ -480,12 +654,57 @@ fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
         if n == chain.last {
             chain.tail_valid = scanned.valid;
             chain.torn = scanned.torn;
+            chain.tail_format = scanned.format;
             chain.tail_size = std::fs::metadata(&path)
                 .map_err(io(&path, "reading a segment's size"))?
                 .len();
         }
     }
     Ok(chain)
+}
+
+/// Copies the torn tail of segment `n` (its bytes from `offset`) into a
+/// file of its own beside the segments, synced, before it is cut: what a
+/// crash left is evidence. A copy made before (a crash between copying and
+/// cutting) is kept as it is. Returns the file's name.
+fn keep_torn(dir: &Path, n: u32, offset: u64) -> Result<String, JournalError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(segment_name(n));
+    let mut tail = Vec::new();
+    File::open(&path)
+        .and_then(|mut f| {
+            f.seek(SeekFrom::Start(offset))?;
+            f.read_to_end(&mut tail)
+        })
+        .map_err(io(&path, "reading a torn final frame"))?;
+    for copy in 1..=MAX_TORN_COPIES {
+        let name = torn_name(n, offset, copy);
+        let target = dir.join(&name);
+        match std::fs::read(&target) {
+            Ok(existing) if existing == tail => return Ok(name),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&target, "reading a torn tail's copy")(e)),
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&target)
+            .map_err(io(&target, "keeping a torn final frame"))?;
+        f.write_all(&tail)
+            .and_then(|_| f.sync_all())
+            .map_err(io(&target, "keeping a torn final frame"))?;
+        sync_dir(dir)?;
+        return Ok(name);
+    }
+    Err(JournalError::Invalid {
+        dir: dir.to_path_buf(),
+        reason: format!(
+            "{MAX_TORN_COPIES} copies of torn final frames of {} at byte {offset} are kept already; look at the journal-*.torn files and remove them",
+            segment_name(n)
+        ),
+    })
 }
 
 impl Journal {
@@ -502,6 +721,16 @@ impl Journal {
                 reason: format!("segments must be at least {MIN_SEGMENT_BYTES} bytes"),
             });
         }
+        Journal::open_sized(dir, max_segment_bytes, Faults::from_env())
+    }
+
+    /// [`Journal::open`] without the lower bound on segments (tests use
+    /// small ones to hold many segments in few bytes).
+    fn open_sized(
+        dir: &Path,
+        max_segment_bytes: u64,
+        faults: Faults,
+    ) -> Result<(Journal, Vec<Entry>, Opened), JournalError> {
         let mut chain = read_chain(dir, true)?;
         // A removal of old segments that a crash interrupted: the base
         // already says they are gone.
@@ -511,6 +740,11 @@ impl Journal {
         }
         if !chain.leftovers.is_empty() {
             sync_dir(dir)?;
+        }
+        let mut opened = Opened::default();
+        if chain.torn {
+            opened.kept_as = Some(keep_torn(dir, chain.last, chain.tail_valid)?);
+            opened.truncated = chain.tail_size - chain.tail_valid;
         }
         let Some(identity) = chain.identity.take() else {
             // No segment, or the only one never got its first record: the
@@ -533,11 +767,11 @@ impl Journal {
                 ZERO_HASH,
                 0,
                 Vec::new(),
+                faults,
             )?;
-            return Ok((journal, Vec::new(), Opened::default()));
+            return Ok((journal, Vec::new(), opened));
         };
         let records = chain.base_seq + chain.read;
-        let mut opened = Opened::default();
         let path = dir.join(segment_name(chain.last));
         if chain.tail_valid == 0 {
             // The last segment's own first record was cut short: write it
@@ -551,8 +785,8 @@ impl Journal {
                 chain.head,
                 records,
                 chain.kept,
+                faults,
             )?;
-            opened.truncated = chain.tail_size;
             return Ok((journal, chain.entries, opened));
         }
         let mut file = OpenOptions::new()
@@ -564,7 +798,21 @@ impl Journal {
             file.set_len(chain.tail_valid)
                 .and_then(|_| file.sync_all())
                 .map_err(io(&path, "truncating an unfinished final frame"))?;
-            opened.truncated = chain.tail_size - chain.tail_valid;
+        }
+        if chain.tail_format != FORMAT {
+            // Written by an earlier version: appends go on in a segment of
+            // the current format, chained to it.
+            let journal = Journal::start_segment(
+                dir,
+                identity,
+                max_segment_bytes,
+                chain.last + 1,
+                chain.head,
+                records,
+                chain.kept,
+                faults,
+            )?;
+            return Ok((journal, chain.entries, opened));
         }
         file.seek(SeekFrom::End(0))
             .map_err(io(&path, "seeking the end of the last segment"))?;
@@ -579,6 +827,7 @@ impl Journal {
                 head: chain.head,
                 records,
                 kept: chain.kept,
+                faults,
             },
             chain.entries,
             opened,
@@ -587,6 +836,7 @@ impl Journal {
 
     /// Creates segment `n`, chained to `previous`, and syncs it and the
     /// directory.
+    #[allow(clippy::too_many_arguments)]
     fn start_segment(
         dir: &Path,
         identity: String,
@@ -595,6 +845,7 @@ impl Journal {
         previous: [u8; HASH_BYTES],
         records: u64,
         mut kept: Vec<SegmentStart>,
+        faults: Faults,
     ) -> Result<Journal, JournalError> {
         if n > MAX_SEGMENTS {
             return Err(JournalError::Invalid {
@@ -609,9 +860,12 @@ impl Journal {
             segment: n,
             previous: hex(&previous),
             first_seq: Some(records + 1),
+            format: Some(FORMAT),
         })
         .unwrap_or(Value::Null);
-        let (bytes, head) = frame(&previous, &canonical(&record)?);
+        let (first, head) = frame(&previous, &canonical(&record)?);
+        let mut bytes = FORMAT_MAGIC.to_vec();
+        bytes.extend_from_slice(&first);
         let mut file = {
             use std::os::unix::fs::OpenOptionsExt;
             OpenOptions::new()
@@ -643,6 +897,7 @@ impl Journal {
             head,
             records,
             kept,
+            faults,
         })
     }
 
@@ -651,7 +906,7 @@ impl Journal {
     /// first and the next one started.
     pub fn append(&mut self, record: &Value) -> Result<u64, JournalError> {
         let payload = canonical(record)?;
-        let size = (LEN_BYTES + padded(payload.len()) + HASH_BYTES) as u64;
+        let size = frame_size(payload.len()) as u64;
         if self.offset + size > self.max_segment_bytes {
             let mut kept = std::mem::take(&mut self.kept);
             if let Some(current) = kept.last_mut() {
@@ -665,6 +920,7 @@ impl Journal {
                 self.head,
                 self.records,
                 kept.clone(),
+                self.faults.clone(),
             ) {
                 Ok(next) => *self = next,
                 Err(e) => {
@@ -678,7 +934,7 @@ impl Journal {
         let written = self
             .file
             .write_all(&bytes)
-            .and_then(|_| self.file.sync_data());
+            .and_then(|_| self.faults.sync(&self.file, SyncPoint::Append, false));
         if let Err(source) = written {
             // What reached the disk is unknown: cut back to the last
             // acknowledged frame, or refuse everything from now on.
@@ -720,6 +976,7 @@ impl Journal {
                 previous: hex(&first.previous),
                 first_seq: first.first_seq,
             },
+            &self.faults,
         )?;
         for s in &self.kept[..keep_from] {
             let path = self.dir.join(segment_name(s.n));
@@ -732,6 +989,13 @@ impl Journal {
         sync_dir(&self.dir)?;
         self.kept.drain(..keep_from);
         Ok(keep_from)
+    }
+
+    /// Names the sync-fault file of the test hook for this journal alone
+    /// (unit tests share a process, so the environment cannot be theirs).
+    #[cfg(test)]
+    pub(crate) fn set_sync_fault_file(&mut self, file: Option<PathBuf>) {
+        self.faults = Faults(file);
     }
 
     /// The sequence of the first record of the oldest segment kept (1 when
@@ -762,6 +1026,9 @@ impl Journal {
         let chain = read_chain(dir, false)?;
         let opened = Opened {
             truncated: chain.tail_size - chain.tail_valid,
+            kept_as: chain
+                .torn
+                .then(|| format!("{} at byte {}", segment_name(chain.last), chain.tail_valid)),
         };
         Ok((
             Checkpoint {
@@ -1067,7 +1334,9 @@ mod tests {
             assert!(good.segments >= 1, "{good:?}");
             let next = good.segments + 1;
             drop(j);
-            let (bytes, _) = frame(&ZERO_HASH, b"{}");
+            // What creating a segment writes: its magic, then its record.
+            let mut bytes = FORMAT_MAGIC.to_vec();
+            bytes.extend_from_slice(&frame(&ZERO_HASH, b"{}").0);
             std::fs::write(seg(d.path(), next), &bytes[..cut.min(bytes.len() - 1)]).unwrap();
             let (check, _) = Journal::verify(d.path()).unwrap();
             assert_eq!(check.records, good.records, "cut {cut}");
@@ -1078,6 +1347,438 @@ mod tests {
             let (_, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
             assert_eq!(entries.len(), 401, "cut {cut}");
         }
+    }
+
+    /// The record of the `i`-th event of a cycle through every event kind
+    /// the gate journals, about proposal `p`.
+    fn event(p: u64, i: u64) -> Value {
+        use crate::approvals::Event;
+        let proposal = format!("tgp-{p:032x}");
+        let at_ms = 1_700_000_000_000 + (p * 6 + i) as i64;
+        let e = match i % 6 {
+            0 => Event::ProposalCreated {
+                proposal,
+                owner: "a".repeat(64),
+                call: "c".repeat(64),
+                tool: "deploy".into(),
+                principal: "the local caller".into(),
+                arguments: "d".repeat(64),
+                preview: [("target".to_string(), json!("prod-eu"))].into(),
+                created_ms: at_ms,
+                decision_deadline_ms: at_ms + 3_600_000,
+            },
+            1 => Event::Approved {
+                proposal,
+                decider: "uid 1000".into(),
+                at_ms,
+                execution_deadline_ms: at_ms + 900_000,
+            },
+            2 => Event::Consumed {
+                proposal,
+                request: "c".repeat(64),
+                at_ms,
+            },
+            3 => Event::Rejected {
+                proposal,
+                decider: "uid 1000".into(),
+                at_ms,
+                reason: "not now".into(),
+            },
+            4 => Event::Expired { proposal, at_ms },
+            _ => Event::CallCancellation {
+                proposal,
+                owner: "a".repeat(64),
+                at_ms,
+            },
+        };
+        e.to_record().unwrap()
+    }
+
+    /// A journal of small segments holding every event kind in its two
+    /// kept segments, the one before them removed behind its base.
+    fn journal_of_every_kind() -> tempfile::TempDir {
+        let d = dir();
+        let (mut j, _, _) = Journal::open_sized(d.path(), 3072, Faults::default()).unwrap();
+        let mut n = 0;
+        while j.kept.len() < 3 {
+            j.append(&event(n / 6, n % 6)).unwrap();
+            n += 1;
+        }
+        let second = j.kept[1].first_seq;
+        assert_eq!(j.remove_before(second).unwrap(), 1);
+        drop(j);
+        let (_, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        let kinds: std::collections::BTreeSet<&str> = entries
+            .iter()
+            .filter_map(|e| e.record["kind"].as_str())
+            .collect();
+        assert_eq!(kinds.len(), 6, "every event kind is kept: {kinds:?}");
+        assert!(d.path().join(BASE_FILE).exists() && !seg(d.path(), 1).exists());
+        assert!(seg(d.path(), 2).exists() && seg(d.path(), 3).exists());
+        d
+    }
+
+    /// Every file of a journal directory, by name.
+    fn files_of(d: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn put_files(d: &Path, files: &std::collections::BTreeMap<String, Vec<u8>>) {
+        for (name, bytes) in files {
+            std::fs::write(d.join(name), bytes).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_length_changed_to_run_past_the_end_is_damage_not_a_torn_tail() {
+        // The last frame of the last segment (say, the `consumed` record of
+        // a spent approval) with its length raised past the end of the
+        // file: it was acknowledged, so cutting it would run the call again.
+        let d = dir();
+        let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        fill(&mut j, 1, 11);
+        let last_at = j.offset as usize;
+        j.append(&event(0, 2)).unwrap();
+        drop(j);
+        let path = seg(d.path(), 1);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[last_at + 1] = bytes[last_at + 1].wrapping_add(1);
+        std::fs::write(&path, &bytes).unwrap();
+        let (segment, offset, reason) = damaged(d.path());
+        assert_eq!(
+            (segment.as_str(), offset),
+            ("journal-000001.log", last_at as u64),
+            "{reason}"
+        );
+        assert!(matches!(
+            Journal::verify(d.path()),
+            Err(JournalError::Damaged { .. })
+        ));
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "the evidence was changed"
+        );
+    }
+
+    #[test]
+    fn every_changed_byte_of_every_file_is_damage_at_check_and_at_start() {
+        let d = journal_of_every_kind();
+        let pristine = files_of(d.path());
+        let (mut cases, mut refused) = (0u64, 0u64);
+        let mut accepted = Vec::new();
+        for (name, bytes) in &pristine {
+            for at in 0..bytes.len() {
+                let b = bytes[at];
+                let mut values = vec![b ^ 0x01, b ^ 0x20, b ^ 0xff];
+                values.push(if b == 0 { 0x20 } else { 0 });
+                for v in values {
+                    let mut changed = bytes.clone();
+                    changed[at] = v;
+                    std::fs::write(d.path().join(name), &changed).unwrap();
+                    let mut expected = pristine.clone();
+                    expected.insert(name.clone(), changed);
+                    cases += 1;
+                    let checked = Journal::verify(d.path());
+                    let started = Journal::open(d.path(), SEGMENT);
+                    let unchanged = files_of(d.path()) == expected;
+                    match (&checked, &started) {
+                        (Err(JournalError::Damaged { .. }), Err(JournalError::Damaged { .. }))
+                            if unchanged =>
+                        {
+                            refused += 1
+                        }
+                        _ => {
+                            accepted.push(format!(
+                                "{name} byte {at} {b:#04x} -> {v:#04x}: check {:?}, start {:?}, files unchanged {unchanged}",
+                                checked.map(|c| c.1),
+                                started.map(|s| s.2)
+                            ));
+                            put_files(d.path(), &expected);
+                        }
+                    }
+                }
+            }
+            std::fs::write(d.path().join(name), bytes).unwrap();
+        }
+        println!(
+            "journal byte sweep: {cases} cases, {refused} damaged, {} accepted",
+            accepted.len()
+        );
+        assert!(accepted.is_empty(), "{accepted:#?}");
+        assert!(cases > 10_000, "{cases}");
+        // The untouched journal still opens whole.
+        assert_eq!(files_of(d.path()), pristine);
+        assert!(Journal::open(d.path(), SEGMENT).is_ok());
+    }
+
+    /// Where each frame of a segment ends (the magic goes with the first).
+    fn frame_ends(bytes: &[u8]) -> Vec<usize> {
+        let mut at = FORMAT_MAGIC.len();
+        let mut ends = Vec::new();
+        while at < bytes.len() {
+            let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+            at += frame_size(len);
+            ends.push(at);
+        }
+        assert_eq!(at, bytes.len());
+        ends
+    }
+
+    #[test]
+    fn a_cut_anywhere_takes_only_the_unfinished_final_frame_and_keeps_it() {
+        let d = journal_of_every_kind();
+        let pristine = files_of(d.path());
+        let records = Journal::verify(d.path()).unwrap().0.records;
+        let last = segment_name(3);
+        let tail = &pristine[&last];
+        let ends = frame_ends(tail);
+        let in_last = ends.len() as u64 - 1;
+        let (mut cases, mut cut, mut whole, mut refused) = (0u64, 0u64, 0u64, 0u64);
+        // The last segment cut at every length short of its own.
+        for x in 0..tail.len() {
+            cases += 1;
+            let t = dir();
+            let mut files = pristine.clone();
+            files.insert(last.clone(), tail[..x].to_vec());
+            put_files(t.path(), &files);
+            // The whole frames before the cut, and where they end (the
+            // segment's first frame is written again when it is cut too).
+            let whole_frames = ends.iter().filter(|e| **e <= x).count() as u64;
+            let boundary = ends.iter().copied().filter(|e| *e <= x).max().unwrap_or(0);
+            let expected_records = records - in_last + whole_frames.saturating_sub(1);
+            let (check, found) = Journal::verify(t.path()).unwrap();
+            assert_eq!(check.records, expected_records, "cut at {x}");
+            assert_eq!(found.truncated, (x - boundary) as u64, "cut at {x}");
+            assert_eq!(
+                files_of(t.path()),
+                files,
+                "verify changed a file (cut at {x})"
+            );
+            let (mut j, entries, opened) = Journal::open(t.path(), SEGMENT).unwrap();
+            assert_eq!(
+                entries.last().map_or(0, |e| e.seq),
+                expected_records,
+                "cut at {x}"
+            );
+            assert_eq!(opened.truncated, (x - boundary) as u64, "cut at {x}");
+            let after = files_of(t.path());
+            assert_eq!(
+                after[&last],
+                tail[..boundary.max(ends[0])],
+                "the segment after a cut at {x}"
+            );
+            if x > boundary {
+                let kept = torn_name(3, boundary as u64, 1);
+                assert_eq!(opened.kept_as.as_deref(), Some(kept.as_str()));
+                assert_eq!(after[&kept], tail[boundary..x], "the torn tail at {x}");
+                cut += 1;
+            } else {
+                assert!(after.keys().all(|n| !is_torn_evidence(n)), "cut at {x}");
+                whole += 1;
+            }
+            assert_eq!(j.append(&record(0)).unwrap(), expected_records + 1);
+            drop(j);
+            assert_eq!(
+                Journal::open(t.path(), SEGMENT).unwrap().1.len(),
+                entries.len() + 1,
+                "appends go on after a cut at {x}"
+            );
+        }
+        // An earlier segment or the base cut anywhere: damage, nothing changed.
+        for name in [segment_name(2), BASE_FILE.to_string()] {
+            let bytes = &pristine[&name];
+            for x in 0..bytes.len() {
+                cases += 1;
+                let t = dir();
+                let mut files = pristine.clone();
+                files.insert(name.clone(), bytes[..x].to_vec());
+                put_files(t.path(), &files);
+                assert!(
+                    matches!(Journal::verify(t.path()), Err(JournalError::Damaged { .. })),
+                    "{name} cut at {x}"
+                );
+                assert!(
+                    matches!(
+                        Journal::open(t.path(), SEGMENT),
+                        Err(JournalError::Damaged { .. })
+                    ),
+                    "{name} cut at {x}"
+                );
+                assert_eq!(files_of(t.path()), files, "{name} cut at {x}");
+                refused += 1;
+            }
+        }
+        println!(
+            "journal truncation sweep: {cases} cases: {cut} cut only the unfinished final frame (kept aside), {whole} at a frame boundary, {refused} damaged (an earlier segment or the base cut)"
+        );
+        assert_eq!(cases, cut + whole + refused);
+    }
+
+    #[test]
+    fn a_torn_tail_cut_twice_at_one_place_keeps_both_copies() {
+        let d = dir();
+        let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        fill(&mut j, 1, 4);
+        let at = j.offset;
+        drop(j);
+        let path = seg(d.path(), 1);
+        for (round, text) in [(1u32, "first"), (2, "second")] {
+            let (bytes, _) = frame(&ZERO_HASH, &canonical(&json!({"x": text})).unwrap());
+            let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(&bytes[..20]).unwrap();
+            drop(f);
+            let (_, entries, opened) = Journal::open(d.path(), SEGMENT).unwrap();
+            assert_eq!(entries.len(), 3);
+            let kept = torn_name(1, at, round);
+            assert_eq!(opened.kept_as.as_deref(), Some(kept.as_str()));
+            assert_eq!(std::fs::read(d.path().join(&kept)).unwrap(), bytes[..20]);
+        }
+        // The evidence is no segment: the journal verifies beside it.
+        assert_eq!(Journal::verify(d.path()).unwrap().0.records, 3);
+    }
+
+    /// A frame as segments of format 1 held it (no length check).
+    fn frame_v1(previous: &[u8; HASH_BYTES], payload: &[u8]) -> (Vec<u8>, [u8; HASH_BYTES]) {
+        let hash = frame_hash(previous, payload);
+        let mut out = (payload.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(payload);
+        out.resize(LEN_BYTES + padded(payload.len()), 0);
+        out.extend_from_slice(&hash);
+        (out, hash)
+    }
+
+    /// A journal of format 1: one segment of `n` records.
+    fn journal_v1(d: &Path, n: u64) -> Vec<u8> {
+        let segment = json!({"kind": "segment", "journal": "ab".repeat(16), "segment": 1,
+            "previous": hex(&ZERO_HASH), "first_seq": 1});
+        let (mut bytes, mut head) = frame_v1(&ZERO_HASH, &canonical(&segment).unwrap());
+        for i in 1..=n {
+            let (f, h) = frame_v1(&head, &canonical(&record(i)).unwrap());
+            bytes.extend_from_slice(&f);
+            head = h;
+        }
+        std::fs::write(seg(d, 1), &bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_journal_of_the_first_format_still_opens_and_goes_on_in_the_new_one() {
+        let d = dir();
+        journal_v1(d.path(), 5);
+        let (c, _) = Journal::verify(d.path()).unwrap();
+        assert_eq!(c.records, 5);
+        let (mut j, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        assert_eq!(entries.len(), 5);
+        // Appends go on in a segment of the current format.
+        assert_eq!(j.append(&record(6)).unwrap(), 6);
+        drop(j);
+        let second = std::fs::read(seg(d.path(), 2)).unwrap();
+        assert!(second.starts_with(&FORMAT_MAGIC));
+        let (_, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        assert!(
+            entries
+                .iter()
+                .map(|e| e.record["n"].as_u64())
+                .eq((1..=6).map(Some))
+        );
+
+        // Its last frame cut (or its length raised): refused, since format 1
+        // cannot tell the two apart; nothing is changed.
+        let d = dir();
+        let bytes = journal_v1(d.path(), 5);
+        std::fs::write(seg(d.path(), 1), &bytes[..bytes.len() - 3]).unwrap();
+        let (_, _, reason) = damaged(d.path());
+        assert!(reason.contains("format 1"), "{reason}");
+        assert_eq!(
+            std::fs::read(seg(d.path(), 1)).unwrap().len(),
+            bytes.len() - 3
+        );
+
+        // A segment of format 1 after one of format 2: refused.
+        let d = dir();
+        let (mut j, _, _) = Journal::open_sized(d.path(), 1024, Faults::default()).unwrap();
+        fill(&mut j, 1, 20);
+        assert!(j.kept.len() >= 2);
+        drop(j);
+        let path = seg(d.path(), 2);
+        let second = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &second[FORMAT_MAGIC.len()..]).unwrap();
+        assert_eq!(damaged(d.path()).0, "journal-000002.log");
+    }
+
+    /// A test hook's fault file in `d` naming `point`.
+    fn fault(d: &Path, point: &str) -> Faults {
+        let file = d.join("fault");
+        std::fs::write(&file, point).unwrap();
+        Faults(Some(file))
+    }
+
+    #[test]
+    fn an_append_whose_sync_fails_is_not_acknowledged_and_not_kept() {
+        let d = dir();
+        let faults_dir = dir();
+        let (mut j, _, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        fill(&mut j, 1, 4);
+        let good = j.checkpoint();
+        j.faults = fault(faults_dir.path(), crate::testhooks::JOURNAL_SYNC_APPEND);
+        assert!(matches!(
+            j.append(&record(4)),
+            Err(JournalError::Io {
+                during: "appending a record",
+                ..
+            })
+        ));
+        assert_eq!(j.checkpoint(), good);
+        drop(j);
+        let (_, entries, opened) = Journal::open(d.path(), SEGMENT).unwrap();
+        assert_eq!((entries.len(), opened.truncated), (3, 0));
+    }
+
+    #[test]
+    fn the_base_is_synced_before_any_segment_is_removed() {
+        let d = dir();
+        let faults_dir = dir();
+        let (mut j, _, _) = Journal::open_sized(d.path(), 1024, Faults::default()).unwrap();
+        fill(&mut j, 1, 40);
+        assert!(j.kept.len() >= 4);
+        let third = j.kept[2].first_seq;
+        let before = files_of(d.path());
+        let good = j.checkpoint();
+        // The base's sync fails: no segment may go.
+        j.faults = fault(faults_dir.path(), crate::testhooks::JOURNAL_SYNC_BASE);
+        assert!(matches!(
+            j.remove_before(third),
+            Err(JournalError::Io {
+                during: "writing the journal's base",
+                ..
+            })
+        ));
+        let after = files_of(d.path());
+        for (name, bytes) in before.iter().filter(|(n, _)| segment_number(n).is_some()) {
+            assert_eq!(
+                after.get(name),
+                Some(bytes),
+                "{name} was removed or changed"
+            );
+        }
+        assert!(!after.contains_key(BASE_FILE), "{:?}", after.keys());
+        assert_eq!(j.checkpoint(), good);
+        // Once the sync works, they go.
+        j.faults = Faults::default();
+        assert_eq!(j.remove_before(third).unwrap(), 2);
+        drop(j);
+        let (_, entries, _) = Journal::open(d.path(), SEGMENT).unwrap();
+        assert_eq!(entries.first().map(|e| e.seq), Some(third));
     }
 
     #[test]

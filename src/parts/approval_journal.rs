@@ -56,6 +56,24 @@ fn segment_files(live: &Path) -> Result<Vec<PathBuf>, BackupError> {
     Ok(files)
 }
 
+/// The copies of torn final frames a start kept (evidence of a crash,
+/// never part of the journal nor of a backup).
+fn torn_files(live: &Path) -> Result<Vec<PathBuf>, BackupError> {
+    let entries = match fs::read_dir(live) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(live)(e)),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let name = entry.map_err(io_err(live))?.file_name();
+        if journal::is_torn_evidence(&name.to_string_lossy()) {
+            files.push(PathBuf::from(name));
+        }
+    }
+    Ok(files)
+}
+
 /// One line about a journal copy or the live journal.
 fn describe(dir: &Path) -> Result<String, JournalError> {
     if segment_files(dir).map(|f| f.is_empty()).unwrap_or(true) {
@@ -72,8 +90,9 @@ fn describe(dir: &Path) -> Result<String, JournalError> {
     );
     if opened.truncated > 0 {
         line.push_str(&format!(
-            "; an unfinished final record ({} bytes, never acknowledged) is cut at the next start",
-            opened.truncated
+            "; an unfinished final record ({} bytes, never acknowledged: a crash in the middle of an append) at {} is copied to a journal-*.torn file beside the segments and cut at the next start",
+            opened.truncated,
+            opened.kept_as.as_deref().unwrap_or("the end")
         ));
     }
     Ok(line)
@@ -159,7 +178,8 @@ impl Part for ApprovalJournal {
         // What is replaced is kept; then the snapshot's segments go in. The
         // daemon is stopped (the caller holds the state directory's lock),
         // so nothing appends meanwhile.
-        for rel in segment_files(live)? {
+        // Torn tails kept beside the replaced segments go with them.
+        for rel in segment_files(live)?.into_iter().chain(torn_files(live)?) {
             fs::rename(live.join(&rel), evidence.join(&rel)).map_err(io_err(&live.join(&rel)))?;
         }
         sync_dir(evidence)?;

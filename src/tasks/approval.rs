@@ -157,9 +157,11 @@ impl Approvals {
         let gate = match Gate::open_dir(&settings.directory, gate_settings) {
             Ok((gate, opened)) => {
                 if opened.truncated > 0 {
+                    let kept = opened.kept_as.as_deref().unwrap_or("");
                     tracing::warn!(
                         bytes = opened.truncated,
-                        "the approval journal ended in an unfinished record ({} bytes, never acknowledged); it was cut away",
+                        kept_as = kept,
+                        "the approval journal ended in an unfinished record ({} bytes, never acknowledged); it was cut away and kept as {kept} in the journal's directory",
                         opened.truncated
                     );
                 }
@@ -200,8 +202,18 @@ impl Approvals {
         }
     }
 
+    /// The gate, while approvals are enabled (it opened, and no append of
+    /// its has failed since).
     pub fn gate(&self) -> Option<&Arc<Gate>> {
-        self.gate.as_ref().ok()
+        self.gate.as_ref().ok().filter(|g| g.disabled().is_none())
+    }
+
+    /// Why approvals are disabled, when they are.
+    fn disabled(&self) -> Option<String> {
+        match &self.gate {
+            Ok(gate) => gate.disabled().map(str::to_string),
+            Err(reason) => Some(reason.clone()),
+        }
     }
 
     pub fn status(&self, now: i64) -> ApprovalsStatus {
@@ -214,7 +226,7 @@ impl Approvals {
                     records: c.records,
                     bytes: c.bytes,
                     head: c.head,
-                    disabled: None,
+                    disabled: gate.disabled().map(str::to_string),
                     stale: None,
                 }
             }
@@ -231,9 +243,9 @@ impl Approvals {
     }
 
     fn open_gate(&self) -> Result<Arc<Gate>, AdminRefusal> {
-        match &self.gate {
-            Ok(g) => Ok(g.clone()),
-            Err(reason) => Err(AdminRefusal::Disabled(reason.clone())),
+        match (self.gate(), self.disabled()) {
+            (Some(g), _) => Ok(g.clone()),
+            (None, reason) => Err(AdminRefusal::Disabled(reason.unwrap_or_default())),
         }
     }
 
@@ -313,6 +325,7 @@ impl Approvals {
             Err(
                 e @ (GateError::Refused(_) | GateError::SelfApproval | GateError::ReasonTooLong),
             ) => Err(AdminRefusal::Refused(e.to_string())),
+            Err(GateError::Disabled { reason }) => Err(AdminRefusal::Disabled(reason)),
             Err(e) => Err(AdminRefusal::Failed(e.to_string())),
         }
     }
@@ -330,7 +343,10 @@ impl Approvals {
         let Some(gate) = self.gate().cloned() else {
             return Err(TaskError::ApprovalsUnavailable {
                 tool: tool.to_string(),
-                reason: "the approval journal failed its check".into(),
+                reason: match &self.gate {
+                    Ok(_) => "an append to the approval journal failed".into(),
+                    Err(_) => "the approval journal failed its check".into(),
+                },
             });
         };
         let arguments = Value::Object(args.clone());
@@ -589,4 +605,68 @@ pub(super) fn waiting(record: &TaskRecord) -> Option<&ProposalRef> {
         .proposal
         .as_ref()
         .filter(|_| !record.status.is_terminal())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Overrides};
+
+    const DAY_MS: i64 = 86_400_000;
+
+    fn held(call: &str) -> HeldCall {
+        HeldCall {
+            owner: "o".repeat(64),
+            call: call.into(),
+            tool: "deploy".into(),
+            principal: "the local caller".into(),
+            arguments: "0".repeat(64),
+            preview: Default::default(),
+        }
+    }
+
+    /// Approvals in a fresh directory, with the tasks' default time to
+    /// live `ttl_ms` and the execution window (and everything else) at its
+    /// default.
+    fn approvals(dir: &std::path::Path, ttl_ms: i64) -> Approvals {
+        let env = [("XDG_STATE_HOME".to_string(), "/x/state".to_string())].into();
+        let mut settings = Config::load_from(&Overrides::default(), &env)
+            .unwrap()
+            .approvals;
+        settings.directory = dir.join("journal");
+        Approvals::open(&settings, Duration::from_millis(ttl_ms as u64))
+    }
+
+    /// Whether a proposal approved at once is still kept when a new call
+    /// first looks for settled ones `past_ms` after its decision deadline.
+    fn kept(ttl_ms: i64, past_ms: i64) -> bool {
+        let d = tempfile::tempdir().unwrap();
+        let a = approvals(d.path(), ttl_ms);
+        let gate = a.gate().unwrap();
+        let Admission::Held {
+            proposal,
+            decision_deadline_ms,
+            ..
+        } = gate.admit(&held("first"), 0).unwrap()
+        else {
+            panic!("not held")
+        };
+        gate.approve(&proposal, "admin", "admin", 1).unwrap();
+        gate.admit(&held("later"), decision_deadline_ms + past_ms)
+            .unwrap();
+        gate.proposal(&proposal).is_some()
+    }
+
+    #[test]
+    fn a_decided_proposal_is_kept_exactly_as_long_as_its_longest_lived_task() {
+        let window_ms = 900_000;
+        // An approval task lives the default time to live or the execution
+        // window and the receipt margin, whichever is longer: the proposal
+        // is kept to the millisecond that longer one ends, and no longer.
+        for (ttl_ms, longest) in [(DAY_MS, DAY_MS), (60_000, window_ms + RECEIPT_MARGIN_MS)] {
+            assert_eq!(retain_ms(ttl_ms, window_ms), longest, "ttl {ttl_ms}");
+            assert!(kept(ttl_ms, longest), "forgotten early (ttl {ttl_ms})");
+            assert!(!kept(ttl_ms, longest + 1), "kept too long (ttl {ttl_ms})");
+        }
+    }
 }
