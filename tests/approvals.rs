@@ -508,18 +508,7 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
         "the damaged segment is kept for investigation"
     );
     let (root, state) = s.stop();
-    let st = state.to_string_lossy().into_owned();
-    let cfg = config(root.path());
-    let check = taskgate(
-        &[
-            "check",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--state-dir",
-            &st,
-        ],
-        &[],
-    );
+    let check = check_stopped(root.path(), &state);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(
         text.contains("DAMAGED") && text.contains("journal-000001.log"),
@@ -759,17 +748,7 @@ fn a_spent_approvals_record_with_a_changed_length_is_damage_and_never_runs_again
         "the evidence was changed"
     );
     let (root, state) = s.stop();
-    let cfg = config(root.path());
-    let check = taskgate(
-        &[
-            "check",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let check = check_stopped(root.path(), &state);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(
         text.contains("DAMAGED") && text.contains("journal-000001.log"),
@@ -870,17 +849,7 @@ fn a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable() {
     );
     // And check does, with the daemon stopped.
     let (root, state) = s.stop();
-    let cfg = config(root.path());
-    let check = taskgate(
-        &[
-            "check",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let check = check_stopped(root.path(), &state);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(
         text.contains("STALE") && text.contains("2 approval tasks wait"),
@@ -1091,4 +1060,19 @@ fn a_crash_between_an_expiry_and_its_projection_is_reconciled_after_it() {
     // The identical call asks afresh; nothing ran.
     assert_ne!(proposal_of(&s.call(false, "prod-eu")), proposal);
     assert!(s.marker().is_empty());
+}
+
+/// `taskgate check` on a stopped daemon's configuration and state.
+fn check_stopped(root: &Path, state: &Path) -> std::process::Output {
+    let cfg = config(root);
+    taskgate(
+        &[
+            "check",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &[],
+    )
 }

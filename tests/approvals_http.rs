@@ -82,17 +82,7 @@ fn start() -> Fixture {
             "[auth]\ntokens_file = \"{}\"\n[approvals]\npoll_interval_ms = 5000\n",
             tokens.display()
         ),
-        &[Tool::new("deploy")
-            .script(&format!(
-                "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
-                out.display()
-            ))
-            .args(&["{target}"])
-            .param("target", "string")
-            .extra(&format!(
-                "approval = \"required\"\nwrite_paths = [\"{}\"]",
-                out.display()
-            ))],
+        &[Tool::held_deploy(&out)],
     );
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
     let port = daemon.port;

@@ -465,17 +465,7 @@ fn run_workload() -> Workload {
     );
     sections += &tasks_upstream_table(&place, "up");
     sections += &place.hostile_table("die", "die", &[], "");
-    let deploy = Tool::new("deploy")
-        .script(&format!(
-            "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
-            out.display()
-        ))
-        .args(&["{target}"])
-        .param("target", "string")
-        .extra(&format!(
-            "approval = \"required\"\nwrite_paths = [\"{}\"]",
-            out.display()
-        ));
+    let deploy = Tool::held_deploy(&out);
     let s = route::Setup::start_with_tools(
         root,
         &sections,

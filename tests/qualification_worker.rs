@@ -40,9 +40,17 @@ fn request(correlation_id: &str, output: &str, fault: &str) -> Vec<u8> {
 
 /// Runs `taskgate qualification-worker --root ROOT` with `stdin`.
 fn worker(root: &Path, stdin: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(["qualification-worker", "--root"])
-        .arg(root)
+    run(
+        Command::new(BIN)
+            .args(["qualification-worker", "--root"])
+            .arg(root),
+        stdin,
+    )
+}
+
+/// Runs the worker `command` describes, `stdin` written to it.
+fn run(command: &mut Command, stdin: &[u8]) -> Output {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -152,19 +160,15 @@ fn refusals_are_one_line_with_their_exit_class_and_write_nothing() {
 
 /// Runs the worker with `--ledger LEDGER` (and `extra` flags).
 fn worker_with(root: &Path, ledger: &Path, extra: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(["qualification-worker", "--root"])
-        .arg(root)
-        .arg("--ledger")
-        .arg(ledger)
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _ = child.stdin.take().unwrap().write_all(stdin);
-    child.wait_with_output().unwrap()
+    run(
+        Command::new(BIN)
+            .args(["qualification-worker", "--root"])
+            .arg(root)
+            .arg("--ledger")
+            .arg(ledger)
+            .args(extra),
+        stdin,
+    )
 }
 
 fn ledger_ids(ledger: &Path) -> Vec<Value> {

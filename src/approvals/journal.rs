@@ -374,22 +374,31 @@ fn read_base(dir: &Path) -> Result<Option<Base>, JournalError> {
     Ok(Some(base))
 }
 
-/// Writes the base file whole (a temporary file synced, then renamed and
-/// the directory synced).
-fn write_base(dir: &Path, base: &Base, faults: &Faults) -> Result<(), JournalError> {
+/// Creates `path` new and private (0600), writes `bytes` and syncs them with
+/// `sync`.
+fn write_private(
+    path: &Path,
+    bytes: &[u8],
+    sync: impl FnOnce(&File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let value = serde_json::to_value(base).unwrap_or(Value::Null);
-    let bytes = canonical(&value)?;
-    let tmp = dir.join(format!("{BASE_FILE}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp, "writing the journal's base"))?;
-    f.write_all(&bytes)
-        .and_then(|_| faults.sync(&f, SyncPoint::Base, true))
+        .open(path)?;
+    f.write_all(bytes)?;
+    sync(&f)
+}
+
+/// Writes the base file whole (a temporary file synced, then renamed and
+/// the directory synced).
+fn write_base(dir: &Path, base: &Base, faults: &Faults) -> Result<(), JournalError> {
+    let value = serde_json::to_value(base).unwrap_or(Value::Null);
+    let bytes = canonical(&value)?;
+    let tmp = dir.join(format!("{BASE_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    write_private(&tmp, &bytes, |f| faults.sync(f, SyncPoint::Base, true))
         .map_err(io(&tmp, "writing the journal's base"))?;
     std::fs::rename(&tmp, dir.join(BASE_FILE)).map_err(io(&tmp, "renaming the journal's base"))?;
     sync_dir(dir)
@@ -668,7 +677,6 @@ fn read_chain(dir: &Path, keep: bool) -> Result<Chain, JournalError> {
 /// crash left is evidence. A copy made before (a crash between copying and
 /// cutting) is kept as it is. Returns the file's name.
 fn keep_torn(dir: &Path, n: u32, offset: u64) -> Result<String, JournalError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(segment_name(n));
     let mut tail = Vec::new();
     File::open(&path)
@@ -686,14 +694,7 @@ fn keep_torn(dir: &Path, n: u32, offset: u64) -> Result<String, JournalError> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(&target, "reading a torn tail's copy")(e)),
         }
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&target)
-            .map_err(io(&target, "keeping a torn final frame"))?;
-        f.write_all(&tail)
-            .and_then(|_| f.sync_all())
+        write_private(&target, &tail, |f| f.sync_all())
             .map_err(io(&target, "keeping a torn final frame"))?;
         sync_dir(dir)?;
         return Ok(name);

@@ -31,6 +31,22 @@ struct Schema {
 }
 
 impl Tool {
+    /// `deploy {target}`, held for an administrator's approval: each run
+    /// appends its target to `out/marker` and prints "deployed".
+    pub fn held_deploy(out: &std::path::Path) -> Tool {
+        Tool::new("deploy")
+            .script(&format!(
+                "printf '%s\\n' \"$0\" >> {}/marker; printf deployed",
+                out.display()
+            ))
+            .args(&["{target}"])
+            .param("target", "string")
+            .extra(&format!(
+                "approval = \"required\"\nwrite_paths = [\"{}\"]",
+                out.display()
+            ))
+    }
+
     pub fn new(name: &str) -> Tool {
         Tool {
             name: name.into(),
