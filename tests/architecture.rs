@@ -55,6 +55,8 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("route", "upstream"),
     // The store reaches its fault hooks (tests only; no-ops in release).
     ("store", "testhooks"),
+    // So does the approval journal (an injected sync fault).
+    ("approvals", "testhooks"),
     // Artifacts live in the state directory and are keyed by task ID.
     ("artifacts", "state_dir"),
     ("artifacts", "store"),
@@ -231,7 +233,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("testhooks", &[]),
     // The approval journal is a file format of its own; its events are
     // counted.
-    ("approvals", &["metrics"]),
+    ("approvals", &["metrics", "testhooks"]),
     ("config", &["exit"]),
     ("wire", &[]),
     ("exit", &[]),
