@@ -1046,6 +1046,14 @@ impl Journal {
 
 #[cfg(test)]
 mod tests {
+    /// A sweep's counts, written straight to the test process's stderr:
+    /// the harness captures only the print macros, so the line shows in
+    /// every run's log, passing or not.
+    fn report(line: &str) {
+        use std::io::Write as _;
+        let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -1511,10 +1519,10 @@ mod tests {
             }
             std::fs::write(d.path().join(name), bytes).unwrap();
         }
-        println!(
+        report(&format!(
             "journal byte sweep: {cases} cases, {refused} damaged, {} accepted",
             accepted.len()
-        );
+        ));
         assert!(accepted.is_empty(), "{accepted:#?}");
         assert!(cases > 10_000, "{cases}");
         // The untouched journal still opens whole.
@@ -1619,9 +1627,9 @@ mod tests {
                 refused += 1;
             }
         }
-        println!(
+        report(&format!(
             "journal truncation sweep: {cases} cases: {cut} cut only the unfinished final frame (kept aside), {whole} at a frame boundary, {refused} damaged (an earlier segment or the base cut)"
-        );
+        ));
         assert_eq!(cases, cut + whole + refused);
     }
 
