@@ -294,7 +294,8 @@ fn a_held_lock_names_its_real_holder_not_the_pid_in_the_file() {
     );
     for sub in ["check", "serve"] {
         let out = taskgate(&[sub, "--state-dir", dir.to_str().unwrap()], &[]);
-        assert!(!one_line_stderr(&out).contains("4242"), "{sub}");
+        let said = one_line_stderr(&out);
+        assert!(!said.contains("4242"), "{sub}: {said}");
     }
     drop(held);
 }
