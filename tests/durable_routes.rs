@@ -858,6 +858,12 @@ fn a_poll_answer_for_another_task_or_with_a_wrong_or_missing_echo_never_ends_a_r
         let t = s.get(&id).unwrap();
         assert_reconciling(&t, why);
         assert!(!t.to_string().contains("another task's answer"), "{t}");
+        // Neither the provider's task ID nor the one it answered for
+        // reaches the caller; the operator reads both.
+        let bound = up.effects()[0]["task"].as_str().unwrap().to_string();
+        for provider_id in [bound.as_str(), "up-ffffffffffffffffffffffffffffffff"] {
+            assert!(!t.to_string().contains(provider_id), "{t}");
+        }
         assert_eq!(up.received("tools/call").len(), 1, "{cap} sent again");
         assert!(up.received("tasks/get").len() >= 2, "{cap} was not polled");
         let out = s.admin(&["routes", "show", &id]);

@@ -681,7 +681,7 @@ impl Router {
                 TaskStatus::Working,
                 Some(format!(
                     "reconciliation required: {}; taskgate asks upstream {} about its task on the connection it was sent on, and never sends it again",
-                    r.reason
+                    caller_reason(r)
                         .as_deref()
                         .unwrap_or("the upstream's outcome is unknown"),
                     r.upstream
@@ -689,7 +689,7 @@ impl Router {
                 None,
             ),
             RoutePhase::ReconciliationRequired => {
-                let reason = r.reason.clone().unwrap_or_default();
+                let reason = caller_reason(r).unwrap_or_default();
                 (
                     TaskStatus::Failed,
                     Some("reconciliation required: the upstream's outcome is unknown; not sent again".into()),
@@ -1118,6 +1118,34 @@ fn submitted(r: &RouteRecord) -> Value {
         "binding": r.binding_json(),
         "bindingDigest": r.binding_digest.to_hex(),
         "requestDigest": r.request_digest.to_hex(),
+    })
+}
+
+/// A route's reason as its caller reads it: the operator's reason without
+/// the upstream's own task IDs (quoted, or the bound one wherever it
+/// appears) or the session it went out on, which only `routes show` gives.
+fn caller_reason(r: &RouteRecord) -> Option<String> {
+    let reason = r.reason.as_deref()?;
+    let reason = reason
+        .split(" (it went out on session ")
+        .next()
+        .unwrap_or(reason);
+    let mut out = String::with_capacity(reason.len());
+    let mut quoted = false;
+    for c in reason.chars() {
+        match (c, quoted) {
+            ('"', false) => {
+                quoted = true;
+                out.push('…');
+            }
+            ('"', true) => quoted = false,
+            (_, true) => {}
+            (c, false) => out.push(c),
+        }
+    }
+    Some(match r.upstream_task_id.as_deref() {
+        Some(bound) if !bound.is_empty() => out.replace(bound, "…"),
+        _ => out,
     })
 }
 
