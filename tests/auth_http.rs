@@ -952,6 +952,35 @@ fn the_operator_client_sends_a_token_from_a_file_or_the_environment() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("rested"));
     let out = call(&[], &[("TASKGATE_TOKEN", &secret('a'))]);
     assert!(out.status.success(), "{out:?}");
+    // Found through a configuration's server.listen instead of --url, the
+    // client's own variables are still the client's: the configuration
+    // layer does not take them for settings.
+    let client_cfg = f.root.path().join("client.toml");
+    std::fs::write(
+        &client_cfg,
+        format!("[server]\nlisten = \"127.0.0.1:{}\"\n", f.daemon.port),
+    )
+    .unwrap();
+    let by_config = |env: &[(&str, &str)]| {
+        taskgate(
+            &["call", "nap", "--config", client_cfg.to_str().unwrap()],
+            env,
+        )
+    };
+    for env in [
+        ("TASKGATE_TOKEN", secret('a')),
+        (
+            "TASKGATE_TOKEN_FILE",
+            token_file.to_string_lossy().into_owned(),
+        ),
+    ] {
+        let out = by_config(&[(env.0, env.1.as_str())]);
+        assert!(out.status.success(), "{}: {out:?}", env.0);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("rested"),
+            "{out:?}"
+        );
+    }
     // Without a token the daemon refuses, and the client says so.
     let out = call(&[], &[]);
     assert_eq!(out.status.code(), Some(76), "{out:?}");

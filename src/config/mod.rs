@@ -60,6 +60,11 @@ pub const DEFAULT_LOG_FILTER: &str = match keys::LOG_FILTER.kind {
     Kind::Filter { default } => default,
     _ => panic!("log.filter is a filter"),
 };
+/// The operator client's own variables (`taskgate call`, `taskgate task`):
+/// the bearer token to send, or a file holding it. Not settings: the
+/// configuration layer passes over them.
+pub const ENV_CLIENT_TOKEN: &str = "TASKGATE_TOKEN";
+pub const ENV_CLIENT_TOKEN_FILE: &str = "TASKGATE_TOKEN_FILE";
 const ENV_PREFIX: &str = "TASKGATE_";
 const ENV_RESERVED_PREFIX: &str = "TASKGATE_TEST_";
 
@@ -717,6 +722,8 @@ fn env_layer(layers: &mut Layers, env: &HashMap<String, String>) -> Result<(), C
     for name in names {
         if !name.starts_with(ENV_PREFIX)
             || name == ENV_CONFIG_PATH
+            || name == ENV_CLIENT_TOKEN
+            || name == ENV_CLIENT_TOKEN_FILE
             || name.starts_with(ENV_RESERVED_PREFIX)
         {
             continue;
@@ -1141,6 +1148,23 @@ mod tests {
         assert_eq!(c.store.queue_depth, 128);
         assert_eq!(c.store.max_db_pages, 1_048_576);
         assert_eq!(c.server.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn the_clients_own_variables_are_not_settings_and_nothing_else_is_waved_through() {
+        for var in [ENV_CLIENT_TOKEN, ENV_CLIENT_TOKEN_FILE] {
+            assert!(keys::by_env_var(var).is_none(), "{var} names a setting");
+            let loaded = Config::load_from(
+                &Overrides::default(),
+                &env(&[("HOME", "/home/u"), (var, "tgk_whatever")]),
+            );
+            assert!(loaded.is_ok(), "{var}: {loaded:?}");
+        }
+        let refused = Config::load_from(
+            &Overrides::default(),
+            &env(&[("HOME", "/home/u"), ("TASKGATE_TOKENS", "x")]),
+        );
+        assert!(refused.is_err(), "a near miss was taken: {refused:?}");
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub(crate) fn target(endpoint: &Endpoint) -> Result<Target, Refusal> {
             }
             Some(line)
         }
-        None => std::env::var("TASKGATE_TOKEN")
+        None => std::env::var(taskgate::config::ENV_CLIENT_TOKEN)
             .ok()
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty()),
