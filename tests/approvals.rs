@@ -492,7 +492,12 @@ fn a_damaged_journal_disables_approvals_and_keeps_receipts_readable() {
         "{status}"
     );
     let verify = s.cli(&["approvals", "verify"]);
-    assert!(!verify.status.success(), "{verify:?}");
+    assert_eq!(verify.status.code(), Some(65), "{verify:?}");
+    // The JSON form says the same, and exits the same.
+    let verify = s.cli(&["approvals", "verify", "--json"]);
+    assert_eq!(verify.status.code(), Some(65), "{verify:?}");
+    let said: serde_json::Value = serde_json::from_slice(&verify.stdout).expect("JSON");
+    assert!(said["disabled"].is_string(), "{said}");
     // `check` names it too (with the daemon stopped, below).
     // The receipt is read from the task store alone.
     assert_eq!(s.get(&receipt).expect("poll")["status"], "completed");

@@ -73,18 +73,27 @@ pub(crate) fn approvals(args: &ApprovalsArgs) -> Result<(), Refusal> {
                 pending: true,
             };
             let (_, journal) = ask(l, request)?;
+            // The JSON form exits as the text form does: a disabled journal
+            // fails its check either way.
+            let failed = || {
+                Err(Refusal::new(
+                    taskgate::exit::ExitClass::DatabaseInvalid,
+                    "the approval journal failed its check",
+                ))
+            };
             if l.json {
-                return out(serde_json::to_string_pretty(&journal).unwrap_or_default());
+                out(serde_json::to_string_pretty(&journal).unwrap_or_default())?;
+                return match journal.disabled {
+                    Some(_) => failed(),
+                    None => Ok(()),
+                };
             }
             let field = |name: &str, value: String| out(format!("{name:<12} {value}"));
             field("directory", journal.directory.display().to_string())?;
             match &journal.disabled {
                 Some(reason) => {
                     field("health", format!("DISABLED: {reason}"))?;
-                    Err(Refusal::new(
-                        taskgate::exit::ExitClass::DatabaseInvalid,
-                        "the approval journal failed its check",
-                    ))
+                    failed()
                 }
                 None => {
                     field("health", "verified (every frame's hash chains)".into())?;
