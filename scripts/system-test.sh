@@ -689,9 +689,21 @@ reload_and_wait() {
 # moment and, dying first, was recorded as killed in about one restart in
 # four). RESTART_ROUNDS restarts, each with a task running.
 RESTART_ROUNDS=20
+RESTART_SAVED=/root/taskgate.toml.restart-test
 check_restart_interrupts() {
-  local saved=/root/taskgate.toml.restart-test i id interrupted=0 pid
-  cx cp -p /etc/taskgate/taskgate.toml "$saved" || { WHY="cannot save the conffile"; return 1; }
+  local rc=0
+  cx cp -p /etc/taskgate/taskgate.toml "$RESTART_SAVED" || { WHY="cannot save the conffile"; return 1; }
+  restart_rounds || rc=1
+  # The conffile and a running service for the checks after this one, also
+  # when a round failed.
+  cx cp -p "$RESTART_SAVED" /etc/taskgate/taskgate.toml || { WHY="cannot restore the conffile"; return 1; }
+  cx systemctl reset-failed taskgate.service >/dev/null 2>&1 || true
+  run_cx systemctl restart taskgate.service
+  [ "$rc" -eq 0 ] || return 1
+  [ "$RC" -eq 0 ] || { WHY="the last restart exited $RC: $(oneline "$OUT")"; return 1; }
+}
+restart_rounds() {
+  local i id interrupted=0 pid
   run_cx sh -c 'cat >>/etc/taskgate/taskgate.toml <<EOF
 
 # Added by scripts/system-test.sh (restarts): a task that outlives a restart.
@@ -731,10 +743,6 @@ EOF'
       return 1
     fi
   done
-  cx cp -p "$saved" /etc/taskgate/taskgate.toml || { WHY="cannot restore the conffile"; return 1; }
-  cx systemctl reset-failed taskgate.service >/dev/null 2>&1 || true
-  run_cx systemctl restart taskgate.service
-  [ "$RC" -eq 0 ] || { WHY="the last restart exited $RC: $(oneline "$OUT")"; return 1; }
   INFO="$interrupted of $RESTART_ROUNDS restarts with a running tool read TG_TASK_INTERRUPTED"
 }
 run_check restart-with-running-tool-reads-interrupted check_restart_interrupts
