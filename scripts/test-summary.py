@@ -11,7 +11,11 @@ or `Doc-tests <crate>` line opens a binary, and that binary's own
 `test result:` line closes it. A binary that has no result line (killed by
 a signal, aborted, or exited early) is named as crashed and counted as
 failed: its tests that reported `ok` before it ended passed, every other
-test it was running failed (at least one).
+test it was running failed (at least one). cargo names a file inside its
+own package, so the unit tests of a workspace member (package
+`taskgate-NAME` in crates/NAME/, test binary `taskgate_NAME-<hash>`) are
+named `crates/NAME/src/lib.rs`, apart from the taskgate crate's
+`src/lib.rs`; its doc tests are `doc-tests taskgate_NAME`.
 
 The expected list names every binary, the least number of tests it must
 pass, and its child entry points: tests marked #[ignore] because they only
@@ -35,6 +39,8 @@ import re
 import sys
 
 RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \(")
+# The test binary of a workspace member's own sources: deps/taskgate_NAME-HASH.
+MEMBER = re.compile(r"^\s+Running unittests \S+ \(\S*deps/taskgate_([a-z0-9_]+)-[0-9a-f]+\)")
 DOCTESTS = re.compile(r"^\s+Doc-tests (\S+)")
 RUNNING_N = re.compile(r"^running (\d+) tests?$")
 TEST_LINE = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$")
@@ -88,6 +94,9 @@ def parse_cargo_log(lines):
         m = RUNNING.match(line) or DOCTESTS.match(line)
         if m:
             name = m.group(1) if RUNNING.match(line) else "doc-tests " + m.group(1)
+            member = MEMBER.match(line)
+            if member:
+                name = f"crates/{member.group(1).replace('_', '-')}/{name}"
             cur = Binary(name)
             binaries.append(cur)
             continue

@@ -27,9 +27,9 @@ pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 /// after their write, as a disk that lost what it was given would.
 pub const JOURNAL_SYNC_FAULT_FILE_ENV: &str = "TASKGATE_TEST_JOURNAL_SYNC_FAULT_FILE";
 /// The sync of a record appended to the approval journal.
-pub const JOURNAL_SYNC_APPEND: &str = "append";
+pub const JOURNAL_SYNC_APPEND: &str = taskgate_journal::SyncPoint::Append.word();
 /// The sync of `journal.base`, written before old segments are removed.
-pub const JOURNAL_SYNC_BASE: &str = "base";
+pub const JOURNAL_SYNC_BASE: &str = taskgate_journal::SyncPoint::Base.word();
 /// Milliseconds added to the wall clock the store reads, so that a test of
 /// the real binary can start a daemon an hour later without waiting one.
 pub const CLOCK_SKEW_MS_ENV: &str = "TASKGATE_TEST_CLOCK_SKEW_MS";

@@ -2,7 +2,7 @@
 //! bound and one past it. [`GUARDS`] names, for each bounded key of the
 //! key table (`[server]` … `[auth]`, `[[tool]]`, `[[auth.jwt]]`,
 //! `[[upstream]]`), the tests that do so (a test file's `file::name`, or a
-//! unit test's `src/….rs::name`), or why the key is a tunable rather than a limit on
+//! unit test's `src/….rs::name` or `crates/NAME/src/….rs::name`), or why the key is a tunable rather than a limit on
 //! what a client or a tool may do; a key added to the table without a row
 //! here fails `every_bounded_key_names_the_tests_that_enforce_it`, and so
 //! does a row naming a test that does not exist.
@@ -28,7 +28,8 @@ use taskgate::wire;
 /// How a bounded key is guarded.
 enum Guard {
     /// Tests that exercise it at the bound and past it: `file::name` for a
-    /// test of `tests/file.rs`, `src/path.rs::name` for a unit test.
+    /// test of `tests/file.rs`, `src/path.rs::name` (or
+    /// `crates/NAME/src/path.rs::name`) for a unit test.
     Enforced(&'static [&'static str]),
     /// Not a limit on input: a period, a default or a grace, with why.
     Tunable(&'static str),
@@ -58,8 +59,8 @@ const GUARDS: &[(&str, Guard)] = &[
     (
         "approvals.segment_max_bytes",
         Enforced(&[
-            "src/approvals/journal.rs::records_come_back_in_order_across_segments_after_a_reopen",
-            "src/approvals/journal.rs::records_past_the_frame_limit_are_refused_and_the_bounds_hold",
+            "crates/journal/src/lib.rs::records_come_back_in_order_across_segments_after_a_reopen",
+            "crates/journal/src/lib.rs::records_past_the_frame_limit_are_refused_and_the_bounds_hold",
         ]),
     ),
     (
@@ -344,11 +345,13 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
                 assert!(!names.is_empty(), "{key}: Enforced by no test");
                 for name in *names {
                     let (file, test) = name.rsplit_once("::").unwrap();
-                    // A unit test is named by its source file, a test of
-                    // tests/ by its file's stem.
-                    let shown = match file.strip_prefix("src/") {
-                        Some(_) => file.to_string(),
-                        None => format!("tests/{file}.rs"),
+                    // A unit test is named by its source file (in a
+                    // crate of crates/ too), a test of tests/ by its
+                    // file's stem.
+                    let shown = if file.starts_with("src/") || file.starts_with("crates/") {
+                        file.to_string()
+                    } else {
+                        format!("tests/{file}.rs")
                     };
                     let text = std::fs::read_to_string(root.join(&shown)).unwrap_or_default();
                     if !text.contains(&format!("fn {test}()")) {

@@ -45,7 +45,8 @@ fn metadata() -> Value {
 
 /// The packages linked into the binary: reachable from taskgate through
 /// normal dependencies (build scripts' and tests' dependencies are not
-/// linked), without taskgate itself.
+/// linked), without taskgate itself and the workspace's other crates
+/// (crates/*: taskgate's own code, which `Files: *` covers).
 fn linked(meta: &Value) -> Vec<&Value> {
     let packages: BTreeMap<&str, &Value> = meta["packages"]
         .as_array()
@@ -77,7 +78,14 @@ fn linked(meta: &Value) -> Vec<&Value> {
             }
         }
     }
-    seen.remove(root);
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert!(members.contains(root), "{root} is no workspace member");
+    seen.retain(|id| !members.contains(id));
     let mut out: Vec<&Value> = seen.iter().map(|id| packages[id]).collect();
     out.sort_by_key(|p| {
         (

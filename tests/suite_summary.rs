@@ -283,11 +283,51 @@ fn a_build_error_is_a_failure() {
     assert_eq!(s.status, 1);
 }
 
-/// The test binaries cargo builds from this package's sources.
+#[test]
+fn a_member_crates_unit_tests_are_named_by_its_directory() {
+    // cargo names the file inside its own package: both read src/lib.rs.
+    let member = LIB_OK
+        .replace(
+            "taskgate-5e1f2a3b4c5d6e7f",
+            "taskgate_store_engine-0f1e2d3c4b5a6978",
+        )
+        .replace("3 passed", "2 passed")
+        .replace("test b::three ... ok\n", "");
+    let member_doc = DOC_OK.replace("Doc-tests taskgate", "Doc-tests taskgate_store_engine");
+    let expected =
+        format!("{EXPECTED}crates/store-engine/src/lib.rs 2\ndoc-tests taskgate_store_engine 1\n");
+    let log = [
+        LIB_OK,
+        PARENT_OK,
+        member.as_str(),
+        DOC_OK,
+        member_doc.as_str(),
+    ]
+    .concat();
+    let s = summarize(&log, 0, &expected, &["--selected"]);
+    assert_eq!(s.checks(), Vec::<&str>::new());
+    assert!(s.has("  src/lib.rs: 3 passed, 0 failed, 0 ignored (at least 3)"));
+    assert!(s.has("  crates/store-engine/src/lib.rs: 2 passed, 0 failed, 0 ignored (at least 2)"));
+    assert!(s.has("  doc-tests taskgate_store_engine: 1 passed, 0 failed, 0 ignored (at least 1)"));
+    // 3 + 1 + 2 + 1 + 1 passed.
+    assert_eq!(s.last(), "8 passed, 0 failed, 1 skipped");
+}
+
+/// The test binaries cargo builds from the workspace's sources: this
+/// package's, and each member crate's unit and doc tests
+/// (`crates/NAME/src/lib.rs`, `doc-tests taskgate_NAME`).
 fn binaries_in_the_tree() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["src/lib.rs", "src/main.rs", "doc-tests taskgate"]
         .map(str::to_owned)
         .into();
+    for entry in std::fs::read_dir(repo().join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if dir.join("src/lib.rs").is_file() {
+            names.insert(format!("crates/{name}/src/lib.rs"));
+            names.insert(format!("doc-tests taskgate_{}", name.replace('-', "_")));
+        }
+    }
     for entry in std::fs::read_dir(repo().join("tests")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {

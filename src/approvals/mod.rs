@@ -266,4 +266,24 @@ mod tests {
             base
         );
     }
+
+    #[test]
+    fn events_round_trip_and_bound_the_reason() {
+        let e = Event::Rejected {
+            proposal: "p".into(),
+            decider: "admin".into(),
+            at_ms: 1,
+            reason: "no".into(),
+        };
+        let r = e.to_record().unwrap();
+        assert_eq!(r["kind"], "rejected");
+        assert_eq!(Event::from_record(&r).unwrap(), e);
+        let long = Event::Rejected {
+            proposal: "p".into(),
+            decider: "admin".into(),
+            at_ms: 1,
+            reason: "x".repeat(MAX_REASON_BYTES + 1),
+        };
+        assert!(long.to_record().is_err());
+    }
 }
