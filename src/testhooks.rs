@@ -6,6 +6,19 @@
 //! between migration statements (to prove the migration is atomic) or in the
 //! middle of spilling a result (to prove recovery cleans up), without
 //! touching the code paths a real run takes.
+//!
+//! Owns fault hooks for tests. A stall file for the store thread, a busy file
+//! that refuses every store command as if its queue were full, a hold file
+//! while which no expired row is swept by the timed sweep (a route submission's
+//! own bounded sweep still runs), crash points inside the migration, around an
+//! artifact's rename and at each step of a route's dispatch (prepared,
+//! dispatching, answered) and at each boundary of an approval (proposed,
+//! decided, consumed), and an EIO on the approval journal's append or base sync
+//! (`TASKGATE_TEST_JOURNAL_SYNC_FAULT_FILE`), a crash point after a route's
+//! cancel attempt is counted, and a skew of the store's wall clock
+//! (`TASKGATE_TEST_CLOCK_SKEW_MS`) so that a test of the real binary can start
+//! a daemon later without waiting. Compiled into debug builds, and into release
+//! builds only with the `test-hooks` feature.
 
 use std::path::PathBuf;
 

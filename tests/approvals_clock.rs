@@ -6,6 +6,32 @@
 //! shows it), an approval first observed after its execution window reads
 //! expired and runs nothing, and an expiry journaled but not yet projected
 //! (what a crash between the two leaves) is projected after a restart.
+//!
+//! Invariant 25 of the map: The approval journal is bounded without losing
+//! evidence: a proposal is forgotten only once it is decided and no approval
+//! task waiting on it can still be read, a segment is removed only when every
+//! proposal it holds is forgotten and only after `journal.base` (where the
+//! chain now begins) is synced, and a journal missing its first segments
+//! without that base is still refused as damaged; one caller cannot take
+//! another's room (per-owner bounds on waiting and kept proposals). Guarded by:
+//! `src/approvals/gate.rs::settled_proposals_are_forgotten_and_only_their_segments_removed`,
+//! `src/approvals/gate.rs::proposals_kept_are_bounded_per_owner_and_in_all`,
+//! `src/approvals/journal.rs::old_segments_go_behind_a_base_and_the_journal_still_verifies`,
+//! `src/approvals/journal.rs::the_base_is_synced_before_any_segment_is_removed`,
+//! `src/tasks/approval.rs::a_decided_proposal_is_kept_exactly_as_long_as_its_longest_lived_task`,
+//! `tests/approvals_clock.rs::forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base`
+//!
+//! What this file proves: approval deadlines on an injected clock, in a daemon
+//! opened in process by the real startup path (real store and journal; the held
+//! tool a built-in counting its runs): a proposal nobody decides waits at its
+//! deadline and expires a millisecond after (journaled, then projected; a
+//! decision on it refused; the identical call asks afresh), an approval first
+//! observed after its execution window reads expired and runs nothing, an
+//! expiry journaled but not projected (what a crash between them leaves)
+//! projected after a restart, a receipt unchanged an hour later; proposals
+//! decided a day before forgotten and the segments holding only them removed
+//! behind `journal.base`, which an offline backup carries and a restore brings
+//! back (the journal reopening where it begins)
 
 mod common;
 

@@ -3,6 +3,19 @@
 //! owner's approval task reading like an unknown one, holds partitioned by
 //! subject and tenant, and an administrator who may not approve their own
 //! call.
+//!
+//! What this file proves: approvals with credentials, attacked with valid
+//! tokens of one's own: `/admin/v1/approvals` refusing no credential (401, the
+//! loopback caller is never an administrator there) and a missing
+//! `approvals:read`/`approvals:decide` (403 naming it), a malformed body (400),
+//! an unknown proposal (404), an oversized body (413), a second decision (409),
+//! `validForSecs` bounding the approval; another subject's or tenant's
+//! `tasks/get` and `tasks/cancel` of an approval task answering exactly like an
+//! unknown task; identical calls of other subjects and tenants held as
+//! proposals of their own and not covered by another's approval; an
+//! administrator refused approving their own call; an approval task naming its
+//! proposal (status message and `_meta`) in the create and `tasks/get` answers
+//! to its owner and to no one else, the store holding that ID and no argument
 
 mod common;
 

@@ -12,6 +12,29 @@
 //! `tasks.artifacts_max_total_bytes` filled to the byte, a tool's stderr at
 //! `max_stderr_bytes` and one byte past it, and `store.max_live_tasks_per_owner`
 //! as a client sees it (the store's side is in `tests/store_behaviour.rs`).
+//!
+//! Invariant 6 of the map: Every bound is a named constant or a config value,
+//! enforced at admission with a clear error. Guarded by:
+//! `tests/bounds.rs::every_bounded_key_names_the_tests_that_enforce_it` (the
+//! table of bounded keys and their tests, checked against the key table), with
+//! the bounds no other test reached: `tests/bounds.rs`
+//! (`tasks.artifact_max_bytes`, `tasks.artifacts_max_total_bytes`,
+//! `max_stdout_bytes`, `max_stderr_bytes`, `timeout_secs`,
+//! `store.max_live_tasks_per_owner` on the wire),
+//! `tests/store_behaviour.rs::the_per_owner_live_limit_refuses_only_that_owner_until_its_tasks_expire`,
+//! `tests/auth_credentials.rs::jwt_lifetime_and_leeway_are_enforced_at_their_bounds`;
+//! `config::tests::every_ranged_key_refuses_both_sides_of_its_range`,
+//! `config::tests::every_key_in_the_table_is_read`; `tests/store_behaviour.rs`
+//! (queue, live limit, sweep batch); `tests/mcp_limits.rs` and
+//! `tests/http_router.rs::a_request_past_the_concurrency_bound_gets_a_json_rpc_503`
+//! (connections, requests, running slots, legacy sessions, the header-read
+//! timeout); `tasks::polls` unit tests (pacing table and held polls bounded)
+//!
+//! What this file proves: every bounded key of the key table names the tests
+//! that enforce it at and past its limit (or why it is a tunable); a new bound
+//! without a row fails; the artifact bounds to the byte, stdout, stderr and the
+//! tool timeout at and past their bounds, the per-owner live bound as a client
+//! sees it
 
 mod common;
 

@@ -2,6 +2,15 @@
 //! paths, driven with `tower::ServiceExt::oneshot` against the router of a
 //! daemon opened in process by the real startup path
 //! (`service::Daemon::start`), over a real store.
+//!
+//! What this file proves: `/healthz`, `/readyz` (ready, stopping) and the 503
+//! paths, in process with `oneshot`; ten clients polling every 20 ms on tokio's
+//! paused clock are paced, never refused, and the store is read exactly once
+//! per 200 ms interval (`Store::task_reads` counted at every round and every
+//! due read; no timer is pending while the store thread reads, so the clock
+//! never moves during one); `service::run`, the in-process entry point, serves
+//! a real client over a listener the test bound and stops cleanly when its
+//! shutdown future resolves
 
 mod common;
 

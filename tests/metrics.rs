@@ -3,6 +3,18 @@
 //! checked by `promtool`, with every count matching what was done; who may
 //! read it when credentials are configured; and the shipped alert rules and
 //! dashboard, which must parse and name only metrics the daemon exposes.
+//!
+//! What this file proves: `/metrics` after a known workload (synchronous calls,
+//! tasks polled to the end, an `isError` result, an unknown tool), parsed by a
+//! Prometheus text parser and checked by `promtool check metrics`, every count
+//! matching what was done, no task ID or unconfigured name in it, only known
+//! label names; OpenMetrics when asked for; with credentials: 401 without one,
+//! 403 without `metrics:read`, each refusal counted by reason;
+//! `docs/monitoring/`'s alert rules pass `promtool check rules`; after
+//! approvals (proposed, approved, spent, rejected, waiting, cancelled),
+//! upstream calls (one upstream dying mid-call) and a durable route, the
+//! approval, upstream and route series hold exact values and the rules and
+//! dashboard name only metrics that scrape exposes (none added by hand)
 
 mod common;
 

@@ -3,6 +3,29 @@
 //! what the test binaries really ran, a crashed binary is counted as failed
 //! by name, the ignored tests are only the listed child entry points, and
 //! every binary is held to its minimum in tests/expected-tests.txt.
+//!
+//! `scripts/test.sh` is the test command (README): it checks and installs what
+//! the suite needs, then runs `cargo test --locked` and the system test. Its
+//! summary (`scripts/test-summary.py`) counts what each test binary really ran:
+//! a binary that ends without its `test result:` line (a signal, an abort, an
+//! early exit) is named and its tests that never reported `ok` count as failed;
+//! every binary must pass at least the number of tests
+//! `tests/expected-tests.txt` gives it, and a binary missing from that list or
+//! from the run fails the run. Tests that only act as a child process's main
+//! (`fault_child`, `kill_child`) are `#[ignore]`d with the reason "child entry
+//! point: run by …", listed as such in that file, and started by their parent
+//! with `--ignored --exact NAME`; they are reported as skipped, never as
+//! passed, and any other ignored test fails the run. The closing line, `N
+//! passed, N failed, N skipped`, is the sum over the binaries and the system
+//! test, plus one failure for each of those checks that failed.
+//!
+//! What this file proves: the summary of `scripts/test.sh` over cargo test
+//! logs: a crashed or silently exited binary counted as failed by name, the
+//! closing line the sum of what ran, child entry points skipped (and failing
+//! the run when counted as passed), any other ignored test, a binary under its
+//! minimum, unlisted or not run, each failing the run (a run of chosen binaries
+//! still holds each to its minimum); `tests/expected-tests.txt` names every
+//! test binary
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -39,6 +39,40 @@
 //! and closed, and at most [`MAX_CONNECTIONS`] connections are served at
 //! once (the next is told so and closed), so a hostile neighbour that
 //! idles, dribbles or floods holds nothing but its own connection.
+//!
+//! Owns the private admin socket. `mod.rs`: the protocol (one JSON request
+//! line, one answer line per connection), its named bounds (16 KiB request, 3 s
+//! read and write timeouts, 8 connections) and where the socket lives
+//! (`$RUNTIME_DIRECTORY/admin.sock`, else the state directory; an `admin
+//! <path>` line in `tasks.lock` tells clients) and the admin key (`AdminKey`:
+//! 32 random bytes made at each start, kept in memory and on the `admin-key`
+//! line of `tasks.lock` only, compared in constant time; `split_request` takes
+//! it out of a request line, `keyed_request` puts it in). `server.rs`: bound
+//! only once the lifetime lock is held (a dead socket of ours is replaced,
+//! anything else left alone), served from READY until the store closes, removed
+//! at a clean stop (a stop waits 10 s for connections; a snapshot still copying
+//! then is abandoned by the closing store, and the stop waits, bounded, for its
+//! connection to remove `DEST` before the process ends); peer credentials
+//! checked before anything is read (own uid or root), then the request's key
+//! before its operation is looked at (a tool runs as the service user and
+//! passes the uid check; a missing or wrong key gets one refusal line, the same
+//! for both, logged at warn without the key); status built from `TaskService`
+//! and `Store` handles (counts included: tool runs started since the start,
+//! `TaskService::runs_started`, and task reads asked of the store,
+//! `Store::task_reads`, and the early polls held or answered from memory,
+//! `TaskService::early_polls`), a stat of the WAL and the current tools'
+//! `tools::confine::Confinement`, never from SQLite; an online snapshot is
+//! destination checks → `Store::snapshot` (SQLite's backup API on the store
+//! thread, 256 pages per step with the queue served between steps; a snapshot
+//! error never disables the store) → `backup::seal`; a `reload` request is
+//! handed to the serving process on a bounded channel (`ReloadReply`, a oneshot
+//! for the outcome) and answered with what that reload did, or with the
+//! refusal's class; an `upstreams` request is answered with every upstream's
+//! status (one upstream's with each tool's digest, pin and description, for
+//! `taskgate upstream show` and `pin`). `client.rs`: `taskgate status`, `backup
+//! --online`, `taskgate reload` and the upstreams, exit classes 1/69/76/77/78;
+//! makes itself non-dumpable, reads the key from `tasks.lock` and sends it only
+//! to the socket recorded beside it. Knows no rmcp, opens no SQLite.
 
 pub mod client;
 pub mod server;

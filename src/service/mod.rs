@@ -35,6 +35,61 @@
 //! the HTTP listener closes and in-flight requests get their real answers;
 //! streams and sessions end; the background chores end; then the store's
 //! final TRUNCATE checkpoint; exit 0.
+//!
+//! One process serves one state directory. Startup is synchronous and strictly
+//! ordered; the async runtime exists from the first step only so that SIGTERM
+//! and SIGINT are caught from the start.
+//!
+//! Owns the serving process. `mod.rs`: `run(listener, options, shutdown)`, the
+//! in-process entry point (mini-redis's `server::run`: serves a listener the
+//! caller bound until a shutdown future resolves, then stops in the order
+//! below), and `serve`, the same daemon behind the process edge (a runtime, the
+//! signal handlers before any startup work, the listener bound before the store
+//! opens); both open a `Daemon` (the state directory claimed, the durable parts
+//! opened and recovered, the task service, the admin socket bound), which tests
+//! also open in process to drive its router (`Daemon::start`, `Daemon::app`)
+//! with their own built-in tools and the store's manual clock (`Options`); the
+//! stop order. `control.rs`: where stop and reload requests come from
+//! (SIGTERM/SIGINT/SIGHUP, or the shutdown future). `reload.rs`: configuration
+//! reloads. `chores.rs`: READY/STATUS/WATCHDOG/STOPPING (every STATUS= while
+//! serving goes through one `StatusBoard`: a withheld watchdog ping sends a
+//! `WATCHDOG WITHHELD: …` notice, which refreshed counts never replace until
+//! pings resume, and nothing replaces `stopping`) and the chores on a
+//! `TaskTracker` (STATUS, watchdog, artifact sweep, and giving memory back with
+//! `malloc_trim` once legacy sessions closed: glibc would otherwise keep a
+//! burst's peak for good). `stdio.rs`: serving over stdio. Holds the
+//! `upstream::Upstreams` (connected once serving begins, applied again by each
+//! reload, stopped after every run). Holds no task state.
+//!
+//! The stop order. On SIGTERM or SIGINT (at any moment after step 0):
+//!
+//! - Stop step 1: Admission ends first: every new `tools/call` is refused with
+//!   `TG_SERVER_STOPPING` (polls and cancels are still answered, so clients can
+//!   see their tasks end); then `STOPPING=1`, and `/readyz` says 503.
+//!
+//! - Stop step 2: Every run is stopped (SIGTERM, grace, SIGKILL to its group);
+//!   a background task is recorded `failed` (interrupted), or `cancelled` if
+//!   its cancel had been committed; a synchronous call answers with the
+//!   interruption error. The service waits on its `TaskTracker` for every
+//!   outcome, including calls still between admission and their spawn (each
+//!   holds a tracker token).
+//!
+//! - Stop step 3: The listener closes; in-flight requests finish with their
+//!   real answers (`Drain::idle`), after which the request slots are closed: a
+//!   request on a connection still open is answered `TG_SERVER_STOPPING` at the
+//!   door and never reaches the protocol layer.
+//!
+//! - Stop step 4: SSE streams and legacy sessions end (`Drain::end_streams`);
+//!   connections close.
+//!
+//! - Stop step 5: The upstreams are stopped (their calls were stopped with
+//!   every run in step 2): each supervisor ends, its connection closes and a
+//!   stdio upstream's process group is ended through its shim; a removed
+//!   upstream still retiring is stopped too. Upstreams are stopped after the
+//!   tools' runs and before the store closes.
+//!
+//! - Stop step 6: The chores end; the store's final TRUNCATE checkpoint; exit 0.
+//!   A clean stop leaves `tasks.db` and `tasks.lock`.
 
 mod chores;
 mod control;

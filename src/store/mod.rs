@@ -16,6 +16,127 @@
 //! returned ([`open`]), in two steps ([`Store::begin_open`], then
 //! [`Opening::recover`]) so that whatever was derived from the tasks restart
 //! recovery ends can be removed before recovery commits.
+//!
+//! Owns the only code that touches SQLite. Knows tasks only as
+//! records and digests; nothing of tools, protocols or owners beyond a digest.
+//!
+//! `mod.rs`: The handle: `Store` (cheap `Clone`; sends commands, waits for
+//! answers), `StoreError` (runtime), `OpenError` (refusals 65/74),
+//! `StoreOptions` (the `[store]` settings as `config::StoreSettings`, with the
+//! path, the clock, the expected identity and the test hooks), `StoreId` and
+//! `Digest`, the named bounds (`MAX_PAYLOAD_BYTES`, `SWEEP_BATCH`,
+//! `SWEEP_INTERVAL`, `TERMINAL_RETENTION_MS`, `MAX_BATCH`), the one hex
+//! encoder; the record types are re-exported from their kind.
+//!
+//! `engine.rs`: The store thread, which knows no schema: the queue, batches,
+//! group commit with a savepoint per write, error severity and the disabled
+//! latch, the sweep and checkpoint timers (run at the time their turn of the
+//! loop began, so never at a time a caller saw only after its answer: a manual
+//! clock moved between answers cannot race them), online snapshots, clean
+//! close. It runs what the kinds build: a `ReadOp` (answered at once; its SQL
+//! error mapped by severity) or a `WriteOp` (applied inside the batch's
+//! transaction, answered only once that transaction's fate is known); `Read`
+//! and `Write` make either from a closure. Each command runs inside the span
+//! its caller sent with it.
+//!
+//! `kinds.rs`: `RecordKind`, what every kind of record provides (shape check,
+//! strict decoding of every record, unversioned schema objects, restart
+//! recovery, counters loaded after recovery, a bounded expiry sweep, and
+//! commit/rollback of its pending counter changes), and the registration list
+//! (`kinds!`: one line per kind).
+//!
+//! `migrate.rs`: The schema's history: an ordered list of versioned steps
+//! (`STEPS`; step N takes version N − 1 to N and sets `user_version` in the
+//! same transaction); `SCHEMA_VERSION` is the last step's. A pristine file runs
+//! every step and records the identity in one transaction; an older database
+//! runs each missing step in a transaction of its own; a newer one is refused
+//! (65).
+//!
+//! `open.rs`: Opening: pragmas and their read-back, version classification, the
+//! integrity check, every kind's shape check and decoding, migration, the
+//! store's identity (a one-row `store_identity` table, compared with the one
+//! recorded in `tasks.lock` before anything is written), restart recovery
+//! (every kind's, one transaction), and the read-only variant for `check`; the
+//! `file:` URI percent-encodes the path's bytes.
+//!
+//! `tasks.rs`: The tasks kind: the `tasks` table's migration steps and its
+//! unversioned owner index, its SQL (row decoding is strict), the record types
+//! (`TaskId`, `TaskRecord`, `Outcome`, …), the task operations of `Store`
+//! (`create`, `get`, `finish`, `request_cancel`, …), the global and per-owner
+//! live-task limits (the row count kept on the store thread spares a count per
+//! creation), expiry and restart recovery.
+//!
+//! `routes.rs`: The routes kind (migration step 3): the `routes` and `leases`
+//! tables, with a trigger that refuses a second upstream task ID; strict row
+//! decoding (the binding must match its digest and be JSON, the phase must fit
+//! the terminal fields); `RouteId` (`tgr-` and 128 random bits), `RoutePhase`,
+//! `RouteChange` applied only from the phases the caller names
+//! (`advance_route`); `prepare_route`: the caller's route for the same key and
+//! binding, `Conflict` for another binding, else a new `prepared` route within
+//! `MAX_ROUTES` (4,096 in all) and `MAX_ROUTES_PER_OWNER` (256 unexpired),
+//! counted in the transaction after removing at most `ROUTE_SWEEP_ON_SUBMIT`
+//! (128) expired routes oldest first; leases within `MAX_LEASES` and
+//! `MAX_LEASES_PER_OWNER`; a binding of at most 8 KiB and a bounded terminal
+//! payload; counts by phase for `status` and the operator's listing; restart
+//! recovery (`prepared` ends failed with `TG_ROUTE_NOT_DISPATCHED`,
+//! `dispatching` needs reconciliation, `routed` and `cancel_requested` keep
+//! their session). The idempotency key and the owner are digests; raw arguments
+//! are never stored, only the canonical binding that carries their digest.
+//!
+//! Adding a kind of record (routes, approval projections) is one module beside
+//! `tasks.rs` implementing `RecordKind` with its operations on `Store`, one
+//! step appended to `migrate::STEPS`, and one line in the `kinds!` list; the
+//! engine, the opening code and the migration runner do not change.
+//!
+//! Rules:
+//!
+//! - **One thread, one connection.** `Store::begin_open` spawns the thread; it
+//!   opens, validates and migrates, reports back; recovery runs once the
+//!   artifacts are consistent; then it loops. Handles talk to it over a
+//!   `sync_channel` of `store.queue_depth` commands. `try_send` only: a full
+//!   queue is `Busy` at once.
+//!
+//! - **Reads first, then one transaction for the writes.** A batch answers
+//!   reads immediately, then runs every write in one `BEGIN IMMEDIATE`
+//!   transaction, each under its own savepoint. Writers are answered only after
+//!   `COMMIT` returned. A batch of nothing but runs' outcomes
+//!   (`Store::finish_run`, which no client waits on) waits up to
+//!   `OUTCOME_LINGER` (1 ms) for a command someone does wait on and takes it
+//!   into the same commit, so a client creating tasks one after another pays
+//!   one commit per task instead of two; the wait ends the moment such a
+//!   command arrives, so it never delays one
+//!   (`tests/store_behaviour.rs::a_runs_outcome_waits_for_the_next_creation_and_shares_its_commit`).
+//!
+//! - **Severity of an SQLite error.** `SQLITE_FULL` is capacity (page cap or
+//!   full filesystem; reads and cleanup go on). `SQLITE_IOERR*`, `CORRUPT`,
+//!   `NOTADB` latch the service disabled; a writer whose `COMMIT` failed hears
+//!   `Uncertain`; nothing is retried.
+//!
+//! - **Nothing written to a database that will be refused.** Every validation
+//!   runs read-only before the first write; `page_size` and `journal_mode` are
+//!   set only on a pristine file; checkpoint-on-close stays off until a clean
+//!   shutdown has done its own TRUNCATE checkpoint.
+//!
+//! - **Expiry.** Every read filters on expiry by the store's clock. A sweep
+//!   deletes at most `SWEEP_BATCH` (128) records of each kind, once a second
+//!   and once per batch holding a write that adds records
+//!   (`WriteOp::makes_room`). Each table's sweep runs only when something can
+//!   be due: `kinds::NextExpiry` keeps a lower bound on the table's earliest
+//!   expiry (read at opening, lowered by every insert at once, raised only by a
+//!   sweep whose transaction committed; an expiry is otherwise only ever
+//!   raised), so a creation's batch runs no sweep statement while nothing has
+//!   expired
+//!   (`kinds::tests::the_expiry_bound_rises_only_with_a_committed_sweep_and_never_past_an_added_row`,
+//!   `tests/store_behaviour.rs::a_task_expiring_before_every_other_is_still_swept_on_time`).
+//!   Every kind's sweep runs in one transaction (the timer's own, or a
+//!   savepoint of the batch): when a later kind's deletion fails, the earlier
+//!   kinds' are undone with it and their row counts give the deleted rows back,
+//!   so the live limit always counts what the file holds
+//!   (`tests/route_store.rs::a_failed_route_sweep_leaves_the_task_count_as_the_file_holds`).
+//!
+//! - **Recovery.** A task that was running ends `failed` with the interruption
+//!   error, or `cancelled` when its cancel had been committed (that is what the
+//!   client asked for, and the tool was being stopped). Nothing is re-run.
 
 pub mod baseline;
 mod clock;
