@@ -1,6 +1,6 @@
 //! Opening a state directory, for `serve` and for `check`: the private
-//! directory and its files, the lifetime lock (startup steps 3–4 in
-//! docs/ARCHITECTURE.md), then the artifacts and the store (steps 5–9:
+//! directory and its files, the lifetime lock (startup steps 3–4, listed
+//! below), then the artifacts and the store (steps 5–9:
 //! inspection, validation, opening for writing, artifacts, recovery).
 //!
 //! A refused start leaves every file as it was: everything that can refuse
