@@ -54,7 +54,7 @@ pub use approval::{
     AdminRefusal, Approvals, ApprovalsStatus, Decider, Decision, MAX_LISTED_PROPOSALS, Proposal,
 };
 pub use artifact_read::ARTIFACT_READ_TOOL;
-pub use error::TaskError;
+pub use error::{TaskError, store_wire};
 
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
