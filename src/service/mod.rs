@@ -349,6 +349,11 @@ impl Daemon {
         &self.svc
     }
 
+    /// The task store the daemon serves from: it closes it last.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The HTTP application `serve` puts behind its listener, for driving
     /// in process (a new one at each call: its own sessions and budgets).
     pub fn app(&self) -> http::App {

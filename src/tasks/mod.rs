@@ -408,10 +408,6 @@ impl TaskService {
         self.approvals.get()
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
     fn live(&self) -> Arc<Live> {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
