@@ -1,4 +1,7 @@
-//! The daemon's side of the admin socket.
+//! The daemon's side of the admin socket: the connection's checks (peer
+//! uid, the admin key, the request's bounds), then each request is an
+//! operation of [`crate::ops`], whose result or refusal (with the exit
+//! class ops decided) is the answer line.
 
 use std::fs;
 use std::io;

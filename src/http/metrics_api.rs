@@ -1,6 +1,8 @@
 //! `/metrics`: the Prometheus exposition of [`crate::metrics`], with the
-//! values only a scrape reads (tasks by status, the store's queue and WAL,
-//! running tools, legacy sessions, approvals waiting, routes by phase).
+//! values read at the scrape (tasks by status, the store's queue and WAL,
+//! running tools, legacy sessions, approvals waiting, routes by phase):
+//! the daemon's status as `ops` reports it, the same report `taskgate
+//! status` renders, never counted here.
 //!
 //! Who may read it: behind the same authentication as `/mcp`. Without
 //! `[auth]` the listener is loopback-only and every caller is local; with
