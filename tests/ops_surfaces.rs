@@ -7,24 +7,21 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use common::tokens::{Token, secret, tokens_file};
 use common::*;
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 use taskgate::ops::OpsError;
 
-fn secret(seed: char) -> String {
-    format!("tgk_{}", seed.to_string().repeat(43))
-}
-
-/// (id, seed, scopes)
-const TOKENS: &[(&str, char, &[&str])] = &[
+/// (id, seed, tenant, subject, scopes)
+const TOKENS: &[Token] = &[
     (
         "caller",
         'c',
+        "acme",
+        "caller",
         &[
             "tools:call",
             "taskgate:effect:non-idempotent-write",
@@ -34,24 +31,11 @@ const TOKENS: &[(&str, char, &[&str])] = &[
     (
         "ops",
         'o',
+        "acme",
+        "ops",
         &["approvals:read", "approvals:decide", "metrics:read"],
     ),
 ];
-
-fn tokens_file(path: &Path) {
-    let mut text = String::new();
-    for (id, seed, scopes) in TOKENS {
-        let digest = Sha256::digest(secret(*seed).as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-        text += &format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = \"acme\"\nsubject = {id:?}\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        );
-    }
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
 
 struct Fixture {
     _root: tempfile::TempDir,
@@ -63,22 +47,19 @@ struct Fixture {
 /// runs as a task.
 fn start() -> Fixture {
     let root = private_dir();
-    let state = state_dir(root.path());
-    let tokens = root.path().join("tokens.toml");
-    tokens_file(&tokens);
-    let out = root.path().join("out");
+    let (tokens, out) = (root.path().join("tokens.toml"), root.path().join("out"));
+    tokens_file(&tokens, TOKENS);
     std::fs::create_dir_all(&out).unwrap();
-    let cfg = write_config(
-        root.path(),
-        &format!(
-            "[auth]\ntokens_file = \"{}\"\n[approvals]\npoll_interval_ms = 5000\n",
-            tokens.display()
-        ),
-        &[
-            Tool::held_deploy(&out),
-            Tool::new("ok").script("printf done").task("optional"),
-        ],
+    let auth = format!(
+        "[auth]\ntokens_file = \"{}\"\n[approvals]\npoll_interval_ms = 5000\n",
+        tokens.display()
     );
+    let tools = [
+        Tool::held_deploy(&out),
+        Tool::new("ok").script("printf done").task("optional"),
+    ];
+    let cfg = write_config(root.path(), &auth, &tools);
+    let state = state_dir(root.path());
     let daemon = Daemon::start(&cfg, &state, &root.path().join("daemon.log"));
     Fixture {
         _root: root,
@@ -311,6 +292,13 @@ fn assert_same_refusal(
     assert!(line.ends_with(message), "{line:?} against {message:?}");
 }
 
+/// The table's row for `e`: (exit code, HTTP status, wire name), which is
+/// what clients have always seen for it.
+fn assert_row(e: &OpsError, row: (u8, u16, &str)) {
+    let r = e.respond();
+    assert_eq!((r.exit.code(), r.http, r.wire.name), row, "{e:?}");
+}
+
 #[test]
 fn a_refusal_is_the_same_on_the_admin_socket_and_over_http() {
     let f = start();
@@ -320,11 +308,7 @@ fn a_refusal_is_the_same_on_the_admin_socket_and_over_http() {
     // An unknown proposal, approved: the table's row, and what clients
     // have always seen (exit 1; 404 TG_INVALID_PARAMS).
     let want = OpsError::UnknownProposal(unknown.into());
-    let r = want.respond();
-    assert_eq!(
-        (r.exit.code(), r.http, r.wire.name),
-        (1, 404, "TG_INVALID_PARAMS")
-    );
+    assert_row(&want, (1, 404, "TG_INVALID_PARAMS"));
     assert_same_refusal(
         &f,
         &["approvals", "approve", unknown],
@@ -355,11 +339,7 @@ fn a_refusal_is_the_same_on_the_admin_socket_and_over_http() {
     assert_eq!(status, 409, "{body}");
     let message = body["error"]["message"].as_str().unwrap().to_string();
     let want = OpsError::DecisionRefused(message);
-    let r = want.respond();
-    assert_eq!(
-        (r.exit.code(), r.http, r.wire.name),
-        (1, 409, "TG_INVALID_PARAMS")
-    );
+    assert_row(&want, (1, 409, "TG_INVALID_PARAMS"));
     assert_same_refusal(
         &f,
         &["approvals", "approve", &id],

@@ -332,29 +332,40 @@ mod tests {
 
     #[test]
     fn the_approval_refusals_keep_the_codes_and_statuses_clients_know() {
-        let code_status_class = |e: OpsError| {
+        let known = [
+            (
+                OpsError::UnknownProposal("tgp-x".into()),
+                "TG_INVALID_PARAMS",
+                404,
+                1,
+            ),
+            (
+                OpsError::DecisionRefused("decided".into()),
+                "TG_INVALID_PARAMS",
+                409,
+                1,
+            ),
+            (
+                OpsError::ApprovalsDisabled("damaged".into()),
+                "TG_APPROVALS_UNAVAILABLE",
+                503,
+                1,
+            ),
+            (
+                OpsError::JournalFailed("disk".into()),
+                "TG_INTERNAL",
+                500,
+                74,
+            ),
+            (OpsError::ApprovalsNotSetUp, "TG_INVALID_PARAMS", 404, 64),
+        ];
+        for (e, name, http, exit) in known {
             let r = e.respond();
-            (r.wire.name, r.http, r.exit.code())
-        };
-        assert_eq!(
-            code_status_class(OpsError::UnknownProposal("tgp-x".into())),
-            ("TG_INVALID_PARAMS", 404, 1)
-        );
-        assert_eq!(
-            code_status_class(OpsError::DecisionRefused("decided".into())),
-            ("TG_INVALID_PARAMS", 409, 1)
-        );
-        assert_eq!(
-            code_status_class(OpsError::ApprovalsDisabled("damaged".into())),
-            ("TG_APPROVALS_UNAVAILABLE", 503, 1)
-        );
-        assert_eq!(
-            code_status_class(OpsError::JournalFailed("disk".into())),
-            ("TG_INTERNAL", 500, 74)
-        );
-        assert_eq!(
-            code_status_class(OpsError::ApprovalsNotSetUp),
-            ("TG_INVALID_PARAMS", 404, 64)
-        );
+            assert_eq!(
+                (r.wire.name, r.http, r.exit.code()),
+                (name, http, exit),
+                "{e:?}"
+            );
+        }
     }
 }
