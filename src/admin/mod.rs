@@ -222,17 +222,19 @@ pub struct AdminError {
     pub message: String,
 }
 
+/// A refusal of ops, with the exit class ops decided for it.
+impl From<&crate::ops::OpsError> for AdminError {
+    fn from(e: &crate::ops::OpsError) -> AdminError {
+        AdminError::new(e.respond().exit, e.to_string())
+    }
+}
+
 impl AdminError {
     pub fn new(class: ExitClass, message: impl Into<String>) -> AdminError {
         AdminError {
             exit: class.code(),
             message: message.into(),
         }
-    }
-
-    /// The refusal `e`, with the exit class ops decided for it.
-    pub fn from(e: &crate::ops::OpsError) -> AdminError {
-        AdminError::new(e.respond().exit, e.to_string())
     }
 
     /// The class the client exits with; an unknown code (a newer daemon)
