@@ -523,7 +523,7 @@ fn main() {
         );
 
         svc.stop_running(svc.stop_limit()).await;
-        svc.store().shutdown().await.expect("shutdown");
+        daemon.store().shutdown().await.expect("shutdown");
     });
     drop(daemon);
 }

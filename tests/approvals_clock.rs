@@ -219,7 +219,7 @@ impl Fixture {
 
     fn proposal_state(&self, id: &str) -> String {
         let approvals = self.daemon.service().approvals().expect("approvals");
-        let now = self.daemon.service().store().clock().now_ms();
+        let now = self.daemon.store().clock().now_ms();
         approvals.proposals(Some(id), false, now).expect("proposal")[0]
             .state
             .as_str()
@@ -239,7 +239,6 @@ impl Fixture {
 
     async fn close(self) -> (tempfile::TempDir, PathBuf, Arc<AtomicUsize>) {
         self.daemon
-            .service()
             .store()
             .shutdown()
             .await
@@ -293,7 +292,7 @@ async fn a_proposal_nobody_decides_expires_and_an_identical_call_asks_afresh() {
                 name: "admin".into(),
                 identity: "uid:0".into(),
             },
-            f.daemon.service().store().clock().now_ms(),
+            f.daemon.store().clock().now_ms(),
         )
         .await;
     assert!(late.is_err(), "{late:?}");
@@ -307,7 +306,7 @@ async fn an_approval_first_seen_after_its_window_reads_expired_and_runs_nothing(
     let task = f.task("prod").await;
     let proposal = f.only_proposal();
     let approvals = f.daemon.service().approvals().unwrap().clone();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let admin = Decider {
         name: "admin".into(),
         identity: "uid:0".into(),
@@ -340,7 +339,7 @@ async fn an_expiry_journaled_but_not_projected_is_projected_after_a_restart() {
     f.clock.advance(past(DECISION_WINDOW));
     // The expiry journaled, the task not yet told: what a crash between
     // the two leaves behind.
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let gate = f
         .daemon
         .service()
@@ -369,7 +368,7 @@ async fn a_receipt_is_history_and_never_asks_the_journal_again() {
     let task = f.task("prod").await;
     let proposal = f.only_proposal();
     let approvals = f.daemon.service().approvals().unwrap().clone();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     approvals
         .decide(
             &proposal,
@@ -412,7 +411,7 @@ async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
     let task = f.task("receipt").await;
     let approvals = f.daemon.service().approvals().unwrap().clone();
     let first = f.only_proposal();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let admin = Decider {
         name: "admin".into(),
         identity: "uid:0".into(),
@@ -443,7 +442,7 @@ async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
     // time to live) nothing can wait on them any more.
     f.clock.advance(past(DECISION_WINDOW));
     let gate = approvals.gate().cloned().expect("gate");
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     assert_eq!(gate.expire_due(now).expect("expire").len(), 600);
     let records = gate.checkpoint().records;
     f.clock

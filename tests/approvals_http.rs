@@ -19,17 +19,12 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use common::tokens::{Token, secret, tokens_file};
 use common::*;
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
-
-fn secret(seed: char) -> String {
-    format!("tgk_{}", seed.to_string().repeat(43))
-}
 
 const CALL: &[&str] = &[
     "tools:call",
@@ -39,7 +34,7 @@ const CALL: &[&str] = &[
 ];
 
 /// (id, seed, tenant, subject, scopes)
-const TOKENS: &[(&str, char, &str, &str, &[&str])] = &[
+const TOKENS: &[Token] = &[
     ("alice", 'a', "acme", "alice", CALL),
     ("mallory", 'm', "acme", "mallory", CALL),
     ("alice-elsewhere", 'e', "other", "alice", CALL),
@@ -61,21 +56,6 @@ const TOKENS: &[(&str, char, &str, &str, &[&str])] = &[
     ),
 ];
 
-fn tokens_file(path: &Path) {
-    let mut text = String::new();
-    for (id, seed, tenant, subject, scopes) in TOKENS {
-        let digest = Sha256::digest(secret(*seed).as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-        text += &format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = {tenant:?}\nsubject = {subject:?}\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        );
-    }
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
 struct Fixture {
     root: tempfile::TempDir,
     daemon: Daemon,
@@ -86,7 +66,7 @@ fn start() -> Fixture {
     let root = private_dir();
     let state = state_dir(root.path());
     let tokens = root.path().join("tokens.toml");
-    tokens_file(&tokens);
+    tokens_file(&tokens, TOKENS);
     let out = root.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     let cfg: PathBuf = write_config(

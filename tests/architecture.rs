@@ -35,9 +35,10 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["main", "cli"],
     &[
-        "service", "startup", "backup", "bench", "client", "logging", "admin", "verify",
+        "service", "startup", "bench", "client", "logging", "admin", "verify",
     ],
     &["http", "mcp"],
+    &["ops", "backup"],
     &["tasks", "parts", "upstream", "route"],
     &[
         "tools",
@@ -62,8 +63,6 @@ const SAME_LAYER: &[(&str, &str)] = &[
     // The serving process applies the configured log filter, at start and
     // on reload.
     ("service", "logging"),
-    // An online snapshot has the offline backup's format and checks.
-    ("admin", "backup"),
     // The benchmark drives a daemon with the operator client.
     ("bench", "client"),
     // The qualification starts the daemon as `serve` does, calls it as a
@@ -74,6 +73,8 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("verify", "admin"),
     // The HTTP application hosts the MCP handler.
     ("http", "mcp"),
+    // An online snapshot has the offline backup's format and checks.
+    ("ops", "backup"),
     // The task service hands durable routes (their meta-tools and `tgr-`
     // task IDs) to the router.
     ("tasks", "route"),
@@ -122,7 +123,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "service",
         &[
-            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "route",
+            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "ops", "route",
             "startup", "store", "tasks", "tools", "upstream",
         ],
     ),
@@ -130,10 +131,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "admin",
         &[
             "approvals",
-            "backup",
             "config",
             "exit",
-            "http",
+            "ops",
             "parts",
             "state_dir",
             "store",
@@ -193,7 +193,27 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "http",
-        &["auth", "config", "exit", "mcp", "metrics", "tasks", "wire"],
+        &[
+            "auth", "config", "exit", "mcp", "metrics", "ops", "tasks", "wire",
+        ],
+    ),
+    // What operators and administrators do: the task service, the store's
+    // reads, the upstreams, the durable parts and the backup format; every
+    // refusal with its wire code and exit class.
+    (
+        "ops",
+        &[
+            "backup",
+            "config",
+            "exit",
+            "parts",
+            "state_dir",
+            "store",
+            "tasks",
+            "tools",
+            "upstream",
+            "wire",
+        ],
     ),
     (
         "mcp",

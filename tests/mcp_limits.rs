@@ -401,7 +401,7 @@ fn spilled_results_go_when_their_task_expires() {
         svc.sweep_artifacts(64).await;
         assert!(!artifact(&short).exists(), "kept after its task expired");
         assert!(artifact(&long).exists(), "swept while its task lives");
-        svc.store().shutdown().await.unwrap();
+        daemon.store().shutdown().await.unwrap();
     });
     drop(daemon);
 }

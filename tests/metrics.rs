@@ -25,11 +25,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::prereq::require_tool;
+use common::tokens::secret;
 use common::upstream::{INTEROP, Place, error_name, is_ready, task_id, text, wait_upstream};
 use common::*;
 use prometheus_parse::{Sample, Scrape, Value as Metric};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 /// One GET of `/metrics`: (status, content type, body).
 fn scrape_raw(port: u16, headers: &str) -> (u16, String, String) {
@@ -265,23 +265,13 @@ fn a_scrape_after_a_known_workload_counts_what_was_done() {
     );
 }
 
-fn secret(seed: char) -> String {
-    format!("tgk_{}", seed.to_string().repeat(43))
-}
-
+/// Tokens of one tenant, each its own subject: (id, seed, scopes).
 fn tokens_file(path: &Path, tokens: &[(&str, char, &[&str])]) {
-    let mut text = String::new();
-    for (id, seed, scopes) in tokens {
-        let digest = Sha256::digest(secret(*seed).as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-        text += &format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = \"acme\"\nsubject = {id:?}\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        );
-    }
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let all: Vec<common::tokens::Token> = tokens
+        .iter()
+        .map(|(id, seed, scopes)| (*id, *seed, "acme", *id, *scopes))
+        .collect();
+    common::tokens::tokens_file(path, &all);
 }
 
 #[test]

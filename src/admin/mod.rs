@@ -77,6 +77,10 @@
 pub mod client;
 pub mod server;
 
+pub use crate::ops::{
+    Fallbacks, MAX_LISTED_ROUTES, PartStatus, Queue, Reloaded, RouteStatus, SnapshotDone,
+    TaskCounts,
+};
 pub use crate::tasks::{ApprovalsStatus, Decision};
 use std::path::{Path, PathBuf};
 
@@ -252,6 +256,13 @@ pub struct AdminError {
     pub message: String,
 }
 
+/// A refusal of ops, with the exit class ops decided for it.
+impl From<&crate::ops::OpsError> for AdminError {
+    fn from(e: &crate::ops::OpsError) -> AdminError {
+        AdminError::new(e.respond().exit, e.to_string())
+    }
+}
+
 impl AdminError {
     pub fn new(class: ExitClass, message: impl Into<String>) -> AdminError {
         AdminError {
@@ -346,114 +357,5 @@ pub struct Status {
     pub approvals: Option<crate::tasks::ApprovalsStatus>,
 }
 
-/// Routes an operator listing holds at most.
-pub const MAX_LISTED_ROUTES: u32 = 500;
-
-/// A durable route as the operator sees it: where it stands and why, never
-/// its arguments (taskgate does not keep them).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouteStatus {
-    pub id: String,
-    /// The first 8 hex digits of the caller's identity digest.
-    pub owner: String,
-    pub upstream: String,
-    pub capability: String,
-    pub phase: String,
-    /// What the caller reads: working, completed, failed or cancelled.
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coordinator: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream_task_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cancel_reason: Option<String>,
-    pub cancel_attempts: i64,
-    pub cancel_acknowledged: bool,
-    /// Whether the caller is told the route needs reconciliation (an
-    /// unacknowledged cancel, or an unknown outcome).
-    #[serde(default)]
-    pub reconciliation_required: bool,
-    /// The echo rule of its upstream now (`every_answer` or
-    /// `creation_only`), when the upstream is still configured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub route_echo: Option<String>,
-    /// provider or broker, once terminal.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    pub schema_digest: String,
-    pub request_digest: String,
-    pub binding_digest: String,
-    /// RFC 3339, UTC.
-    pub created: String,
-    pub updated: String,
-    pub deadline: String,
-    pub expires: String,
-    /// The submission binding (identifiers and digests only); in `show`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub binding: Option<serde_json::Value>,
-}
-
-/// A durable part as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartStatus {
-    pub name: String,
-    /// Where its files are kept.
-    pub dir: PathBuf,
-    /// Its files an offline backup would copy, and their bytes.
-    pub files: u64,
-    pub bytes: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskCounts {
-    pub retained: u64,
-    pub unexpired: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Queue {
-    /// Commands waiting for the store thread.
-    pub depth: usize,
-    /// `store.queue_depth`.
-    pub capacity: usize,
-}
-
-/// Calls that asked for a task and ran synchronously, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fallbacks {
-    pub total: u64,
-    pub slots_busy: u64,
-    pub store_busy: u64,
-    pub store_capacity: u64,
-    pub store_unavailable: u64,
-}
-
-/// A finished online snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotDone {
-    pub dest: PathBuf,
-    /// What `backup` prints, line by line.
-    pub lines: Vec<String>,
-}
-
-/// A reload that was applied (a refused one is an [`AdminError`] of the
-/// class the file was refused with, 78 for an invalid configuration).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reloaded {
-    /// The daemon's reload count, as its STATUS= line numbers them.
-    pub number: u64,
-    /// Startup-only keys that differ in the file and keep their running
-    /// value until a restart, by dotted name.
-    pub kept: Vec<String>,
-    /// What `taskgate reload` prints, line by line: what changed, what was
-    /// kept.
-    pub lines: Vec<String>,
-}
-
-/// How the admin socket asks the serving process for a reload: the
-/// process runs it (the same code as for SIGHUP) and answers here.
-pub type ReloadReply = tokio::sync::oneshot::Sender<Result<Reloaded, AdminError>>;
+/// How the admin socket asks the serving process for a reload.
+pub use crate::ops::ReloadReply;

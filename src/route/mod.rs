@@ -87,7 +87,7 @@ use crate::tools::{Shown, ToolSpec};
 use crate::upstream::{Answer, Failure, PollFailure, Routable, Upstreams};
 use crate::{testhooks, wire};
 
-pub use error::{Check, RouteError};
+pub use error::{Check, RouteError, store_wire};
 pub use lease::{DEFAULT_LEASE_MS, LEASE_PREFIX, Lease, MAX_LEASE_MS};
 pub use submission::{
     CONSERVATIVE_EFFECT, MAX_ARTIFACT_BYTES, MAX_IO_BYTES, MAX_RETENTION_MS, MAX_RUNTIME_MS,

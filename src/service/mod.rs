@@ -114,8 +114,9 @@ use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::tls::Tls;
 use crate::http::{self, LimitedListener};
+use crate::ops::Ops;
 use crate::startup::{self, Claimed, Effective};
-use crate::store::Clock;
+use crate::store::{Clock, Store};
 use crate::tasks::{Limits, TaskService};
 use crate::tools::Runner;
 use crate::upstream::{Pins, Upstreams};
@@ -260,6 +261,10 @@ fn configure(options: &Options, transport: Transport) -> Result<Effective, Refus
 pub struct Daemon {
     config: Config,
     svc: Arc<TaskService>,
+    /// The task store the service runs on: the daemon closes it last.
+    store: Store,
+    /// What operators and administrators do, whatever surface they use.
+    ops: Arc<Ops>,
     claimed: Claimed,
     admin: Admin,
     reload: Reload,
@@ -306,11 +311,7 @@ impl Daemon {
         let clock = options.clock.clone().unwrap_or_else(Clock::system);
         let mut serving = startup::open_serving(&config, clock)?;
         // The lock is held: a socket file a killed daemon left is replaced.
-        let admin = Admin::bind(
-            &mut serving.claimed.lock,
-            serving.claimed.dir.path(),
-            &config,
-        );
+        let admin = Admin::bind(&mut serving.claimed.lock, serving.claimed.dir.path());
         let report = &serving.report;
         tracing::info!(
             message_id = crate::events::START,
@@ -374,10 +375,19 @@ impl Daemon {
                 config.tasks.default_ttl,
             )));
         }
+        let ops = Ops::new(
+            svc.clone(),
+            serving.store.clone(),
+            upstreams.clone(),
+            serving.claimed.dir.path(),
+            &config,
+        );
         Ok(Daemon {
             reload: Reload::new(options, &config),
             config,
             svc,
+            store: serving.store,
+            ops,
             claimed: serving.claimed,
             admin,
             auth: auth.map(Arc::new),
@@ -394,16 +404,33 @@ impl Daemon {
         &self.svc
     }
 
+    /// The task store the daemon serves from: it closes it last.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The HTTP application `serve` puts behind its listener, for driving
     /// in process (a new one at each call: its own sessions and budgets).
     pub fn app(&self) -> http::App {
-        http::App::with_auth(self.svc.clone(), &self.config.server, self.auth.clone())
+        http::App::with_auth(
+            self.svc.clone(),
+            self.ops.clone(),
+            &self.config.server,
+            self.auth.clone(),
+        )
+    }
+
+    /// What operators and administrators do to this daemon.
+    pub fn ops(&self) -> &Arc<Ops> {
+        &self.ops
     }
 
     fn into_process(self, control: Control) -> (Process, Config, Claimed) {
         let (reload_sender, reload_requests) = mpsc::channel(RELOAD_QUEUE);
         let process = Process {
             svc: self.svc,
+            store: self.store,
+            ops: self.ops,
             control,
             reload: self.reload,
             reload_sender,
@@ -459,6 +486,8 @@ async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
 /// A serving process once startup is done.
 struct Process {
     svc: Arc<TaskService>,
+    store: Store,
+    ops: Arc<Ops>,
     /// Stop and reload requests besides the admin socket's.
     control: Control,
     reload: Reload,
@@ -492,13 +521,14 @@ impl Process {
         let stop = &self.chores_stop;
         self.chores.spawn(chores::refresh_status(
             self.svc.clone(),
+            self.store.clone(),
             self.board.clone(),
             describe.clone(),
             stop.clone(),
         ));
         if let Some(period) = sd_notify::watchdog_enabled() {
             self.chores.spawn(chores::watchdog(
-                self.svc.store().clone(),
+                self.store.clone(),
                 self.board.clone(),
                 describe,
                 period,
@@ -522,7 +552,7 @@ impl Process {
             let protected = self.first_protected.take().unwrap_or_default();
             self.upstreams.apply(&configs, &pins, protected).await;
         }
-        let status = chores::status_line(&self.svc, &describe()).await;
+        let status = chores::status_line(&self.svc, &self.store, &describe()).await;
         self.board.ready(&status);
         self.describe = Some(describe.clone());
         self.spawn_chores(describe);
@@ -584,11 +614,9 @@ impl Process {
             "serving MCP over HTTP at http://{local}/mcp"
         );
         self.admin.start(
-            self.svc.clone(),
+            self.ops.clone(),
             local.to_string(),
-            Some(sessions),
             self.reload_sender.clone(),
-            self.upstreams.clone(),
         );
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
@@ -644,7 +672,7 @@ impl Process {
         // Answered until here, so `status` shows the stop; a snapshot being
         // written finishes first (bounded), then the socket file goes.
         self.admin.stop().await;
-        let closed = self.svc.store().shutdown().await;
+        let closed = self.store.shutdown().await;
         // A snapshot the closing store abandoned removes its copy first.
         self.admin.after_store_closed().await;
         match closed {

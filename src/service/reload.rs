@@ -48,10 +48,10 @@ use sd_notify::NotifyState;
 
 use super::chores::status_line;
 use super::{Options, Process, lock, notify, set_log_filter};
-use crate::admin::{AdminError, Reloaded};
 use crate::auth::AuthError;
 use crate::config::{Config, keys};
 use crate::exit::Refusal;
+use crate::ops::{OpsError, Reloaded};
 use crate::startup;
 use crate::tools::Registry;
 
@@ -88,7 +88,7 @@ impl Process {
     /// One reload, between RELOADING=1 and READY=1 (systemd's reload
     /// protocol: MONOTONIC_USEC ties the two to this reload). The one code
     /// path for SIGHUP and `taskgate reload`.
-    pub(super) async fn reload_configuration(&mut self) -> Result<Reloaded, AdminError> {
+    pub(super) async fn reload_configuration(&mut self) -> Result<Reloaded, OpsError> {
         match NotifyState::monotonic_usec_now() {
             Ok(now) => notify(&[NotifyState::Reloading, now]),
             Err(_) => notify(&[NotifyState::Reloading]),
@@ -140,13 +140,13 @@ impl Process {
                     "configuration reload refused: {}; still running on the previous configuration",
                     refusal.message
                 );
-                Err(AdminError::new(
-                    refusal.class,
-                    format!(
+                Err(OpsError::ReloadRefused {
+                    class: refusal.class,
+                    message: format!(
                         "reload {number} refused: {}; the daemon goes on with its previous configuration",
                         refusal.message
                     ),
-                ))
+                })
             }
         };
         let summary = match &outcome {
@@ -160,7 +160,7 @@ impl Process {
         *lock(&self.reload.last) = Some(format!("reload {number} {summary}"));
         let describe = self.describe.clone();
         let status = match describe {
-            Some(describe) => status_line(&self.svc, &describe()).await,
+            Some(describe) => status_line(&self.svc, &self.store, &describe()).await,
             None => String::new(),
         };
         self.board.ready(&status);

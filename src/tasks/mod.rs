@@ -114,7 +114,7 @@ pub use approval::{
     AdminRefusal, Approvals, ApprovalsStatus, Decider, Decision, MAX_LISTED_PROPOSALS, Proposal,
 };
 pub use artifact_read::ARTIFACT_READ_TOOL;
-pub use error::TaskError;
+pub use error::{TaskError, store_wire};
 
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
@@ -466,10 +466,6 @@ impl TaskService {
 
     pub fn approvals(&self) -> Option<&Arc<Approvals>> {
         self.approvals.get()
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
     }
 
     fn live(&self) -> Arc<Live> {

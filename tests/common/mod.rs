@@ -44,6 +44,7 @@ pub mod route;
 pub mod rss;
 pub mod strace;
 pub mod tls;
+pub mod tokens;
 pub mod upstream;
 
 // Not every test binary uses every helper.
