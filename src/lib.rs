@@ -14,6 +14,7 @@ pub mod config;
 pub mod events;
 pub mod exit;
 pub mod http;
+pub mod ids;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;

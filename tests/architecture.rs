@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
         "auth",
         "approvals",
     ],
-    &["config", "wire", "exit", "events", "metrics"],
+    &["config", "wire", "exit", "events", "metrics", "ids"],
 ];
 
 /// Arrows inside one layer, each for a reason.
@@ -198,6 +198,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "auth",
             "config",
+            "ids",
             "store",
             "testhooks",
             "tools",
@@ -226,19 +227,31 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("auth", &["config", "exit"]),
     (
         "store",
-        &["config", "events", "exit", "metrics", "testhooks", "wire"],
+        &[
+            "config",
+            "events",
+            "exit",
+            "ids",
+            "metrics",
+            "testhooks",
+            "wire",
+        ],
     ),
-    ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
+    (
+        "artifacts",
+        &["exit", "ids", "state_dir", "store", "testhooks"],
+    ),
     ("state_dir", &["exit"]),
     ("testhooks", &[]),
     // The approval journal is a file format of its own; its events are
     // counted.
-    ("approvals", &["metrics", "testhooks"]),
+    ("approvals", &["ids", "metrics", "testhooks"]),
     ("config", &["exit"]),
     ("wire", &[]),
     ("exit", &[]),
     ("events", &[]),
     ("metrics", &[]),
+    ("ids", &[]),
 ];
 
 fn src() -> PathBuf {

@@ -672,11 +672,9 @@ async fn routes(ctx: &Context, id: Option<String>, open: bool) -> Answer {
     };
     match id {
         Some(id) => {
-            let Some(parsed) = crate::store::RouteId::parse(&id) else {
-                return Answer::Error(AdminError::new(
-                    ExitClass::Usage,
-                    format!("{id:?} is not a route ID (tgr- and 32 hex digits)"),
-                ));
+            let parsed = match crate::store::RouteId::parse(&id) {
+                Ok(parsed) => parsed,
+                Err(e) => return Answer::Error(AdminError::new(ExitClass::Usage, e.to_string())),
             };
             match store.route(&parsed).await {
                 Ok(Some(r)) => Answer::Routes {
