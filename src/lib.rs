@@ -19,6 +19,7 @@ pub mod logging;
 pub mod mcp;
 pub mod metrics;
 pub mod parts;
+pub mod process_limits;
 pub mod route;
 pub mod service;
 pub mod startup;

@@ -22,7 +22,15 @@ const LAYERS: &[&[&str]] = &[
         "auth",
         "approvals",
     ],
-    &["config", "wire", "exit", "events", "metrics", "ids"],
+    &[
+        "config",
+        "wire",
+        "exit",
+        "events",
+        "metrics",
+        "ids",
+        "process_limits",
+    ],
 ];
 
 /// Arrows inside one layer, each for a reason.
@@ -63,6 +71,9 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("artifacts", "testhooks"),
     // Error types carry their wire code; exit classes are one enum.
     ("config", "exit"),
+    // The loader reads, checks and documents the per-tool process limits
+    // through their one definition, which the tools own.
+    ("config", "process_limits"),
 ];
 
 /// Which modules each module may name (`crate::x` in the library,
@@ -223,7 +234,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "upstream",
         &["auth", "config", "exit", "metrics", "tools", "wire"],
     ),
-    ("tools", &["config", "exit", "wire"]),
+    ("tools", &["config", "exit", "process_limits", "wire"]),
     ("auth", &["config", "exit"]),
     (
         "store",
@@ -246,12 +257,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The approval journal is a file format of its own; its events are
     // counted.
     ("approvals", &["ids", "metrics", "testhooks"]),
-    ("config", &["exit"]),
+    ("config", &["exit", "process_limits"]),
     ("wire", &[]),
     ("exit", &[]),
     ("events", &[]),
     ("metrics", &[]),
     ("ids", &[]),
+    ("process_limits", &[]),
 ];
 
 fn src() -> PathBuf {
