@@ -12,6 +12,11 @@
 //! keys constrain (`server.listen` and the `--listen` flag, `store.directory`
 //! and its precedence, `server.tls` and its files) is read here like any
 //! other and then held to the rules between keys in `Config::load_from`.
+//!
+//! The per-tool process limits are the exception: each is defined once
+//! with the tools that enforce it (`crate::process_limits`), and
+//! `tool_settings!` makes it here the `[tools]` key and the `[[tool]]` key
+//! over it.
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
