@@ -26,20 +26,18 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::exit::{Classify, ExitClass};
+use crate::ids::ArtifactName;
 use crate::store::{Digest, TaskId};
 use crate::testhooks;
 
 pub const DIR_NAME: &str = crate::state_dir::ARTIFACTS_DIR;
-/// A write in progress is `.<task-id>.tmp` until it is renamed into place.
-const TMP_PREFIX: &str = ".";
-const TMP_SUFFIX: &str = ".tmp";
-
+/// A write in progress is `.<task-id>.tmp` until it is renamed into place
+/// as `<task-id>.json` ([`ArtifactName`]).
 fn is_temporary(name: &std::ffi::OsStr) -> bool {
-    let name = name.to_string_lossy();
-    name.strip_prefix(TMP_PREFIX)
-        .and_then(|rest| rest.strip_suffix(TMP_SUFFIX))
-        .and_then(TaskId::parse)
-        .is_some()
+    matches!(
+        ArtifactName::parse(&name.to_string_lossy()),
+        Some(ArtifactName::Partial(_))
+    )
 }
 
 #[derive(Debug, Error)]
@@ -242,7 +240,7 @@ impl Artifacts {
     }
 
     fn path_of(&self, id: &TaskId) -> PathBuf {
-        self.dir.join(format!("{}.json", id.as_str()))
+        self.dir.join(ArtifactName::Whole(id.clone()).file_name())
     }
 
     /// Removes the artifacts of tasks whose result never committed (restart
@@ -307,9 +305,7 @@ impl Artifacts {
 
     fn write_file(&self, id: &TaskId, bytes: &[u8]) -> Result<(), ArtifactError> {
         let final_path = self.path_of(id);
-        let tmp = self
-            .dir
-            .join(format!("{TMP_PREFIX}{}{TMP_SUFFIX}", id.as_str()));
+        let tmp = self.dir.join(ArtifactName::Partial(id.clone()).file_name());
         let _ = fs::remove_file(&tmp);
         let result = (|| -> io::Result<()> {
             let mut f = OpenOptions::new()
@@ -367,7 +363,7 @@ impl Artifacts {
             let entry = entry.map_err(io_err(&self.dir))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if let Some(id) = name.strip_suffix(".json").and_then(TaskId::parse) {
+            if let Some(ArtifactName::Whole(id)) = ArtifactName::parse(&name) {
                 ids.push(id);
                 if ids.len() >= limit {
                     break;

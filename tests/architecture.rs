@@ -49,7 +49,15 @@ const LAYERS: &[&[&str]] = &[
         "auth",
         "approvals",
     ],
-    &["config", "wire", "exit", "events", "metrics"],
+    &[
+        "config",
+        "wire",
+        "exit",
+        "events",
+        "metrics",
+        "ids",
+        "process_limits",
+    ],
 ];
 
 /// Arrows inside one layer, each for a reason.
@@ -90,6 +98,9 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("artifacts", "testhooks"),
     // Error types carry their wire code; exit classes are one enum.
     ("config", "exit"),
+    // The loader reads, checks and documents the per-tool process limits
+    // through their one definition, which the tools own.
+    ("config", "process_limits"),
 ];
 
 /// Which modules each module may name (`crate::x` in the library,
@@ -244,6 +255,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "auth",
             "config",
+            "ids",
             "store",
             "testhooks",
             "tools",
@@ -268,23 +280,36 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "upstream",
         &["auth", "config", "exit", "metrics", "tools", "wire"],
     ),
-    ("tools", &["config", "exit", "wire"]),
+    ("tools", &["config", "exit", "process_limits", "wire"]),
     ("auth", &["config", "exit"]),
     (
         "store",
-        &["config", "events", "exit", "metrics", "testhooks", "wire"],
+        &[
+            "config",
+            "events",
+            "exit",
+            "ids",
+            "metrics",
+            "testhooks",
+            "wire",
+        ],
     ),
-    ("artifacts", &["exit", "state_dir", "store", "testhooks"]),
+    (
+        "artifacts",
+        &["exit", "ids", "state_dir", "store", "testhooks"],
+    ),
     ("state_dir", &["exit"]),
     ("testhooks", &[]),
     // The approval journal is a file format of its own; its events are
     // counted.
-    ("approvals", &["metrics", "testhooks"]),
-    ("config", &["exit"]),
+    ("approvals", &["ids", "metrics", "testhooks"]),
+    ("config", &["exit", "process_limits"]),
     ("wire", &[]),
     ("exit", &[]),
     ("events", &[]),
     ("metrics", &[]),
+    ("ids", &[]),
+    ("process_limits", &[]),
 ];
 
 fn src() -> PathBuf {

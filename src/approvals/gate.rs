@@ -12,6 +12,8 @@ use std::sync::{Mutex, RwLock};
 
 use thiserror::Error;
 
+use crate::ids::ProposalId;
+
 use super::journal::{self, Checkpoint, Journal, JournalError, Opened};
 use super::proposals::{Proposal, Proposals, Refusal, State};
 use super::{Event, HeldCall, MAX_REASON_BYTES};
@@ -134,17 +136,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn random_id() -> Result<String, GateError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| {
+    let id = ProposalId::generate().map_err(|e| {
         GateError::Journal(JournalError::Invalid {
             dir: Default::default(),
             reason: format!("no random source: {e}"),
         })
     })?;
-    Ok(format!(
-        "tgp-{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ))
+    Ok(id.into_string())
 }
 
 impl Gate {

@@ -12,6 +12,11 @@
 //! keys constrain (`server.listen` and the `--listen` flag, `store.directory`
 //! and its precedence, `server.tls` and its files) is read here like any
 //! other and then held to the rules between keys in `Config::load_from`.
+//!
+//! The per-tool process limits are the exception: each is defined once
+//! with the tools that enforce it (`crate::process_limits`), and
+//! `tool_settings!` makes it here the `[tools]` key and the `[[tool]]` key
+//! over it.
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -20,6 +25,7 @@ use std::time::Duration;
 
 use super::settings::{Choice, settings};
 use super::{JwtIssuer, LocalOwner, SelfApproval, TlsMode};
+use crate::process_limits::{Bound, ProcessLimits, Unit as LimitUnit, for_each_limit};
 
 pub use super::render::{
     PACKAGE_STATE_DIR, REFERENCE_BEGIN, REFERENCE_END, man_page, reference_markdown, starter_config,
@@ -402,9 +408,9 @@ const RELOAD: Applies = Applies::Reload;
 // ---- the keys ------------------------------------------------------------
 
 settings! {
-    /// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]`,
-    /// `[auth]` and `[approvals]`, in documented order.
-    pub static KEYS;
+    /// The settings of `[server]`, `[store]` and `[tasks]`, in documented
+    /// order.
+    pub const KEYS_BEFORE_TOOLS;
 
     /// `[server]`: the HTTP endpoint and the bounds of what it serves.
     pub struct ServerSettings in Server {
@@ -504,34 +510,80 @@ settings! {
         #[key(TASKS_ARTIFACT_MAX_BYTES, "artifact_max_bytes", bytes(16 * MIB, 16 * KIB..=GIB).at_most(&TASKS_ARTIFACTS_MAX_TOTAL_BYTES))]
         pub artifact_max_bytes: u64,
     }
+}
 
-    // A tool's confinement limits, per process of the tool (`setrlimit(2)`),
-    // except `max_processes`, which counts all of its processes. Each is set
-    // once in `[tools]` and may be overridden by a `[[tool]]` table, whose
-    // key has the same range (see `ToolLimits`).
+// `[tools]` and the bounds of a `[[tool]]` table: the process limits come
+// from their one definition (`process_limits`), each a `[tools]` key and
+// the `[[tool]]` key over it, with the same range. A `[[tool]]` table's
+// other bounds are how long one call may run and how much it may write.
+macro_rules! tool_settings {
+    (
+        {}
+        $(
+            #[doc = $doc:literal]
+            $field:ident ($TOOLS:ident, $TOOL:ident) $label:literal:
+                $bound:expr, $enforce:expr, $reported:literal;
+        )*
+    ) => {
+        settings! {
+            /// The settings of `[tools]`, in documented order.
+            pub const TOOLS_SECTION_KEYS;
 
-    /// `[tools]`: what every command tool gets unless its own table says
-    /// otherwise.
-    pub struct ToolsSettings in Tools {
-        /// Absolute paths every confined tool may read and execute beside the built-in set (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and a few devices) and its working directory; a tool's own `read_paths` replaces this list. A path that overlaps the state directory or the configuration file refuses the start.
-        #[key(TOOLS_READ_PATHS, "read_paths", Kind::Paths, applies: RELOAD)]
-        pub read_paths: Vec<PathBuf>,
-        /// Virtual memory of each of a tool's processes (RLIMIT_AS); an allocation past it fails, and a tool that fails after using half of it is reported as stopped by this limit (`TG_TOOL_LIMIT`).
-        #[key(TOOLS_MAX_ADDRESS_SPACE_BYTES, "max_address_space_bytes", bytes(4 * GIB, 16 * MIB..=1024 * GIB), applies: RELOAD)]
-        pub max_address_space_bytes: u64,
-        /// Open file descriptors of each of a tool's processes (RLIMIT_NOFILE).
-        #[key(TOOLS_MAX_OPEN_FILES, "max_open_files", count(1024, 16..=1_048_576), applies: RELOAD)]
-        pub max_open_files: u64,
-        /// Processes a tool may run at once, itself included; past it every one of them is killed and the call fails with `TG_TOOL_LIMIT` (RLIMIT_NPROC, which counts threads too, is set to the service user's count at the start plus eight times this).
-        #[key(TOOLS_MAX_PROCESSES, "max_processes", count(128, 1..=65_536), applies: RELOAD)]
-        pub max_processes: u64,
-        /// Largest file a tool may write (RLIMIT_FSIZE); a write past it ends the tool with SIGXFSZ and the call fails with `TG_TOOL_LIMIT`.
-        #[key(TOOLS_MAX_FILE_BYTES, "max_file_bytes", bytes(GIB, KIB..=1024 * GIB), applies: RELOAD)]
-        pub max_file_bytes: u64,
-        /// CPU seconds of each of a tool's processes (RLIMIT_CPU); past it the process gets SIGXCPU (SIGKILL a second later) and the call fails with `TG_TOOL_LIMIT`.
-        #[key(TOOLS_MAX_CPU_SECS, "max_cpu_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
-        pub max_cpu_secs: u64,
-    }
+            /// `[tools]`: what every command tool gets unless its own table says
+            /// otherwise.
+            pub struct ToolsSettings in Tools {
+                /// Absolute paths every confined tool may read and execute beside the built-in set (`/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and a few devices) and its working directory; a tool's own `read_paths` replaces this list. A path that overlaps the state directory or the configuration file refuses the start.
+                #[key(TOOLS_READ_PATHS, "read_paths", Kind::Paths, applies: RELOAD)]
+                pub read_paths: Vec<PathBuf>,
+                $(
+                    #[doc = $doc]
+                    #[key($TOOLS, stringify!($field), limit_kind($bound), applies: RELOAD)]
+                    pub $field: u64,
+                )*
+            }
+        }
+
+        settings! {
+            /// The bounded keys of each `[[tool]]` table (the others are described in
+            /// the man page's prose: they have no default to speak of).
+            pub const TOOL_KEYS;
+
+            /// A command tool's bounds, from its `[[tool]]` table; a confinement
+            /// limit it leaves out is the `[tools]` one.
+            pub struct ToolLimits in Tool {
+                /// Seconds a call may run; then the tool's process group is killed and the call fails.
+                #[key(TOOL_TIMEOUT_SECS, "timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
+                pub timeout: Duration,
+                /// Largest output the tool may write; more is an error, never a truncated result.
+                #[key(TOOL_MAX_STDOUT_BYTES, "max_stdout_bytes", bytes(MIB, 1..=GIB), applies: RELOAD)]
+                pub max_stdout_bytes: u64,
+                /// Largest error output the tool may write; more is an error.
+                #[key(TOOL_MAX_STDERR_BYTES, "max_stderr_bytes", bytes(64 * KIB, 0..=64 * MIB), applies: RELOAD)]
+                pub max_stderr_bytes: u64,
+                $(
+                    #[doc = concat!("Overrides `tools.", stringify!($field), "` for this tool.")]
+                    #[key($TOOL, stringify!($field), $TOOLS.kind, applies: RELOAD, default_from: Some(&$TOOLS))]
+                    pub $field: u64,
+                )*
+            }
+        }
+
+        impl ToolLimits {
+            /// The process limits in force for this tool.
+            pub fn process(&self) -> ProcessLimits {
+                ProcessLimits {
+                    $($field: self.$field,)*
+                }
+            }
+        }
+    };
+}
+for_each_limit!(tool_settings! {});
+
+settings! {
+    /// The settings of `[log]`, `[auth]` and `[approvals]`, in documented
+    /// order.
+    pub const KEYS_AFTER_TOOLS;
 
     // The log filter: taskgate's own events at info; the protocol libraries
     // only when something is wrong (rmcp reports every finished stateless
@@ -613,44 +665,9 @@ settings! {
 }
 
 settings! {
-    /// The bounded keys of each `[[tool]]` table (the others are described in
-    /// the man page's prose: they have no default to speak of).
-    pub static TOOL_KEYS;
-
-    /// A command tool's bounds, from its `[[tool]]` table; a confinement
-    /// limit it leaves out is the `[tools]` one.
-    pub struct ToolLimits in Tool {
-        /// Seconds a call may run; then the tool's process group is killed and the call fails.
-        #[key(TOOL_TIMEOUT_SECS, "timeout_secs", secs(300, 1..=7 * DAY), applies: RELOAD)]
-        pub timeout: Duration,
-        /// Largest output the tool may write; more is an error, never a truncated result.
-        #[key(TOOL_MAX_STDOUT_BYTES, "max_stdout_bytes", bytes(MIB, 1..=GIB), applies: RELOAD)]
-        pub max_stdout_bytes: u64,
-        /// Largest error output the tool may write; more is an error.
-        #[key(TOOL_MAX_STDERR_BYTES, "max_stderr_bytes", bytes(64 * KIB, 0..=64 * MIB), applies: RELOAD)]
-        pub max_stderr_bytes: u64,
-        /// Overrides `tools.max_address_space_bytes` for this tool.
-        #[key(TOOL_MAX_ADDRESS_SPACE_BYTES, "max_address_space_bytes", TOOLS_MAX_ADDRESS_SPACE_BYTES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_ADDRESS_SPACE_BYTES))]
-        pub max_address_space_bytes: u64,
-        /// Overrides `tools.max_open_files` for this tool.
-        #[key(TOOL_MAX_OPEN_FILES, "max_open_files", TOOLS_MAX_OPEN_FILES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_OPEN_FILES))]
-        pub max_open_files: u64,
-        /// Overrides `tools.max_processes` for this tool.
-        #[key(TOOL_MAX_PROCESSES, "max_processes", TOOLS_MAX_PROCESSES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_PROCESSES))]
-        pub max_processes: u64,
-        /// Overrides `tools.max_file_bytes` for this tool.
-        #[key(TOOL_MAX_FILE_BYTES, "max_file_bytes", TOOLS_MAX_FILE_BYTES.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_FILE_BYTES))]
-        pub max_file_bytes: u64,
-        /// Overrides `tools.max_cpu_secs` for this tool.
-        #[key(TOOL_MAX_CPU_SECS, "max_cpu_secs", TOOLS_MAX_CPU_SECS.kind, applies: RELOAD, default_from: Some(&TOOLS_MAX_CPU_SECS))]
-        pub max_cpu_secs: u64,
-    }
-}
-
-settings! {
     /// The bounded keys of each `[[auth.jwt]]` table (the others are described
     /// in the man page's prose).
-    pub static JWT_KEYS;
+    pub const JWT_KEYS;
 
     /// A JWT issuer's bounds, from its `[[auth.jwt]]` table.
     pub struct JwtLimits in AuthJwt {
@@ -666,7 +683,7 @@ settings! {
 settings! {
     /// The bounded keys of each `[[upstream]]` table (the others are described
     /// in the man page's prose).
-    pub static UPSTREAM_KEYS;
+    pub const UPSTREAM_KEYS;
 
     /// An upstream MCP server's bounds, from its `[[upstream]]` table.
     pub struct UpstreamLimits in Upstream {
@@ -686,6 +703,41 @@ settings! {
         #[key(UPSTREAM_MAX_TOOLS, "max_tools", count(1000, 1..=10_000), applies: RELOAD)]
         pub max_tools: usize,
     }
+}
+
+/// The settings of `[server]`, `[store]`, `[tasks]`, `[tools]`, `[log]`,
+/// `[auth]` and `[approvals]`, in documented order.
+pub static KEYS: &[KeySpec] = &ALL_KEYS;
+
+const ALL_KEYS: [KeySpec;
+    KEYS_BEFORE_TOOLS.len() + TOOLS_SECTION_KEYS.len() + KEYS_AFTER_TOOLS.len()] =
+    joined([KEYS_BEFORE_TOOLS, TOOLS_SECTION_KEYS, KEYS_AFTER_TOOLS]);
+
+/// The keys of several lists, one after another.
+const fn joined<const N: usize>(lists: [&[KeySpec]; 3]) -> [KeySpec; N] {
+    let mut out = [lists[0][0]; N];
+    let (mut at, mut list) = (0, 0);
+    while list < lists.len() {
+        let mut i = 0;
+        while i < lists[list].len() {
+            out[at] = lists[list][i];
+            at += 1;
+            i += 1;
+        }
+        list += 1;
+    }
+    assert!(at == N, "the lists fill the array exactly");
+    out
+}
+
+/// The kind of a process limit's key (its bounds, from its definition).
+const fn limit_kind(bound: Bound) -> Kind {
+    let unit = match bound.unit {
+        LimitUnit::Count => Unit::Count,
+        LimitUnit::Bytes => Unit::Bytes,
+        LimitUnit::Seconds => Unit::Seconds,
+    };
+    int(unit, bound.default, bound.min..=bound.max)
 }
 
 /// The setting `section.name`, if there is one.

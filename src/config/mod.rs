@@ -113,8 +113,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::exit::{Classify, ExitClass};
+use crate::process_limits::for_each_limit;
 use keys::{KeySpec, Kind, Section};
-use settings::{Layers, Read};
+use settings::{Layers, Read, with_limit_fields};
 
 pub use auth::{JwtAlgorithm, JwtIssuer, LocalOwner, STATIC_ISSUER, ScopeClaim, TenantSource};
 pub use keys::{
@@ -258,6 +259,17 @@ pub enum Effect {
     NonIdempotentWrite,
 }
 
+impl Effect {
+    /// Whether a tool of this effect may not run as `task` says: a task is
+    /// never run twice, so a restart during a non-idempotent write run as
+    /// a task would leave its effect unknown (nobody could tell whether it
+    /// happened). The one statement of the rule, for command tools and
+    /// upstream tools alike.
+    pub fn forbids(self, task: TaskMode) -> bool {
+        task != TaskMode::Never && self == Effect::NonIdempotentWrite
+    }
+}
+
 /// Whether a tool runs as a background task when the client negotiated Tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -386,12 +398,13 @@ pub struct Config {
     values: BTreeMap<String, String>,
 }
 
+for_each_limit!(with_limit_fields! {
 /// The shape of a `[[tool]]` table, deserialised from the file's text so
 /// that an unknown key or a value of the wrong type is named with its
 /// line. Its bounded keys ([`keys::TOOL_KEYS`]) are read from the table
-/// through their definitions ([`ToolLimits`]); they are listed here only
-/// so that the shape accepts them, checks their type and names them among
-/// the table's keys.
+/// through their definitions ([`ToolLimits`]); the shape lists them (the
+/// process limits through their definitions) only so that it accepts them,
+/// checks their type and names them among the table's keys.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTool {
@@ -414,17 +427,8 @@ struct RawTool {
     sandbox: Option<Sandbox>,
     read_paths: Option<Vec<PathBuf>>,
     write_paths: Option<Vec<PathBuf>>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_ADDRESS_SPACE_BYTES")]
-    max_address_space_bytes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_OPEN_FILES")]
-    max_open_files: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_PROCESSES")]
-    max_processes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_FILE_BYTES")]
-    max_file_bytes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_CPU_SECS")]
-    max_cpu_secs: Option<u64>,
 }
+});
 
 /// Only the `[[tool]]` tables of a file, deserialised from its text so
 /// that an error in one points at its line.

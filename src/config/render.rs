@@ -5,6 +5,8 @@
 
 use std::fmt::Write as _;
 
+use crate::process_limits::ProcessLimits;
+
 use super::keys::{
     GIB, IntSpec, JWT_KEYS, KEYS, KIB, KeySpec, Kind, MIB, Section, TOOL_KEYS, UPSTREAM_KEYS, Unit,
 };
@@ -302,6 +304,16 @@ pub fn reference_markdown() -> String {
     s
 }
 
+/// The process limits' keys as one parenthesised roff list, `(a, b, …;`.
+fn roff_limit_list(s: &mut String) {
+    let limits = ProcessLimits::LIMITS;
+    for (i, limit) in limits.iter().enumerate() {
+        let (request, open) = if i == 0 { (".RB", "( ") } else { (".BR", "") };
+        let close = if i + 1 == limits.len() { ";" } else { "," };
+        s.push_str(&format!("{request} {open}{} {close}\n", limit.name));
+    }
+}
+
 fn roff_key(key: &KeySpec, out: &mut String) {
     out.push_str(".TP\n");
     let _ = writeln!(out, ".B {}", key.name);
@@ -442,12 +454,11 @@ and
 keys as a
 .B [[tool]]
 table, and the same process limits
-.RB ( max_address_space_bytes ,
-.BR max_open_files ,
-.BR max_processes ,
-.BR max_file_bytes ,
-.BR max_cpu_secs ;
-each left out is the
+"#,
+    );
+    roff_limit_list(&mut s);
+    s.push_str(
+        r#"each left out is the
 .B [tools]
 one). They hold for the server's whole life:
 .B max_cpu_secs

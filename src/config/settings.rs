@@ -557,7 +557,7 @@ pub(super) use choice;
 /// ```text
 /// settings! {
 ///     /// The settings, in documented order.
-///     pub static KEYS;
+///     pub const KEYS;
 ///
 ///     /// `[store]`: the task store.
 ///     pub struct StoreSettings in Store {
@@ -583,17 +583,17 @@ pub(super) use choice;
 /// (the section's keys, in order), `load` (every field read from the
 /// layers), `shown` (each field's value as text, for a reload's
 /// comparison) and `Default` (every field at its key's default); and the
-/// `static` list of every key of every struct, in order.
+/// list (a `const`) of every key of every struct, in order.
 macro_rules! settings {
     (
         $(#[doc = $list_doc:literal])*
-        pub static $LIST:ident;
+        pub const $LIST:ident;
         $(
             $(#[doc = $struct_doc:literal])*
             pub struct $Struct:ident in $section:ident {
                 $(
-                    #[doc = $doc:literal]
-                    #[key($CONST:ident, $name:literal, $kind:expr $(, $opt:ident: $val:expr)* $(,)?)]
+                    #[doc = $doc:expr]
+                    #[key($CONST:ident, $name:expr, $kind:expr $(, $opt:ident: $val:expr)* $(,)?)]
                     $(by_rules)? $(pub $field:ident: $Type:ty)?,
                 )*
                 $(
@@ -668,7 +668,32 @@ macro_rules! settings {
         )*
 
         $(#[doc = $list_doc])*
-        pub static $LIST: &[$crate::config::keys::KeySpec] = &[$($($CONST,)*)*];
+        pub const $LIST: &[$crate::config::keys::KeySpec] = &[$($($CONST,)*)*];
     };
 }
 pub(super) use settings;
+
+/// Appends a field for each process limit (called through
+/// `for_each_limit!`) to the shape of a table that accepts them (a
+/// `[[tool]]`, a command `[[upstream]]`): so that the shape accepts them,
+/// checks their type and names them among the table's keys. Their values
+/// are read through their definitions, as the sections' are.
+macro_rules! with_limit_fields {
+    (
+        { $(#[$meta:meta])* $vis:vis struct $Name:ident { $($fields:tt)* } }
+        $(
+            #[doc = $doc:literal]
+            $field:ident ($TOOLS:ident, $TOOL:ident) $label:literal: $($definition:expr),+;
+        )*
+    ) => {
+        $(#[$meta])*
+        $vis struct $Name {
+            $($fields)*
+            $(
+                #[allow(dead_code, reason = "read through its definition")]
+                $field: Option<u64>,
+            )*
+        }
+    };
+}
+pub(super) use with_limit_fields;

@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::keys::{self, ToolLimits, ToolsSettings, UpstreamLimits};
-use super::settings::Layers;
+use super::settings::{Layers, with_limit_fields};
 use super::{
     Approval, ConfigError, Effect, MAX_APPROVAL_PREVIEW_FIELDS, Sandbox, TaskMode, ToolConfig,
     ToolConfinement, invalid_toml,
 };
+use crate::process_limits::{ProcessLimits, for_each_limit};
 
 /// The name of the pins file, in the configuration file's directory (see
 /// `upstream::pins`).
@@ -153,6 +154,7 @@ impl UpstreamConfig {
     }
 }
 
+for_each_limit!(with_limit_fields! {
 /// The shape of an `[[upstream]]` table, deserialised from the file's text
 /// so that an unknown key or a value of the wrong type is named with its
 /// line. Its bounded keys ([`keys::UPSTREAM_KEYS`]) are read from the
@@ -184,28 +186,9 @@ pub(super) struct RawUpstream {
     max_concurrent_requests: Option<u64>,
     #[allow(dead_code, reason = "read through UPSTREAM_MAX_TOOLS")]
     max_tools: Option<u64>,
-    // A command upstream's resource limits, as a `[[tool]]` sets them.
-    #[allow(dead_code, reason = "read through TOOL_MAX_ADDRESS_SPACE_BYTES")]
-    max_address_space_bytes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_OPEN_FILES")]
-    max_open_files: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_PROCESSES")]
-    max_processes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_FILE_BYTES")]
-    max_file_bytes: Option<u64>,
-    #[allow(dead_code, reason = "read through TOOL_MAX_CPU_SECS")]
-    max_cpu_secs: Option<u64>,
+    // Then a command upstream's resource limits, as a `[[tool]]` sets them.
 }
-
-/// The resource limits a command upstream may set in its own table (the
-/// rest of a `[[tool]]`'s bounded keys are about one call's run).
-const PROCESS_LIMITS: [&str; 5] = [
-    "max_address_space_bytes",
-    "max_open_files",
-    "max_processes",
-    "max_file_bytes",
-    "max_cpu_secs",
-];
+});
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -350,7 +333,7 @@ pub(super) fn settings(
                 // table leaves out is the `[tools]` one.
                 let own: toml::Table = table
                     .iter()
-                    .filter(|(k, _)| PROCESS_LIMITS.contains(&k.as_str()))
+                    .filter(|(k, _)| ProcessLimits::named(k).is_some())
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 let limits = ToolLimits::load(&Layers::table(
@@ -389,11 +372,15 @@ pub(super) fn settings(
                     || u.sandbox.is_some()
                     || u.read_paths.is_some()
                     || u.write_paths.is_some()
-                    || PROCESS_LIMITS.iter().any(|k| table.contains_key(*k))
+                    || ProcessLimits::LIMITS
+                        .iter()
+                        .any(|l| table.contains_key(l.name))
                 {
-                    return Err(bad(
-                        "env, working_dir, sandbox, read_paths, write_paths and the process limits (max_address_space_bytes, max_open_files, max_processes, max_file_bytes, max_cpu_secs) are for a command upstream; a url upstream has none".into(),
-                    ));
+                    let limits: Vec<&str> = ProcessLimits::LIMITS.iter().map(|l| l.name).collect();
+                    return Err(bad(format!(
+                        "env, working_dir, sandbox, read_paths, write_paths and the process limits ({}) are for a command upstream; a url upstream has none",
+                        limits.join(", ")
+                    )));
                 }
                 check_url(url).map_err(bad)?;
                 absolute("bearer_token_file", &u.bearer_token_file).map_err(bad)?;
@@ -439,12 +426,9 @@ pub(super) fn settings(
             route_echo: u.route_echo.unwrap_or_default(),
             origin: origin.to_string(),
         };
-        // A task is never run twice, so a restart during a non-idempotent
-        // write would leave its effect unknown: the same rule as for a
-        // command tool, for the default and for each tool's own table.
-        let background_write = |(effect, task): (Effect, TaskMode)| {
-            task != TaskMode::Never && effect == Effect::NonIdempotentWrite
-        };
+        // The same rule as for a command tool (`Effect::forbids`), for the
+        // default and for each tool's own table.
+        let background_write = |(effect, task): (Effect, TaskMode)| effect.forbids(task);
         if background_write((config.effect, config.task)) {
             return Err(bad(
                 "task is optional or required for tools whose effect is non_idempotent_write (a restart would leave their effect unknown); set effect = \"read_only\" or \"idempotent_write\" if that is true, or task = \"never\"".into(),

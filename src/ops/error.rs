@@ -32,7 +32,8 @@ pub enum OpsError {
     JournalFailed(String),
     #[error("no upstream {0:?} is configured; `taskgate upstream list` shows them")]
     UnknownUpstream(String),
-    #[error("{0:?} is not a route ID (tgr- and 32 hex digits)")]
+    /// The refusal names the shape a route ID has (`ids` words it).
+    #[error("{0}")]
     NotARouteId(String),
     #[error("no unexpired route {0}")]
     UnknownRoute(String),

@@ -80,7 +80,7 @@ impl Ops {
         match id {
             Some(id) => {
                 let parsed =
-                    RouteId::parse(id).ok_or_else(|| OpsError::NotARouteId(id.to_string()))?;
+                    RouteId::parse(id).map_err(|e| OpsError::NotARouteId(e.to_string()))?;
                 match self.store.route(&parsed).await.map_err(unavailable)? {
                     Some(r) => Ok(vec![self.route_status(&r, true)]),
                     None => Err(OpsError::UnknownRoute(id.to_string())),

@@ -29,7 +29,7 @@ pub struct TaskStore;
 /// record counts as none: it can only come from a hand-edited lock file,
 /// and the database is still validated.
 pub fn recorded_store(lock: &LifetimeLock) -> Option<StoreId> {
-    lock.recorded_store().and_then(|s| StoreId::parse(&s))
+    lock.recorded_store().and_then(|s| StoreId::parse(&s).ok())
 }
 
 /// The task store, opened for serving.

@@ -19,8 +19,6 @@ pub const MAX_LEASE_CAPABILITIES: usize = 16;
 pub const DEFAULT_LEASE_MS: u64 = 600_000;
 /// The longest life a lease may ask for.
 pub const MAX_LEASE_MS: u64 = MAX_RETENTION_MS;
-/// The prefix of a lease ID.
-pub const LEASE_PREFIX: &str = "tgl-";
 
 pub fn effect_name(e: Effect) -> &'static str {
     match e {

@@ -79,6 +79,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::{self, Caller};
 use crate::config::{Effect, RouteEcho, TaskMode};
+use crate::ids::{CoordinatorId, LeaseId};
 use crate::store::{
     Advanced, Decider, Digest, ErrorBody, LeaseRecord, NewRoute, Outcome, Prepared, RouteChange,
     RouteId, RoutePhase, RouteRecord, Store, TaskId, TaskRecord, TaskStatus,
@@ -88,7 +89,7 @@ use crate::upstream::{Answer, Failure, PollFailure, Routable, Upstreams};
 use crate::{testhooks, wire};
 
 pub use error::{Check, RouteError, store_wire};
-pub use lease::{DEFAULT_LEASE_MS, LEASE_PREFIX, Lease, MAX_LEASE_MS};
+pub use lease::{DEFAULT_LEASE_MS, Lease, MAX_LEASE_MS};
 pub use submission::{
     CONSERVATIVE_EFFECT, MAX_ARTIFACT_BYTES, MAX_IO_BYTES, MAX_RETENTION_MS, MAX_RUNTIME_MS,
     SUBMISSION_SCHEMA, Submission, input_digest,
@@ -118,7 +119,7 @@ pub fn is_meta_tool(name: &str) -> bool {
 
 /// Whether a task ID is a route's.
 pub fn is_route_id(id: &str) -> bool {
-    id.starts_with(RouteId::PREFIX)
+    RouteId::claims(id)
 }
 
 /// What a meta-tool call gives back.
@@ -165,12 +166,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn random_hex() -> Result<String, RouteError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| RouteError::Internal(format!("random source: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 fn cut(text: &str, max: usize) -> String {
     let mut s = text.to_string();
     if s.len() > max {
@@ -207,7 +202,9 @@ impl Router {
         Arc::new(Router {
             store,
             upstreams,
-            coordinator: random_hex().unwrap_or_else(|_| "unrandom".into()),
+            coordinator: CoordinatorId::generate()
+                .map(CoordinatorId::into_string)
+                .unwrap_or_else(|_| "unrandom".into()),
             poll_interval,
             polled: Mutex::new(HashMap::new()),
             cancelling: Mutex::new(HashSet::new()),
@@ -284,8 +281,8 @@ impl Router {
                 }
                 let task = self.submit(&args, caller, owner).await?;
                 let route = match RouteId::parse(task.id.as_str()) {
-                    Some(id) => self.store.route(&id).await?.map(|r| submitted(&r)),
-                    None => None,
+                    Ok(id) => self.store.route(&id).await?.map(|r| submitted(&r)),
+                    Err(_) => None,
                 };
                 Ok(MetaAnswer::Task {
                     task,
@@ -339,7 +336,9 @@ impl Router {
                     .map_err(|why| RouteError::refused(Check::Capability, why))?,
             );
         }
-        let id = format!("{LEASE_PREFIX}{}", random_hex()?);
+        let id = LeaseId::generate()
+            .map_err(|e| RouteError::Internal(format!("random source: {e}")))?
+            .into_string();
         let lease = request.grant(&found, id, self.now())?;
         let body = serde_json::to_value(&lease)
             .map_err(|e| RouteError::Internal(format!("encoding a lease: {e}")))?;
@@ -777,7 +776,7 @@ impl Router {
     }
 
     async fn owned(&self, id: &str, owner: &Digest) -> Result<RouteRecord, RouteError> {
-        let id = RouteId::parse(id).ok_or(RouteError::UnknownTask)?;
+        let id = RouteId::parse(id).map_err(|_| RouteError::UnknownTask)?;
         self.store
             .get_route(&id, owner)
             .await?

@@ -196,38 +196,7 @@ pub const OUTCOME_LINGER: Duration = Duration::from_millis(1);
 /// waiting, so a snapshot delays a create by at most one step's copy.
 pub const SNAPSHOT_STEP_PAGES: i32 = 256;
 
-/// A store's identity: 128 random bits, hex, chosen when its database is
-/// initialised and kept in it for life. The state directory records it
-/// beside the database (in `tasks.lock`), so an empty or replaced
-/// `tasks.db` under existing task handles is recognised and refused rather
-/// than served as a new, empty store.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct StoreId(String);
-
-impl StoreId {
-    /// A fresh identity from the operating system's random source.
-    pub fn generate() -> Result<StoreId, getrandom::Error> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)?;
-        Ok(StoreId(hex(&bytes)))
-    }
-
-    /// Accepts only the exact shape `generate` produces.
-    pub fn parse(s: &str) -> Option<StoreId> {
-        (s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-            .then(|| StoreId(s.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for StoreId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::ids::StoreId;
 
 /// A sha256 digest. Owners, creation references and request identities are
 /// stored only in this form, never raw.

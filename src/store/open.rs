@@ -425,7 +425,7 @@ fn read_identity(
         None => Ok(None),
         Some(s) => StoreId::parse(&s)
             .map(Some)
-            .ok_or_else(|| OpenError::SchemaMismatch {
+            .map_err(|_| OpenError::SchemaMismatch {
                 path: path.to_path_buf(),
                 version,
                 detail: format!("store_identity holds a malformed id {s:?}"),

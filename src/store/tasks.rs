@@ -15,48 +15,11 @@ use super::engine::{OpError, Tx};
 use super::kinds::{NextExpiry, RecordKind};
 use super::{
     CapacityKind, Digest, MAX_PAYLOAD_BYTES, Store, StoreError, StoreOptions, StoreStats,
-    TERMINAL_RETENTION_MS, hex,
+    TERMINAL_RETENTION_MS,
 };
 use crate::testhooks;
 
-/// A public task identifier: 128 random bits, hex, with a `tg-` prefix.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(String);
-
-impl TaskId {
-    const PREFIX: &'static str = "tg-";
-
-    /// A fresh identifier from the operating system's random source.
-    pub fn generate() -> Result<TaskId, getrandom::Error> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)?;
-        Ok(TaskId(format!("{}{}", Self::PREFIX, hex(&bytes))))
-    }
-
-    /// Accepts only the exact shape `generate` produces, so a malformed ID is
-    /// just another unknown ID.
-    pub fn parse(s: &str) -> Option<TaskId> {
-        let rest = s.strip_prefix(Self::PREFIX)?;
-        (rest.len() == 32 && rest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-            .then(|| TaskId(s.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The public task a durable route is: its ID is the route's, so the
-    /// protocol layer shows a route as it shows any task.
-    pub fn of_route(route: &super::RouteId) -> TaskId {
-        TaskId(route.as_str().to_string())
-    }
-}
-
-impl std::fmt::Display for TaskId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::ids::TaskId;
 
 /// The five task states of the MCP Tasks extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -373,7 +336,7 @@ fn conversion(col: usize, t: Type, msg: String) -> rusqlite::Error {
 fn decode_row(row: &Row<'_>) -> rusqlite::Result<TaskRecord> {
     let id_text: String = row.get(0)?;
     let id = TaskId::parse(&id_text)
-        .ok_or_else(|| conversion(0, Type::Text, format!("malformed task id {id_text:?}")))?;
+        .map_err(|_| conversion(0, Type::Text, format!("malformed task id {id_text:?}")))?;
     let status_text: String = row.get(1)?;
     let status = TaskStatus::parse(&status_text)
         .ok_or_else(|| conversion(1, Type::Text, format!("unknown status {status_text:?}")))?;
@@ -709,7 +672,7 @@ pub(super) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>>
     let rows = stmt.query_map([], |row| {
         let text: String = row.get(0)?;
         let id = TaskId::parse(&text)
-            .ok_or_else(|| conversion(0, Type::Text, format!("malformed task id {text:?}")))?;
+            .map_err(|_| conversion(0, Type::Text, format!("malformed task id {text:?}")))?;
         Ok(Unfinished {
             id,
             cancel_requested: row.get::<_, i64>(1)? != 0,
@@ -1038,16 +1001,6 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn task_ids_are_random_and_parse_strictly() {
-        let a = TaskId::generate().unwrap();
-        let b = TaskId::generate().unwrap();
-        assert_ne!(a, b);
-        assert_eq!(TaskId::parse(a.as_str()), Some(a.clone()));
-        assert_eq!(TaskId::parse("tg-XYZ"), None);
-        assert_eq!(TaskId::parse(&a.as_str().to_uppercase()), None);
-    }
 
     #[test]
     fn outcome_round_trips() {

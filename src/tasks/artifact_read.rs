@@ -72,7 +72,7 @@ pub async fn run(
         .and_then(|a| a.get("taskId"))
         .and_then(Value::as_str)
         .ok_or(TaskError::ArtifactArguments)?;
-    let id = TaskId::parse(id).ok_or(TaskError::ArtifactUnavailable)?;
+    let id = TaskId::parse(id).map_err(|_| TaskError::ArtifactUnavailable)?;
     if store.get(&id, &owner).await?.is_none() {
         return Err(TaskError::ArtifactUnavailable);
     }

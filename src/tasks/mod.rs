@@ -1121,7 +1121,7 @@ impl TaskService {
     /// Looks up the owner's task: unknown, expired and foreign IDs alike
     /// are [`TaskError::UnknownTask`].
     async fn owned(&self, id: &str, owner: &Digest) -> Result<TaskRecord, TaskError> {
-        let id = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let id = TaskId::parse(id).map_err(|_| TaskError::UnknownTask)?;
         self.store
             .get(&id, owner)
             .await?
@@ -1150,7 +1150,7 @@ impl TaskService {
     /// is due (or the daemon stops), or, when too many already wait, gets
     /// what this owner was last told. See [`polls`].
     async fn poll(&self, id: &str, owner: Digest) -> Result<TaskRecord, TaskError> {
-        let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let parsed = TaskId::parse(id).map_err(|_| TaskError::UnknownTask)?;
         let interval = self.live().poll_interval;
         if let polls::Pace::Early { wait, last } = self.polls.pace(&owner, &parsed, interval) {
             match self.polls.hold(&owner) {
@@ -1209,7 +1209,7 @@ impl TaskService {
     }
 
     async fn cancel_owned(&self, id: &str, owner: Digest) -> Result<(), TaskError> {
-        let parsed = TaskId::parse(id).ok_or(TaskError::UnknownTask)?;
+        let parsed = TaskId::parse(id).map_err(|_| TaskError::UnknownTask)?;
         let found = self.owned(id, &owner).await?;
         if let Some(waiting) = approval::waiting(&found) {
             return self.cancel_approval(&found, waiting, owner).await;

@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::confine;
 use super::process::{self, Invocation};
-use super::shim::{Limits, Paths};
+use super::shim::Paths;
 use super::{ArgumentError, RegistryError, RunError, RunFuture, Runner, ToolSpec, result_json};
-use crate::config::{Effect, TaskMode, ToolConfig};
+use crate::config::ToolConfig;
+use crate::process_limits::ProcessLimits;
 
 /// One piece of an argv element.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +29,7 @@ pub struct CommandTool {
     spec: ToolSpec,
     validator: jsonschema::Validator,
     template: Vec<Vec<Piece>>,
-    limits: Limits,
+    limits: ProcessLimits,
     paths: Option<Paths>,
     approval: Option<super::ApprovalRule>,
 }
@@ -117,7 +118,7 @@ fn check_rules(config: &ToolConfig) -> Result<(), RegistryError> {
             origin: config.origin.clone(),
         });
     }
-    if config.task != TaskMode::Never && config.effect == Effect::NonIdempotentWrite {
+    if config.effect.forbids(config.task) {
         return Err(RegistryError::BackgroundWrite {
             tool: config.name.clone(),
             origin: config.origin.clone(),
@@ -382,7 +383,7 @@ impl Runner for CommandTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ToolLimits;
+    use crate::config::{Effect, TaskMode, ToolLimits};
     use serde_json::json;
 
     fn config(argv: &[&str], schema: Value) -> ToolConfig {

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::shim::{self, Limits, Paths};
+use super::shim::{self, Paths};
 use crate::config::{Sandbox, ToolConfig};
+use crate::process_limits::ProcessLimits;
 
 /// Read and execute for every confined tool: the system's programs,
 /// libraries and configuration. Not /proc: on the kernel tried (6.18,
@@ -125,15 +126,8 @@ pub fn paths(tool: &ToolConfig, protected: &[PathBuf]) -> Option<Paths> {
 }
 
 /// The resource limits of a tool.
-pub fn limits(tool: &ToolConfig) -> Limits {
-    let c = &tool.limits;
-    Limits {
-        address_space: c.max_address_space_bytes,
-        open_files: c.max_open_files,
-        processes: c.max_processes,
-        file_bytes: c.max_file_bytes,
-        cpu_secs: c.max_cpu_secs,
-    }
+pub fn limits(tool: &ToolConfig) -> ProcessLimits {
+    tool.limits.process()
 }
 
 /// The Landlock ABI of the running kernel, 0 when it has none.
@@ -148,16 +142,13 @@ pub struct ToolState {
     pub name: String,
     /// `confined` (Landlock) or `unconfined` (`sandbox = "unconfined"`).
     pub sandbox: String,
-    pub max_address_space_bytes: u64,
-    pub max_open_files: u64,
-    pub max_processes: u64,
-    pub max_file_bytes: u64,
-    pub max_cpu_secs: u64,
+    /// Each limit under its key's name.
+    #[serde(flatten)]
+    pub limits: ProcessLimits,
 }
 
 impl ToolState {
     pub fn of(tool: &ToolConfig) -> ToolState {
-        let c = &tool.limits;
         ToolState {
             name: tool.name.clone(),
             sandbox: match tool.confinement.sandbox {
@@ -165,11 +156,7 @@ impl ToolState {
                 Sandbox::Unconfined => "unconfined",
             }
             .to_string(),
-            max_address_space_bytes: c.max_address_space_bytes,
-            max_open_files: c.max_open_files,
-            max_processes: c.max_processes,
-            max_file_bytes: c.max_file_bytes,
-            max_cpu_secs: c.max_cpu_secs,
+            limits: limits(tool),
         }
     }
 }
@@ -231,7 +218,8 @@ impl Confinement {
         if self.no_new_privs {
             first.push_str("; no_new_privs");
         }
-        first.push_str("; rlimits (address space, open files, processes, file size, CPU)");
+        let labels: Vec<&str> = ProcessLimits::LIMITS.iter().map(|l| l.label).collect();
+        first.push_str(&format!("; rlimits ({})", labels.join(", ")));
         if self.root_exempt_from_nproc {
             first.push_str("; running as root: RLIMIT_NPROC does not apply, so max_processes is enforced only by the shim's count every 100 ms (run the service as its own user)");
         }
@@ -241,14 +229,15 @@ impl Confinement {
                 "confined" => "confined (Landlock)",
                 _ => "unconfined (sandbox = \"unconfined\": no filesystem confinement)",
             };
+            let limits: Vec<String> = t
+                .limits
+                .values()
+                .map(|(limit, value)| format!("{} {value}", limit.name))
+                .collect();
             out.push(format!(
-                "tool {:?}: {sandbox}; max_address_space_bytes {}, max_open_files {}, max_processes {}, max_file_bytes {}, max_cpu_secs {}",
+                "tool {:?}: {sandbox}; {}",
                 t.name,
-                t.max_address_space_bytes,
-                t.max_open_files,
-                t.max_processes,
-                t.max_file_bytes,
-                t.max_cpu_secs
+                limits.join(", ")
             ));
         }
         out

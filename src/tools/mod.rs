@@ -73,6 +73,7 @@ use crate::config::{Effect, TaskMode, ToolConfig};
 use crate::exit::{Classify, ExitClass};
 use crate::wire::{self, WireCode};
 
+pub use crate::process_limits::ProcessLimits;
 pub use command::CommandTool;
 
 /// `artifact_read`: the built-in that reads a result too large for its

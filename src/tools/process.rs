@@ -26,7 +26,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::RunError;
-use super::shim::{self, Limits, Paths, Policy};
+use super::shim::{self, Paths, Policy};
+use crate::process_limits::ProcessLimits;
 
 /// The descriptor on which the shim reports (see `shim.rs`).
 const REPORT_FD: i32 = 3;
@@ -70,7 +71,7 @@ pub struct Invocation {
     /// Between SIGTERM and SIGKILL on cancellation.
     pub grace: Duration,
     /// Resource limits; `None` runs the tool with the daemon's own.
-    pub limits: Option<Limits>,
+    pub limits: Option<ProcessLimits>,
     /// Filesystem confinement; `None` when the tool is unconfined. The
     /// working directory (or the scratch directory) is added to its
     /// writable paths.

@@ -46,7 +46,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use crate::config::keys;
+use crate::process_limits::{Enforce, ProcessLimits, names};
 
 /// The signal the kernel sends the shim when the daemon dies.
 const PARENT_DEATH: Signal = Signal::SIGUSR1;
@@ -68,22 +68,6 @@ const NPROC_PER_PROCESS: u64 = 8;
 /// will not go (one in uninterruptible sleep); each round waits a little.
 const KILL_ROUNDS: u32 = 500;
 
-/// The per-process resource limits of a tool (`setrlimit(2)`), as
-/// configured in its `[[tool]]` table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    /// RLIMIT_AS, bytes.
-    pub address_space: u64,
-    /// RLIMIT_NOFILE.
-    pub open_files: u64,
-    /// Descendants the shim lets the tool have; RLIMIT_NPROC is set from it.
-    pub processes: u64,
-    /// RLIMIT_FSIZE, bytes.
-    pub file_bytes: u64,
-    /// RLIMIT_CPU soft limit, seconds (SIGXCPU; SIGKILL one second later).
-    pub cpu_secs: u64,
-}
-
 /// What the tool may reach of the filesystem (Landlock).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Paths {
@@ -98,26 +82,22 @@ pub struct Paths {
 pub struct Policy {
     /// Between SIGTERM and SIGKILL on cancellation.
     pub grace_ms: u64,
-    pub limits: Option<Limits>,
+    pub limits: Option<ProcessLimits>,
     /// `None`: no filesystem confinement (`sandbox = "unconfined"`).
     pub paths: Option<Paths>,
     /// The descriptor the shim writes its one-line report to.
     pub report_fd: Option<i32>,
 }
 
-/// Which limit ended a tool, by the name of its `[[tool]]` key.
+/// Which limit ended a tool, by the name of its `[[tool]]` key: one the
+/// shim may report (its definition says so).
 pub fn limit_of_report(report: &str) -> Option<&'static str> {
     let name = report.lines().find_map(|l| l.strip_prefix("limit "))?;
-    LIMIT_KEYS.iter().copied().find(|k| *k == name.trim())
+    ProcessLimits::LIMITS
+        .iter()
+        .find(|l| l.reported && l.name == name.trim())
+        .map(|l| l.name)
 }
-
-/// The keys a report may name.
-pub const LIMIT_KEYS: [&str; 4] = [
-    keys::TOOL_MAX_PROCESSES.name,
-    keys::TOOL_MAX_ADDRESS_SPACE_BYTES.name,
-    keys::TOOL_MAX_FILE_BYTES.name,
-    keys::TOOL_MAX_CPU_SECS.name,
-];
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
 static ORPHANED: AtomicBool = AtomicBool::new(false);
@@ -353,14 +333,16 @@ fn set_limit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> std::
 /// task (thread) of the user, so it is the user's count at the start plus
 /// the tool's share; the shim's own count of descendants is the precise
 /// bound.
-fn apply_limits(limits: &Limits, nproc: u64) -> std::io::Result<()> {
-    set_limit(libc::RLIMIT_AS, limits.address_space, limits.address_space)?;
-    set_limit(libc::RLIMIT_NOFILE, limits.open_files, limits.open_files)?;
-    set_limit(libc::RLIMIT_NPROC, nproc, nproc)?;
-    set_limit(libc::RLIMIT_FSIZE, limits.file_bytes, limits.file_bytes)?;
-    // The soft limit sends SIGXCPU, which ends a tool that does not handle
-    // it; one that does is killed a second later.
-    set_limit(libc::RLIMIT_CPU, limits.cpu_secs, limits.cpu_secs + 1)?;
+fn apply_limits(limits: &ProcessLimits, nproc: u64) -> std::io::Result<()> {
+    for (limit, value) in limits.values() {
+        match limit.enforce {
+            Enforce::Rlimit(resource) => set_limit(resource, value, value)?,
+            // The soft limit's signal (SIGXCPU) ends a tool that does not
+            // handle it; one that does is killed a unit later.
+            Enforce::RlimitThenKill(resource) => set_limit(resource, value, value + 1)?,
+            Enforce::Processes => set_limit(libc::RLIMIT_NPROC, nproc, nproc)?,
+        }
+    }
     // A tool's core file could hold what it read; none is written.
     set_limit(libc::RLIMIT_CORE, 0, 0)?;
     Ok(())
@@ -481,7 +463,7 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
     };
     let limits = policy.limits;
     let nproc = limits
-        .map(|l| user_tasks() + l.processes.saturating_mul(NPROC_PER_PROCESS))
+        .map(|l| user_tasks() + l.max_processes.saturating_mul(NPROC_PER_PROCESS))
         .unwrap_or(0);
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0);
@@ -553,9 +535,9 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
                 }
             }
             if let Some(l) = &limits
-                && mine.len() as u64 > l.processes
+                && mine.len() as u64 > l.max_processes
             {
-                watch.exceeded = Some(keys::TOOL_MAX_PROCESSES.name);
+                watch.exceeded = Some(names::max_processes);
                 break;
             }
         }
@@ -565,11 +547,11 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
     // Whatever ended the wait, nothing the tool started outlives it.
     let left = kill_all(me, tool, &mut watch);
     if let Some(l) = &limits
-        && left as u64 > l.processes
+        && left as u64 > l.max_processes
     {
         // A tool that ended leaving more processes than it may have (a
         // fork bomb whose first shell returned) failed all the same.
-        watch.exceeded = Some(keys::TOOL_MAX_PROCESSES.name);
+        watch.exceeded = Some(names::max_processes);
     }
     let status = match (watch.tool, watch.exceeded) {
         // A limit ended the run, whatever the tool's own status said.
@@ -606,7 +588,11 @@ pub fn run(parent: u32, policy: Option<&str>, argv: &[String]) -> i32 {
 /// processes used at least half of their address space is reported as
 /// stopped by that limit (an allocation past RLIMIT_AS fails, and most
 /// programs then exit or abort).
-fn limit_hit(limits: &Limits, status: Option<WaitStatus>, peak_vsize: u64) -> Option<&'static str> {
+fn limit_hit(
+    limits: &ProcessLimits,
+    status: Option<WaitStatus>,
+    peak_vsize: u64,
+) -> Option<&'static str> {
     let code = match status? {
         WaitStatus::Exited(_, 0) => return None,
         WaitStatus::Exited(_, c) => c,
@@ -614,21 +600,21 @@ fn limit_hit(limits: &Limits, status: Option<WaitStatus>, peak_vsize: u64) -> Op
         _ => return None,
     };
     if code == 128 + libc::SIGXFSZ {
-        return Some(keys::TOOL_MAX_FILE_BYTES.name);
+        return Some(names::max_file_bytes);
     }
     if code == 128 + libc::SIGXCPU {
-        return Some(keys::TOOL_MAX_CPU_SECS.name);
+        return Some(names::max_cpu_secs);
     }
     // SAFETY: getrusage(2) fills the struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let _ = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
     let cpu = usage.ru_utime.tv_sec as u64 + usage.ru_stime.tv_sec as u64;
-    if code == 128 + libc::SIGKILL && cpu >= limits.cpu_secs {
-        return Some(keys::TOOL_MAX_CPU_SECS.name);
+    if code == 128 + libc::SIGKILL && cpu >= limits.max_cpu_secs {
+        return Some(names::max_cpu_secs);
     }
     let peak = peak_vsize.max(usage.ru_maxrss.max(0) as u64 * 1024);
-    if peak >= limits.address_space / 2 {
-        return Some(keys::TOOL_MAX_ADDRESS_SPACE_BYTES.name);
+    if peak >= limits.max_address_space_bytes / 2 {
+        return Some(names::max_address_space_bytes);
     }
     None
 }
