@@ -648,9 +648,9 @@ fn the_store_copies_itself_while_creates_go_on() {
         )
         .expect("the copy checks");
         match copy {
-            taskgate::store::CheckReport::Valid { retained, .. } => {
+            taskgate::store::CheckReport::Valid { status, .. } => {
                 assert!(
-                    retained >= 300,
+                    status.tasks.retained >= 300,
                     "every task committed before it is in the copy"
                 )
             }

@@ -705,7 +705,7 @@ impl Router {
             }
         };
         TaskRecord {
-            id: TaskId::of_route(&r.id),
+            id: TaskId::from_public(r.id.as_str()),
             status,
             status_message: message,
             created_ms: r.created_ms,
