@@ -34,7 +34,12 @@ import argparse
 import re
 import sys
 
-RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \(")
+RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \((\S+?)\)")
+# A workspace crate's unit tests: cargo names their source relative to the
+# crate (`src/lib.rs`, as it names the root package's), so the binary is
+# named by the crate's directory instead: crates/<name>/src/lib.rs for the
+# package taskgate-<name>, whose executable is taskgate_<name>-<hash>.
+CRATE_EXE = re.compile(r"(?:^|/)taskgate_(\w+)-[0-9a-f]+$")
 DOCTESTS = re.compile(r"^\s+Doc-tests (\S+)")
 RUNNING_N = re.compile(r"^running (\d+) tests?$")
 TEST_LINE = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$")
@@ -78,6 +83,15 @@ def count_of(words, what):
     return int(m.group(1)) if m else 0
 
 
+def binary_name(running):
+    """The name a `Running` line's binary is listed under."""
+    path, exe = running.group(1), running.group(2)
+    crate = CRATE_EXE.search(exe)
+    if crate and path.startswith("src/"):
+        return "crates/" + crate.group(1).replace("_", "-") + "/" + path
+    return path
+
+
 def parse_cargo_log(lines):
     """The binaries in run order, and the lines shown before them (build
     output) that belong to none."""
@@ -87,7 +101,7 @@ def parse_cargo_log(lines):
         line = line.rstrip("\n")
         m = RUNNING.match(line) or DOCTESTS.match(line)
         if m:
-            name = m.group(1) if RUNNING.match(line) else "doc-tests " + m.group(1)
+            name = binary_name(m) if RUNNING.match(line) else "doc-tests " + m.group(1)
             cur = Binary(name)
             binaries.append(cur)
             continue

@@ -13,7 +13,7 @@
 # otherwise it stops before running anything, with one line per missing
 # item and the command that installs it.
 #
-# Then it runs `cargo test --locked --no-fail-fast` (every test binary, even
+# Then it runs `cargo test --locked --workspace --no-fail-fast` (every test binary, even
 # after one fails) and the package's system test (scripts/system-test.sh),
 # and ends with a summary (scripts/test-summary.py): cargo test's result
 # lines, what each test binary ran against the least it must pass
@@ -178,10 +178,10 @@ echo "== upstream test servers (scripts/upstream-servers.sh install)"
 scripts/upstream-servers.sh install \
   || echo "scripts/upstream-servers.sh install failed; tests/upstream_interop.rs will say why"
 
-echo "== cargo test --locked --no-fail-fast ${cargo_args[*]}"
+echo "== cargo test --locked --workspace --no-fail-fast ${cargo_args[*]}"
 t0=$(date +%s)
 test_status=0
-cargo test --locked --no-fail-fast "${cargo_args[@]}" 2>&1 | tee "$logs/cargo-test.log" || test_status=$?
+cargo test --locked --workspace --no-fail-fast "${cargo_args[@]}" 2>&1 | tee "$logs/cargo-test.log" || test_status=$?
 test_secs=$(($(date +%s) - t0))
 
 sys_status=0

@@ -275,6 +275,33 @@ fn binaries_missing_from_the_list_or_the_run_fail_the_run() {
 }
 
 #[test]
+fn a_workspace_crate_s_binaries_are_held_to_their_own_lines() {
+    let crate_lib = LIB_OK.replace(
+        "unittests src/lib.rs (target/debug/deps/taskgate-5e1f2a3b4c5d6e7f)",
+        // As cargo names it: relative to its crate, like the root's.
+        "unittests src/lib.rs (target/debug/deps/taskgate_store_engine-0f1e2d3c4b5a6978)",
+    );
+    let crate_doc = DOC_OK.replace("Doc-tests taskgate", "Doc-tests taskgate_store_engine");
+    let log = [LIB_OK, crate_lib.as_str(), DOC_OK, crate_doc.as_str()].concat();
+    let expected = "src/lib.rs 3
+crates/store-engine/src/lib.rs 4
+doc-tests taskgate 1
+doc-tests taskgate_store_engine 1
+";
+    let s = summarize(&log, 0, expected, &[]);
+    assert_eq!(
+        s.checks(),
+        [
+            "FAIL check: crates/store-engine/src/lib.rs passed 3 tests, fewer than the 4 it must pass \
+             (counted as one failure)"
+        ]
+    );
+    assert!(s.has("  crates/store-engine/src/lib.rs: 3 passed, 0 failed, 0 ignored (at least 4)"));
+    assert!(s.has("  doc-tests taskgate_store_engine: 1 passed, 0 failed, 0 ignored (at least 1)"));
+    assert_eq!(s.status, 1);
+}
+
+#[test]
 fn a_build_error_is_a_failure() {
     let log = "   Compiling taskgate v0.1.0\nerror[E0425]: cannot find value `x` in this scope\n";
     let s = summarize(log, 101, EXPECTED, &["--partial"]);
@@ -283,11 +310,42 @@ fn a_build_error_is_a_failure() {
     assert_eq!(s.status, 1);
 }
 
-/// The test binaries cargo builds from this package's sources.
+/// The test binaries cargo builds from the workspace's sources: this
+/// package's, and each crate's under crates/ (its unit tests, listed as
+/// crates/NAME/src/lib.rs, its doc tests, its tests/ files).
 fn binaries_in_the_tree() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = ["src/lib.rs", "src/main.rs", "doc-tests taskgate"]
         .map(str::to_owned)
         .into();
+    for entry in std::fs::read_dir(repo().join("crates")).unwrap() {
+        let dir = entry.unwrap().path();
+        let crate_dir = format!("crates/{}", dir.file_name().unwrap().to_string_lossy());
+        if dir.join("src/lib.rs").is_file() {
+            names.insert(format!("{crate_dir}/src/lib.rs"));
+            let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+            let package = manifest
+                .lines()
+                .find_map(|l| l.strip_prefix("name = \""))
+                .and_then(|l| l.strip_suffix('"'))
+                .unwrap_or_else(|| panic!("{crate_dir}/Cargo.toml names no package"));
+            names.insert(format!("doc-tests {}", package.replace('-', "_")));
+        }
+        // cargo names a crate's test files as it names the root's
+        // (tests/NAME.rs), so they must not share a name.
+        if let Ok(tests) = std::fs::read_dir(dir.join("tests")) {
+            for test in tests {
+                let path = test.unwrap().path();
+                if path.extension().is_some_and(|e| e == "rs") {
+                    let name = format!("tests/{}", path.file_name().unwrap().to_string_lossy());
+                    assert!(
+                        !repo().join(&name).exists(),
+                        "{crate_dir}/{name} shares its name with the root's {name}"
+                    );
+                    names.insert(name);
+                }
+            }
+        }
+    }
     for entry in std::fs::read_dir(repo().join("tests")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {

@@ -481,15 +481,15 @@ impl<K: Kinds> Engine<K> {
         }
     }
 
-    /// A batch of nothing but run outcomes (writes nobody waits on to
-    /// answer a client) waits up to `outcome_linger` ([`crate::OUTCOME_LINGER`]) for a command that
-    /// someone does wait on, and takes it into the same commit: a client
-    /// creating tasks one after another otherwise waits for the previous
-    /// task's outcome to be synced before its creation can be, two commits
-    /// per task instead of one. The wait ends as soon as such a command
-    /// arrives, so it never delays one; an outcome is committed at most
-    /// that much later (until then the task reads as still working, which
-    /// is what is on disk).
+    /// A batch of nothing but lingering writes (writes nobody waits on to
+    /// answer a client) waits up to `outcome_linger`
+    /// ([`crate::OUTCOME_LINGER`]) for a command that someone does wait on,
+    /// and takes it into the same commit: a client writing one record after
+    /// another otherwise waits for the previous lingering write to be
+    /// synced before its own can be, two commits instead of one. The wait
+    /// ends as soon as such a command arrives, so it never delays one; a
+    /// lingering write is committed at most that much later (until then it
+    /// is not on disk, and reads do not see it).
     fn linger(&self, rx: &Receiver<Envelope<K>>, batch: &mut Vec<Envelope<K>>) {
         if !batch.iter().all(|e| e.cmd.lingers()) {
             return;
