@@ -959,6 +959,9 @@ fn every_test_and_file_the_architecture_doc_names_exists() {
     let mut sources = Vec::new();
     rust_files(&src(), &mut sources);
     rust_files(&root.join("tests"), &mut sources);
+    // The workspace's crates: a guard may live in the crate that holds
+    // the rule.
+    rust_files(&root.join("crates"), &mut sources);
     let all_source: String = sources
         .iter()
         .map(|f| std::fs::read_to_string(f).unwrap())
@@ -1049,4 +1052,78 @@ fn every_test_and_file_the_architecture_doc_names_exists() {
     }
     assert!(checked >= 60, "only {checked} references checked");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The store engine's crate, which must not know what the store holds.
+fn engine_crate() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/store-engine")
+}
+
+/// Where `word` occurs in `text` as a word of its own (not inside an
+/// identifier: `tasks` in `tasks.db` or `crate::store::tasks`, not in
+/// `subtasks` or `tasks_owner`).
+fn word_at(text: &str, word: &str) -> Option<usize> {
+    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    text.match_indices(word).map(|(at, _)| at).find(|&at| {
+        !ident(text[..at].chars().last()) && !ident(text[at + word.len()..].chars().next())
+    })
+}
+
+#[test]
+fn the_word_scan_sees_words_not_parts_of_names() {
+    assert_eq!(word_at("use crate::store::tasks;", "tasks"), Some(18));
+    assert_eq!(word_at("tasks.db", "tasks"), Some(0));
+    assert_eq!(word_at("let subtasks = tasks_owner;", "tasks"), None);
+    assert_eq!(word_at("Vec<TaskId>", "TaskId"), Some(4));
+    assert_eq!(word_at("TaskIds", "TaskId"), None);
+}
+
+/// The engine knows no schema, twice over: the compiler holds it (its
+/// crate depends on no taskgate crate, so it cannot name a kind; the kinds
+/// are a registry it is generic over), and so does this scan, which reads
+/// every file of the crate for the kinds' names. Only `store/` reaches it.
+#[test]
+fn the_store_engine_knows_no_kind_of_record() {
+    let manifest = std::fs::read_to_string(engine_crate().join("Cargo.toml")).unwrap();
+    let dependencies = manifest
+        .split("\n[")
+        .filter(|section| section.contains("dependencies]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for line in dependencies.lines().skip(1) {
+        let name = line.split(['=', ' ', '.']).next().unwrap_or("");
+        assert!(
+            !name.starts_with("taskgate") && !line.contains("path ="),
+            "crates/store-engine/Cargo.toml depends on a crate of this workspace: {line}"
+        );
+    }
+    let mut files = Vec::new();
+    rust_files(&engine_crate().join("src"), &mut files);
+    assert!(
+        files.len() >= 5,
+        "read only {} files of the engine",
+        files.len()
+    );
+    files.push(engine_crate().join("Cargo.toml"));
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for word in ["tasks", "routes", "leases", "TaskId"] {
+            if let Some(at) = word_at(&text, word) {
+                let line = text[..at].lines().count().max(1);
+                panic!(
+                    "{}:{line} names {word}: the store engine must not know the kinds of record",
+                    file.display()
+                );
+            }
+        }
+    }
+    for (file, text) in sources() {
+        if module_of(&file) != "store" {
+            assert!(
+                !text.contains("taskgate_store_engine"),
+                "{} names the store engine; only src/store/ may",
+                shown(&file)
+            );
+        }
+    }
 }

@@ -21,7 +21,6 @@ use crate::store::{
     self, CheckReport, Clock, OpenReport, Report, SCHEMA_VERSION, Store, StoreId, StoreOptions,
 };
 
-
 /// The task store part.
 #[derive(Default)]
 pub struct TaskStore;

@@ -15,9 +15,9 @@ use taskgate_store_engine::{self as engine, Report};
 
 use super::error::StoreError;
 use super::handle::{IDENTITY_RECORDED_IN, Registry, Store, StoreOptions, system_clock};
+use super::migrate;
 use super::routes::Routes;
 use super::tasks::{TaskId, Tasks};
-use super::migrate;
 use taskgate_store_engine::{OpenError, StoreId};
 
 taskgate_store_engine::kinds! {
@@ -93,7 +93,10 @@ impl Store<Registered> {
     /// from them can go first (see [`Opening::unfinished`]).
     pub fn begin_open(options: StoreOptions) -> Result<Opening, OpenError> {
         let kinds = Registered::for_options(&options);
-        Ok(Opening(engine::Handle::begin_open(options.engine(), kinds)?))
+        Ok(Opening(engine::Handle::begin_open(
+            options.engine(),
+            kinds,
+        )?))
     }
 }
 

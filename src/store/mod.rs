@@ -55,8 +55,8 @@ pub use taskgate_store_engine::{
     StoreId,
 };
 pub use tasks::{
-    Created, MAX_PAYLOAD_BYTES, NewTask, ProposalRef, StoreStats, TERMINAL_RETENTION_MS, TaskCounts,
-    TaskId, TaskRecord, TaskRecovery, waiting_for_approval,
+    Created, MAX_PAYLOAD_BYTES, NewTask, ProposalRef, StoreStats, TERMINAL_RETENTION_MS,
+    TaskCounts, TaskId, TaskRecord, TaskRecovery, waiting_for_approval,
 };
 
 /// The async handle to taskgate's store. Cloning is cheap.

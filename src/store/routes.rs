@@ -954,10 +954,7 @@ fn advance<K>(
     Ok(Advanced::Changed(after))
 }
 
-fn create_lease<K: Holds<Routes>>(
-    tx: &mut Tx<'_, K>,
-    lease: &LeaseRecord,
-) -> Result<(), OpError> {
+fn create_lease<K: Holds<Routes>>(tx: &mut Tx<'_, K>, lease: &LeaseRecord) -> Result<(), OpError> {
     let (c, now) = (tx.conn, tx.now);
     LEASES.delete_expired(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
     if count(c, "SELECT count(*) FROM leases", [])? >= MAX_LEASES {

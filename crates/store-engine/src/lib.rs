@@ -123,9 +123,7 @@ pub enum EngineError<R> {
     Full(FullKind),
     #[error("task store disabled until restart: {reason}")]
     Disabled { reason: String },
-    #[error(
-        "task store write outcome unknown ({detail}); the store is now disabled until restart"
-    )]
+    #[error("task store write outcome unknown ({detail}); the store is now disabled until restart")]
     Uncertain { detail: String },
     #[error("task store stopped")]
     Stopped,

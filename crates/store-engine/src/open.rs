@@ -559,13 +559,7 @@ pub(crate) fn prepare<K: Kinds>(options: &Options, kinds: &K) -> Result<Prepared
     }
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
-    apply_pragmas(
-        &conn,
-        path,
-        empty_file,
-        options.max_db_pages,
-        false,
-    )?;
+    apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
     let (version, objects) = classify(&conn, path)?;
     check_version::<K>(path, version, objects)?;
     let latest = schema_version(K::STEPS);
@@ -634,13 +628,9 @@ pub(crate) fn recover<K: Kinds>(
     let conn = &prepared.conn;
     let now = options.clock.now_ms();
     let latest = schema_version(K::STEPS);
-    in_transaction(
-        conn,
-        path,
-        "recovering interrupted work",
-        latest,
-        |c| kinds.recover(c, now),
-    )?;
+    in_transaction(conn, path, "recovering interrupted work", latest, |c| {
+        kinds.recover(c, now)
+    })?;
     kinds
         .load(conn, now)
         .map_err(|e| refusal(path, "counting records", latest, e))?;
@@ -736,9 +726,8 @@ fn check_read_only_at<K: Kinds>(
             .map_err(|e| refusal(db_path, "opening", 0, e))
             .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true, clock, kinds))
     } else {
-        open_connection(db_path, Access::ReadOnly).and_then(|conn| {
-            validate_read_only(&conn, db_path, max_db_pages, false, clock, kinds)
-        })
+        open_connection(db_path, Access::ReadOnly)
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false, clock, kinds))
     };
     if wal_existed.is_none() && file_len(&wal) == Some(0) {
         let _ = std::fs::remove_file(&wal);
