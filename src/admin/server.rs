@@ -64,6 +64,8 @@ struct Bound {
     key: AdminKey,
     state_dir: PathBuf,
     config: Arc<Config>,
+    /// What restart recovery ended at this start, every kind's.
+    recovered: Vec<String>,
 }
 
 /// The socket file this process made (by device and inode, so a stop
@@ -109,6 +111,7 @@ impl Admin {
                         key,
                         state_dir: state_dir.to_path_buf(),
                         config: Arc::new(config.clone()),
+                        recovered: Vec::new(),
                     }),
                     running: None,
                     leftover: None,
@@ -120,6 +123,13 @@ impl Admin {
                     "no admin socket at {}: {e}; serving without `taskgate status` and online snapshots", path.display());
                 Admin::default()
             }
+        }
+    }
+
+    /// What restart recovery ended at this start, for `status`.
+    pub fn recovered(&mut self, lines: Vec<String>) {
+        if let Some(bound) = &mut self.bound {
+            bound.recovered = lines;
         }
     }
 
@@ -158,6 +168,7 @@ impl Admin {
             euid: nix::unistd::geteuid().as_raw(),
             key: bound.key,
             reloads,
+            recovered: bound.recovered,
         });
         let stop = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -300,6 +311,8 @@ struct Context {
     key: AdminKey,
     /// To the serving process, which runs reloads one at a time.
     reloads: mpsc::Sender<ReloadReply>,
+    /// What restart recovery ended at this start, every kind's.
+    recovered: Vec<String>,
 }
 
 impl Context {
@@ -588,6 +601,7 @@ async fn status(ctx: &Context) -> Status {
             })
             .collect(),
         upstreams: ctx.upstreams.status(false),
+        recovered: ctx.recovered.clone(),
         routes: match store.disabled_reason() {
             Some(_) => None,
             None => match tokio::time::timeout(STATS_LIMIT, store.route_counts()).await {

@@ -60,7 +60,7 @@ use crate::exit::{ExitClass, Refusal};
 use crate::http::tls::Tls;
 use crate::http::{self, LimitedListener};
 use crate::startup::{self, Claimed, Effective};
-use crate::store::Clock;
+use crate::store::{self, Clock};
 use crate::tasks::{Limits, TaskService};
 use crate::tools::Runner;
 use crate::upstream::{Pins, Upstreams};
@@ -248,15 +248,16 @@ impl Daemon {
             ),
         };
         let tools = tools.with_source(upstreams.clone());
-        let clock = options.clock.clone().unwrap_or_else(Clock::system);
+        let clock = options.clock.clone().unwrap_or_else(store::system_clock);
         let mut serving = startup::open_serving(&config, clock)?;
         // The lock is held: a socket file a killed daemon left is replaced.
-        let admin = Admin::bind(
+        let mut admin = Admin::bind(
             &mut serving.claimed.lock,
             serving.claimed.dir.path(),
             &config,
         );
         let report = &serving.report;
+        admin.recovered(report.recovery_lines());
         tracing::info!(
             message_id = crate::events::START,
             state_dir = %serving.claimed.dir.path().display(),

@@ -74,9 +74,10 @@ impl OpenReport {
         }
     }
 
-    /// Lines for the operator about what recovery ended, every kind's.
+    /// Lines for the operator about what recovery ended, every kind's in
+    /// registration order (none when nothing was in flight).
     pub fn recovery_lines(&self) -> Vec<String> {
-        self.recovery.lines()
+        self.recovery.ended()
     }
 }
 

@@ -448,6 +448,29 @@ impl Report for RouteRecovery {
         }
         lines
     }
+
+    fn ended(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if self.not_sent > 0 {
+            lines.push(format!(
+                "{} routes prepared but not sent at the last stop ended failed (not dispatched)",
+                self.not_sent
+            ));
+        }
+        if self.in_flight > 0 {
+            lines.push(format!(
+                "{} routes in flight at the last stop need reconciliation (never sent again)",
+                self.in_flight
+            ));
+        }
+        if self.cancelled_unsent > 0 {
+            lines.push(format!(
+                "{} routes cancelled before they were sent ended cancelled",
+                self.cancelled_unsent
+            ));
+        }
+        lines
+    }
 }
 
 impl Report for RouteCounts {

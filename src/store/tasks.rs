@@ -255,6 +255,18 @@ impl Report for TaskRecovery {
         }
         lines
     }
+
+    fn ended(&self) -> Vec<String> {
+        let ended = self.unfinished.len() as u64;
+        if ended == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "{ended} tasks running at the last stop ended: {} failed (interrupted), {} cancelled (their cancel had been committed); none was re-run",
+            ended - self.cancel_requested,
+            self.cancel_requested
+        )]
+    }
 }
 
 /// The tasks a store holds.

@@ -11,10 +11,18 @@ use rusqlite::Connection;
 
 use crate::migrate::Step;
 
-/// Lines for the operator about a report (a kind's recovery or status):
-/// what `check` and `status` print for it. The default says nothing.
+/// Lines for the operator about a report (a kind's recovery or status).
+/// The defaults say nothing.
 pub trait Report {
+    /// What a read-only check prints: for a recovery report, what opening
+    /// would end; for a status, what the kind holds.
     fn lines(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// For a recovery report: what opening ended, told once it has (a
+    /// running store's status).
+    fn ended(&self) -> Vec<String> {
         Vec::new()
     }
 }
@@ -281,6 +289,12 @@ macro_rules! kinds {
             fn lines(&self) -> Vec<String> {
                 let mut lines = Vec::new();
                 $(lines.extend($crate::Report::lines(&self.$field));)+
+                lines
+            }
+
+            fn ended(&self) -> Vec<String> {
+                let mut lines = Vec::new();
+                $(lines.extend($crate::Report::ended(&self.$field));)+
                 lines
             }
         }
