@@ -22,6 +22,8 @@ mod kind;
 mod migrate;
 mod open;
 mod thread;
+#[cfg(test)]
+mod toy;
 
 use std::path::PathBuf;
 use std::sync::Arc;
