@@ -45,6 +45,35 @@ fn route(owner: Digest, key: &str, retention_ms: i64) -> NewRoute {
     }
 }
 
+/// Moves a prepared route to dispatching on session s1.
+async fn dispatch(store: &Store, id: &RouteId) {
+    store
+        .advance_route(
+            id,
+            &[RoutePhase::Prepared],
+            RouteChange::Dispatching {
+                coordinator: "c1".into(),
+                session: "s1".into(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// The caller's cancel of a route not yet routed.
+async fn cancel(store: &Store, id: &RouteId) {
+    store
+        .advance_route(
+            id,
+            &[RoutePhase::Prepared, RoutePhase::Dispatching],
+            RouteChange::CancelRequested {
+                reason: "requested by the caller".into(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
 async fn prepared(store: &Store, new: NewRoute) -> RouteRecord {
     match store.prepare_route(new).await.unwrap() {
         Prepared::New(r) => r,
@@ -280,41 +309,12 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
             // Cancelled before it was sent, and while it was being sent.
             let cp = prepared(&store, route(caller(1), "cp", 600_000)).await;
             let cd = prepared(&store, route(caller(1), "cd", 600_000)).await;
-            store
-                .advance_route(
-                    &cd.id,
-                    &[RoutePhase::Prepared],
-                    RouteChange::Dispatching {
-                        coordinator: "c1".into(),
-                        session: "s1".into(),
-                    },
-                )
-                .await
-                .unwrap();
+            dispatch(&store, &cd.id).await;
             for id in [&cp.id, &cd.id] {
-                store
-                    .advance_route(
-                        id,
-                        &[RoutePhase::Prepared, RoutePhase::Dispatching],
-                        RouteChange::CancelRequested {
-                            reason: "requested by the caller".into(),
-                        },
-                    )
-                    .await
-                    .unwrap();
+                cancel(&store, id).await;
             }
             for id in [&d.id, &r.id, &t.id] {
-                store
-                    .advance_route(
-                        id,
-                        &[RoutePhase::Prepared],
-                        RouteChange::Dispatching {
-                            coordinator: "c1".into(),
-                            session: "s1".into(),
-                        },
-                    )
-                    .await
-                    .unwrap();
+                dispatch(&store, id).await;
             }
             store
                 .advance_route(
@@ -409,27 +409,8 @@ fn check_and_opening_report_what_route_recovery_ends() {
             prepared(&store, route(caller(1), "p", 600_000)).await;
             let d = prepared(&store, route(caller(1), "d", 600_000)).await;
             let c = prepared(&store, route(caller(1), "c", 600_000)).await;
-            store
-                .advance_route(
-                    &d.id,
-                    &[RoutePhase::Prepared],
-                    RouteChange::Dispatching {
-                        coordinator: "c1".into(),
-                        session: "s1".into(),
-                    },
-                )
-                .await
-                .unwrap();
-            store
-                .advance_route(
-                    &c.id,
-                    &[RoutePhase::Prepared],
-                    RouteChange::CancelRequested {
-                        reason: "requested by the caller".into(),
-                    },
-                )
-                .await
-                .unwrap();
+            dispatch(&store, &d.id).await;
+            cancel(&store, &c.id).await;
             store.shutdown().await.unwrap();
         });
     }

@@ -425,51 +425,45 @@ pub struct RouteRecovery {
     pub cancelled_unsent: u64,
 }
 
+impl RouteRecovery {
+    /// Each count with what `check` says of it before recovery and what
+    /// `status` says once recovery ran.
+    fn told(&self) -> [(u64, &'static str, &'static str); 3] {
+        [
+            (
+                self.not_sent,
+                "routes were prepared but not sent at the last stop; serve ends them failed (not dispatched: nothing reached the upstream)",
+                "routes prepared but not sent at the last stop ended failed (not dispatched)",
+            ),
+            (
+                self.in_flight,
+                "routes were being sent at the last stop; serve marks them as needing reconciliation (whether the upstream created a task is unknown; they are never sent again)",
+                "routes in flight at the last stop need reconciliation (never sent again)",
+            ),
+            (
+                self.cancelled_unsent,
+                "routes were cancelled before they were sent; serve ends them cancelled",
+                "routes cancelled before they were sent ended cancelled",
+            ),
+        ]
+    }
+}
+
 impl Report for RouteRecovery {
     fn lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        if self.not_sent > 0 {
-            lines.push(format!(
-                "note: {} routes were prepared but not sent at the last stop; serve ends them failed (not dispatched: nothing reached the upstream)",
-                self.not_sent
-            ));
-        }
-        if self.in_flight > 0 {
-            lines.push(format!(
-                "note: {} routes were being sent at the last stop; serve marks them as needing reconciliation (whether the upstream created a task is unknown; they are never sent again)",
-                self.in_flight
-            ));
-        }
-        if self.cancelled_unsent > 0 {
-            lines.push(format!(
-                "note: {} routes were cancelled before they were sent; serve ends them cancelled",
-                self.cancelled_unsent
-            ));
-        }
-        lines
+        self.told()
+            .into_iter()
+            .filter(|(n, ..)| *n > 0)
+            .map(|(n, pending, _)| format!("note: {n} {pending}"))
+            .collect()
     }
 
     fn ended(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        if self.not_sent > 0 {
-            lines.push(format!(
-                "{} routes prepared but not sent at the last stop ended failed (not dispatched)",
-                self.not_sent
-            ));
-        }
-        if self.in_flight > 0 {
-            lines.push(format!(
-                "{} routes in flight at the last stop need reconciliation (never sent again)",
-                self.in_flight
-            ));
-        }
-        if self.cancelled_unsent > 0 {
-            lines.push(format!(
-                "{} routes cancelled before they were sent ended cancelled",
-                self.cancelled_unsent
-            ));
-        }
-        lines
+        self.told()
+            .into_iter()
+            .filter(|(n, ..)| *n > 0)
+            .map(|(n, _, ended)| format!("{n} {ended}"))
+            .collect()
     }
 }
 
