@@ -45,7 +45,7 @@ fn metadata() -> Value {
 
 /// The packages linked into the binary: reachable from taskgate through
 /// normal dependencies (build scripts' and tests' dependencies are not
-/// linked), without taskgate itself.
+/// linked), without taskgate itself and its workspace's crates.
 fn linked(meta: &Value) -> Vec<&Value> {
     let packages: BTreeMap<&str, &Value> = meta["packages"]
         .as_array()
@@ -77,7 +77,11 @@ fn linked(meta: &Value) -> Vec<&Value> {
             }
         }
     }
-    seen.remove(root);
+    // The workspace's crates are taskgate's own code, under the copyright
+    // file's own paragraph.
+    for member in meta["workspace_members"].as_array().unwrap() {
+        seen.remove(member.as_str().unwrap());
+    }
     let mut out: Vec<&Value> = seen.iter().map(|id| packages[id]).collect();
     out.sort_by_key(|p| {
         (
