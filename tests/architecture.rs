@@ -1127,3 +1127,93 @@ fn the_store_engine_knows_no_kind_of_record() {
         }
     }
 }
+
+/// What a file of `src/store/` reaches through `super::` (outside its unit
+/// tests): the sibling file a path starts with, or `mod` for anything
+/// `store/mod.rs` itself holds or re-exports.
+fn store_imports(text: &str, siblings: &BTreeSet<String>) -> BTreeSet<String> {
+    let code = &text[..tests_start(text).unwrap_or(text.len())];
+    let first = |path: &str| -> String {
+        let name: String = path
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if siblings.contains(&name) {
+            name
+        } else {
+            "mod".to_string()
+        }
+    };
+    let mut found = BTreeSet::new();
+    for (at, _) in code.match_indices("super::") {
+        let rest = &code[at + "super::".len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => found.extend(top_level_members(group).into_iter().map(first)),
+            None => {
+                found.insert(first(rest));
+            }
+        }
+    }
+    found
+}
+
+/// No two files of `src/store/` import each other, directly or round a
+/// circle: `mod.rs` only declares and re-exports (it reaches every file),
+/// and every other file imports from the file that defines what it needs.
+#[test]
+fn the_store_s_files_import_each_other_in_no_circle() {
+    let dir = src().join("store");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let stem = |f: &Path| f.file_stem().unwrap().to_string_lossy().into_owned();
+    let siblings: BTreeSet<String> = files.iter().map(|f| stem(f)).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let name = stem(file);
+        let reached = if name == "mod" {
+            siblings.iter().filter(|s| *s != "mod").cloned().collect()
+        } else {
+            store_imports(&std::fs::read_to_string(file).unwrap(), &siblings)
+        };
+        edges.insert(name, reached);
+    }
+    // Depth first from every file; a file met again on the current path
+    // closes a circle.
+    fn visit(
+        at: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) {
+        if let Some(from) = path.iter().position(|p| p == at) {
+            panic!(
+                "src/store/ imports round a circle: {} -> {at}",
+                path[from..].join(" -> ")
+            );
+        }
+        if done.contains(at) {
+            return;
+        }
+        path.push(at.to_string());
+        for next in edges.get(at).into_iter().flatten() {
+            visit(next, edges, path, done);
+        }
+        path.pop();
+        done.insert(at.to_string());
+    }
+    let mut done = BTreeSet::new();
+    for file in edges.keys() {
+        visit(file, &edges, &mut Vec::new(), &mut done);
+    }
+    assert!(
+        edges.len() >= 8,
+        "read only {} files of src/store/",
+        edges.len()
+    );
+    let siblings_of = |f: &str| store_imports(f, &siblings);
+    assert_eq!(
+        siblings_of("use super::handle::{Store, X};\nuse super::{digest::Digest, Item};\n"),
+        ["digest", "handle", "mod"].map(str::to_string).into()
+    );
+}
