@@ -18,6 +18,13 @@
 //! ratios to the no-op floor (`tools/list` through the same handler; serial
 //! cases against the serial floor, concurrent ones against the concurrent
 //! floor). Compare runs on the same host; read the figures as ratios.
+//!
+//! `cargo bench --bench request` (`benches/request.rs`) times this path without
+//! HTTP on a real store: the screen and rmcp's decoding, `TaskService::call`,
+//! the conversion and encoding of the answer, and the whole of it through the
+//! real handler over the stdio transport in process, each read as a ratio to a
+//! no-op request through the same path; `benches/store.rs` times the store
+//! alone.
 
 mod common;
 
@@ -516,7 +523,7 @@ fn main() {
         );
 
         svc.stop_running(svc.stop_limit()).await;
-        svc.store().shutdown().await.expect("shutdown");
+        daemon.store().shutdown().await.expect("shutdown");
     });
     drop(daemon);
 }

@@ -11,7 +11,11 @@ or `Doc-tests <crate>` line opens a binary, and that binary's own
 `test result:` line closes it. A binary that has no result line (killed by
 a signal, aborted, or exited early) is named as crashed and counted as
 failed: its tests that reported `ok` before it ended passed, every other
-test it was running failed (at least one).
+test it was running failed (at least one). cargo names a file inside its
+own package, so the unit tests of a workspace member (package
+`taskgate-NAME` in crates/NAME/, test binary `taskgate_NAME-<hash>`) are
+named `crates/NAME/src/lib.rs`, apart from the taskgate crate's
+`src/lib.rs`; its doc tests are `doc-tests taskgate_NAME`.
 
 The expected list names every binary, the least number of tests it must
 pass, and its child entry points: tests marked #[ignore] because they only
@@ -34,12 +38,9 @@ import argparse
 import re
 import sys
 
-RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \((\S+?)\)")
-# A workspace crate's unit tests: cargo names their source relative to the
-# crate (`src/lib.rs`, as it names the root package's), so the binary is
-# named by the crate's directory instead: crates/<name>/src/lib.rs for the
-# package taskgate-<name>, whose executable is taskgate_<name>-<hash>.
-CRATE_EXE = re.compile(r"(?:^|/)taskgate_(\w+)-[0-9a-f]+$")
+RUNNING = re.compile(r"^\s+Running (?:unittests )?(\S+) \(")
+# The test binary of a workspace member's own sources: deps/taskgate_NAME-HASH.
+MEMBER = re.compile(r"^\s+Running unittests \S+ \(\S*deps/taskgate_([a-z0-9_]+)-[0-9a-f]+\)")
 DOCTESTS = re.compile(r"^\s+Doc-tests (\S+)")
 RUNNING_N = re.compile(r"^running (\d+) tests?$")
 TEST_LINE = re.compile(r"^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$")
@@ -83,15 +84,6 @@ def count_of(words, what):
     return int(m.group(1)) if m else 0
 
 
-def binary_name(running):
-    """The name a `Running` line's binary is listed under."""
-    path, exe = running.group(1), running.group(2)
-    crate = CRATE_EXE.search(exe)
-    if crate and path.startswith("src/"):
-        return "crates/" + crate.group(1).replace("_", "-") + "/" + path
-    return path
-
-
 def parse_cargo_log(lines):
     """The binaries in run order, and the lines shown before them (build
     output) that belong to none."""
@@ -101,7 +93,10 @@ def parse_cargo_log(lines):
         line = line.rstrip("\n")
         m = RUNNING.match(line) or DOCTESTS.match(line)
         if m:
-            name = binary_name(m) if RUNNING.match(line) else "doc-tests " + m.group(1)
+            name = m.group(1) if RUNNING.match(line) else "doc-tests " + m.group(1)
+            member = MEMBER.match(line)
+            if member:
+                name = f"crates/{member.group(1).replace('_', '-')}/{name}"
             cur = Binary(name)
             binaries.append(cur)
             continue

@@ -13,8 +13,8 @@
 # otherwise it stops before running anything, with one line per missing
 # item and the command that installs it.
 #
-# Then it runs `cargo test --locked --workspace --no-fail-fast` (every test binary, even
-# after one fails) and the package's system test (scripts/system-test.sh),
+# Then it runs `cargo test --locked --workspace --no-fail-fast` (every test
+# binary of every crate, even after one fails) and the package's system test (scripts/system-test.sh),
 # and ends with a summary (scripts/test-summary.py): cargo test's result
 # lines, what each test binary ran against the least it must pass
 # (tests/expected-tests.txt; a binary that crashed is named and counted as

@@ -9,6 +9,12 @@
 //! committed its result. Opening removes the temporaries, and startup
 //! removes the artifacts of the tasks restart recovery ends
 //! ([`Artifacts::discard`]), so what is served matches the committed state.
+//!
+//! Owns spilled results. `artifacts/<task-id>.json`, 0600, written to a
+//! temporary file, fsynced, renamed, directory fsynced; bound to the owner's
+//! digest; total bytes bounded. At open, leftover temporaries and the artifacts
+//! of tasks recovery ends are removed, so what is served always matches the
+//! committed state.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -9,6 +9,20 @@
 //! an evidence directory beside the state directory, and never leaves the
 //! state directory without a database (which would let a start create an
 //! empty one under existing task handles).
+//!
+//! Owns offline backup and restore. Walks the durable parts
+//! (`parts::Parts::all`): a backup copies every part's files into its folder of
+//! the snapshot and `seal` writes the manifest (each part named by a `# part
+//! NAME` line before its files) and verifies each part's copy; an online
+//! snapshot seals the same way around what the serving process wrote itself.
+//! Takes the lifetime lock (so it refuses while a daemon serves); verifies only
+//! through each part's read-only `Part::verify`; a restore verifies the
+//! snapshot completely (every file listed, summed and held by its part, nothing
+//! unlisted, each part's copy valid) before touching anything, then stages
+//! every file beside the state directory and lets each part swap its copy in
+//! (`Part::swap`), keeping what it replaced as evidence; the task store never
+//! leaves the directory without a database. Root may act for the directory's
+//! owner.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

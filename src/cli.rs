@@ -1,5 +1,8 @@
 //! Command-line definitions. The contract is stable: tests, docs and the
 //! systemd unit rely on these names.
+//!
+//! Owns the command-line contract. clap definitions only. Names are stable:
+//! tests, docs and the unit rely on them.
 
 use std::path::PathBuf;
 

@@ -1,6 +1,16 @@
 //! A small MCP client for operators and tests: `taskgate call` and
 //! `taskgate task get|cancel` speak protocol 2026-07-28 over streamable
 //! HTTP to a running daemon and print JSON.
+//!
+//! Owns the operator client. 2026-07-28 over HTTP (hyper, HTTP/1 only, no TLS
+//! stack), JSON or SSE responses; polls at `pollIntervalMs` and honours
+//! `retryAfterMs`; on request (`with_busy_retries`) sends a request refused as
+//! busy (503 `TG_SERVER_BUSY`, or the connection bound's 503) again after its
+//! `Retry-After`, a bounded number of times, counting busy answers (the retry
+//! loop takes the exchange as a function, so its unit tests count what is sent
+//! when on a paused clock). `request_meta` is the `_meta` every request carries
+//! (version, capabilities, identity); the request micro-benchmark sends it too.
+//! `ClientError` maps itself to the operator exit classes.
 
 use std::time::Duration;
 

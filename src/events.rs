@@ -5,6 +5,11 @@
 //! two in step), which `journalctl -x` shows beside the message. A
 //! foundation module, so that every layer that reports such an event (the
 //! store latching disabled, the service starting) can name its ID.
+//!
+//! Owns journal message IDs. The stable 128-bit `MESSAGE_ID`s (start, ready,
+//! refused start, store disabled, recovery), each with an entry in
+//! `packaging/taskgate.catalog`; a `logging` unit test keeps IDs and catalog in
+//! step.
 
 /// The task store is open: validated, migrated, recovered.
 pub const START: &str = "8cdb7d07eec9463a9f62fbdf4dcde4b1";

@@ -5,6 +5,12 @@
 //! [`ExitClass::prevents_restart`] holds (a test reads the unit), so a code
 //! must never change meaning. Every module error that can end the process
 //! maps itself to one of these through [`Classify`].
+//!
+//! Owns exit classes. `ExitClass` (serve: 64/65/74/75/77/78; operator commands:
+//! 1/69/76) and `Refusal`. A module error becomes a refusal through `Classify`.
+//! `prevents_restart()` marks the classes systemd must not retry; a test checks
+//! the unit's `RestartPreventExitStatus=` against it. Codes never change
+//! meaning.
 
 use std::fmt;
 

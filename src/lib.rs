@@ -17,6 +17,7 @@ pub mod http;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
+pub mod ops;
 pub mod parts;
 pub mod route;
 pub mod service;

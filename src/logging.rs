@@ -16,6 +16,25 @@
 //! package ships (`packaging/taskgate.catalog`); a refused start is an
 //! error (priority 3), so `journalctl -p err` finds it; a request a client
 //! got wrong is the client's error, never a warning in our journal.
+//!
+//! Owns log sink. journald with structured fields when stderr *is* the journal,
+//! else stderr; fields without a prefix (`MESSAGE_ID=`, `STATE_DIR=`, …); a
+//! refusal that ends the process goes through `logging::refused` (an
+//! error-priority event with its `MESSAGE_ID` under the journal, one stderr
+//! line otherwise); rmcp's `service` and HTTP-transport targets are held at
+//! error, because their warnings are about a client's request
+//! (`tests/journal_hygiene.rs`, which also checks that message text carries its
+//! values). The filter is the `log.filter` key (its variable `TASKGATE_LOG`
+//! overrides the file): the logger starts with the variable or the default
+//! before any configuration is read, then `service` applies the effective
+//! filter through a `tracing_subscriber` reload layer (`logging::apply_filter`)
+//! at start and on every reload; rmcp, hyper, axum and tower are held at warn
+//! whatever it says (a separate cap layer no filter lifts), because their debug
+//! and trace events carry raw requests (invariant 4). Spans: `call` (tool,
+//! owner tag), `task` (task ID, tool, owner tag), `poll`, `cancel`; the owner
+//! tag is the first 8 hex digits of the owner digest, never the identity. The
+//! store thread runs each command inside its caller's span, so one request can
+//! be followed into the store.
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, OnceLock};

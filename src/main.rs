@@ -3,6 +3,18 @@
 //! the library. Beside this file (`src/main/`): the operator client's
 //! commands (`operator.rs`), `check`'s report (`report.rs`), the token
 //! commands (`tokens.rs`) and the man pages (`man.rs`).
+//!
+//! Owns process edge. Parses the CLI, sets umask 077, runs one command, prints
+//! a refusal as one line and exits with its class's code. Formats `check`'s
+//! report and the operator client's output; every write to stdout goes through
+//! one writer that ends quietly when the reader has gone (a closed pipe is not
+//! an error). The only place that turns the bench flag into a built-in tool.
+//! Beside it in `src/main/` (modules of the binary): `operator.rs` (`call`,
+//! `task`: their target, token and exit statuses), `report.rs` (what `check`
+//! prints), `tokens.rs` (`token new|list|revoke`), `upstream.rs` (`upstream
+//! list|show|pin`: the upstreams over the admin socket, the diff against the
+//! reviewed description, the pins file written whole and read back), `man.rs`
+//! (the man pages and the completion).
 
 use std::io::Write;
 use std::process::ExitCode;

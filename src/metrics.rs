@@ -12,6 +12,26 @@
 //! per family; never a task ID, an owner, a token or an argument. Counting
 //! is an atomic add: nothing here blocks or allocates on a request's path
 //! after a series exists.
+//!
+//! Owns what `/metrics` counts. The process-wide counters and histograms
+//! (`metrics::get()`), counted where the event happens: the protocol handler
+//! times every MCP request (`mcp_server_operation_duration_seconds` by method,
+//! tool and error type, the OpenTelemetry MCP names), `mcp::convert` and
+//! `http::respond` count every error body by its registered name, the task
+//! service counts creations, tool results (`isError` apart from successes and
+//! failures) and held polls, the store thread each group commit's rows and
+//! latency and each checkpoint, `http::auth` refusals by reason, the approval
+//! gate each journal event, `upstream` each session's state and errors.
+//! `Metrics::render` adds what only a scrape reads (a `Snapshot` the HTTP layer
+//! gathers: tasks by status, queue, WAL, running tools, fallbacks, legacy
+//! sessions, approvals waiting and the oldest's age, routes by phase) and the
+//! `process_*` figures from `/proc/self`; `classic_text` turns the OpenMetrics
+//! text into Prometheus' 0.0.4 format for scrapers that do not ask for
+//! OpenMetrics. Rules: a label value is a fixed word, a registered error name
+//! or an operator-configured name (at most `MAX_NAMED_SERIES` per family, later
+//! ones `other`), never a task ID, owner, token or argument; a tool name nobody
+//! configured is `other`. Knows no other module: callers hand it `&'static
+//! str`s.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};

@@ -1,6 +1,6 @@
 //! Opening a state directory, for `serve` and for `check`: the private
-//! directory and its files, the lifetime lock (startup steps 3–4 in
-//! docs/ARCHITECTURE.md), then the artifacts and the store (steps 5–9:
+//! directory and its files, the lifetime lock (startup steps 3–4, listed
+//! below), then the artifacts and the store (steps 5–9:
 //! inspection, validation, opening for writing, artifacts, recovery).
 //!
 //! A refused start leaves every file as it was: everything that can refuse
@@ -13,6 +13,57 @@
 //! Step 1, the effective settings, is one function ([`effective`]) for
 //! `serve`, `check`, `check --config-only` and a reload: what one accepts
 //! the others accept.
+//!
+//! Owns opening a state directory. `open_serving` for `serve` (claim, then open
+//! the durable parts: `parts::task_store::open_serving` inspects the artifacts
+//! directory and validates the database read-only, opens for writing, removes
+//! the artifacts' crash leftovers, recovers) and `check` for the read-only path
+//! (every part's `Part::check`). A refused start changes no file.
+//!
+//! The startup order, step by step (what; where; the exit code of a refusal):
+//!
+//! - Step 0: SIGTERM/SIGINT handlers (`service/control.rs`; 74 (cannot
+//!   install)).
+//!
+//! - Step 1: configuration, exposure policy, tools compiled, stdio upstreams'
+//!   confinement checked, upstream pins read (`config/`, `http/exposure.rs`,
+//!   `tools/`, `upstream/pins.rs`; 78).
+//!
+//! - Step 2: bind the listener (HTTP) (`service/mod.rs`; 74).
+//!
+//! - Step 3: state directory, ancestors, files (`state_dir.rs`; 77).
+//!
+//! - Step 4: lifetime lock (`state_dir.rs`; 75 (77 if the lock file is
+//!   unsafe)).
+//!
+//! - Step 5: artifacts directory inspected, read-only: ours, private, listable
+//!   and writable by this process (a read-only mount is refused), bytes in use
+//!   counted (`artifacts.rs`; 77 (74 on I/O)).
+//!
+//! - Step 6: store identity against `tasks.lock`, pragmas, schema version,
+//!   `integrity_check`, every kind's shape and records, all read-only
+//!   (`store/open.rs`; 65 (74 on I/O)).
+//!
+//! - Step 7: first write — open for writing: initialise, or run the missing
+//!   migration steps; the store recorded in `tasks.lock` (`store/open.rs`,
+//!   `store/migrate.rs`, `state_dir.rs`; 74).
+//!
+//! - Step 8: artifacts: created if missing, temporaries and results of
+//!   unfinished tasks removed (`artifacts.rs`; 74).
+//!
+//! - Step 9: recovery, every kind's in one transaction: a nonterminal task →
+//!   failed (interrupted) or cancelled (`store/open.rs`, `store/tasks.rs`; 74).
+//!
+//! - Step 10: serve: upstreams start connecting in the background (none delays
+//!   READY; until one answers, its tools are absent), READY=1 + STATUS=
+//!   (`service/mod.rs`, `service/chores.rs`, `upstream/`; —).
+//!
+//! Every refusal but an I/O error comes before step 7, so a refused start
+//! writes nothing; from step 7 on, each write is a transaction or a cleanup the
+//! next start repeats.
+//!
+//! `check` runs 1, 3–6 with a read-only connection and says what recovery would
+//! do.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,6 +4,20 @@
 //! symlink an administrator chose (a state directory moved to another
 //! disk, say); after that no symlink is followed. Everything here refuses
 //! with exit 77, except a lock held by another process (75).
+//!
+//! Owns the private directory and `tasks.lock`. Resolves the directory once
+//! (systemd's `StateDirectory=` may be a symlink), then never follows a link:
+//! ancestors trusted (root or us, not group/other-writable unless root-owned
+//! sticky), directory ours and private, files regular/one link/ours/private
+//! (77). The lifetime lock is `flock` on `tasks.lock`, non-blocking (75); the
+//! file is never deleted. Its holder line is written by `serve` only once the
+//! database has validated, and by backup and restore once they hold the lock;
+//! `check` never writes it. Its second line records the identity of the store
+//! the directory holds (`store <id>`), so that an emptied, removed or swapped
+//! `tasks.db` is refused (65, "database replaced") instead of being served as a
+//! new store. Then the serving process's admin socket (`admin <path>`) and its
+//! admin key (`admin-key <hex>`): no tool may ever be granted the state
+//! directory, so this is where a secret tools must not learn is kept.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};

@@ -6,6 +6,19 @@
 //! between migration statements (to prove the migration is atomic) or in the
 //! middle of spilling a result (to prove recovery cleans up), without
 //! touching the code paths a real run takes.
+//!
+//! Owns fault hooks for tests. A stall file for the store thread, a busy file
+//! that refuses every store command as if its queue were full, a hold file
+//! while which no expired row is swept by the timed sweep (a route submission's
+//! own bounded sweep still runs), crash points inside the migration, around an
+//! artifact's rename and at each step of a route's dispatch (prepared,
+//! dispatching, answered) and at each boundary of an approval (proposed,
+//! decided, consumed), and an EIO on the approval journal's append or base sync
+//! (`TASKGATE_TEST_JOURNAL_SYNC_FAULT_FILE`), a crash point after a route's
+//! cancel attempt is counted, and a skew of the store's wall clock
+//! (`TASKGATE_TEST_CLOCK_SKEW_MS`) so that a test of the real binary can start
+//! a daemon later without waiting. Compiled into debug builds, and into release
+//! builds only with the `test-hooks` feature.
 
 use std::path::PathBuf;
 
@@ -27,9 +40,9 @@ pub const CRASH_AT_ENV: &str = "TASKGATE_TEST_CRASH_AT";
 /// after their write, as a disk that lost what it was given would.
 pub const JOURNAL_SYNC_FAULT_FILE_ENV: &str = "TASKGATE_TEST_JOURNAL_SYNC_FAULT_FILE";
 /// The sync of a record appended to the approval journal.
-pub const JOURNAL_SYNC_APPEND: &str = "append";
+pub const JOURNAL_SYNC_APPEND: &str = taskgate_journal::SyncPoint::Append.word();
 /// The sync of `journal.base`, written before old segments are removed.
-pub const JOURNAL_SYNC_BASE: &str = "base";
+pub const JOURNAL_SYNC_BASE: &str = taskgate_journal::SyncPoint::Base.word();
 /// Milliseconds added to the wall clock the store reads, so that a test of
 /// the real binary can start a daemon an hour later without waiting one.
 pub const CLOCK_SKEW_MS_ENV: &str = "TASKGATE_TEST_CLOCK_SKEW_MS";

@@ -8,6 +8,13 @@
 //! taskgate's own codes live in the JSON-RPC server range -32040..=-32079.
 //! `tests/architecture.rs` fails when code outside this file and the one
 //! conversion in `mcp::convert` makes up a code.
+//!
+//! Owns wire error codes. One registry: code, `TG_*` name, one line of help.
+//! taskgate's own codes live in -32040..=-32079; the protocol's codes it sends
+//! (-32700, -32600, -32602, -32601, -32603, -32021) have named entries too. No
+//! other file writes a code as a number, and none writes a JSON-RPC error body:
+//! `WireCode::error_response` does. `taskgate wire-codes [--json]` (hidden)
+//! prints the registry for scripts.
 
 /// One registered wire error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

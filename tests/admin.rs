@@ -3,6 +3,18 @@
 //! (idle, oversize, flood), stale sockets, and online snapshots taken while
 //! tasks run and creates go on, restored with `taskgate restore` and
 //! verified with `taskgate check`.
+//!
+//! What this file proves: the admin socket: `status` text and JSON, 69 with no
+//! daemon, a stale socket replaced after SIGKILL, another uid refused (mode and
+//! credentials; the client run from a private copy of the binary that user can
+//! reach), a request without this start's admin key (none, wrong, the last
+//! start's, not JSON) refused with one identical line and the key in no log,
+//! environment or command line, request and connection bounds, an online
+//! snapshot while a task runs and creates continue, restored and checked,
+//! `--into … --keep N`; SIGTERM during a snapshot (the store thread held by the
+//! stall hook): finished inside the stop's 10 s wait it is complete and
+//! verifies, still copying past it the store abandons it between steps and
+//! `DEST` is gone, the daemon exits 0 and its store checks
 
 mod common;
 

@@ -2,6 +2,55 @@
 //! "required"` runs only after an administrator approved that exact call
 //! with `taskgate approvals`, once, on the identical re-issue. A marker
 //! file the tool appends to is the proof of what ran.
+//!
+//! Invariant 22 of the map: An approval never runs anything by itself, and an
+//! approval runs the exact call it was given for at most once: caller (issuer,
+//! tenant, subject), tool, canonical arguments and the tool's definition are
+//! bound by the exact-call key, and spending it is journaled before the tool
+//! starts. Guarded by:
+//! `tests/approvals.rs::a_held_call_runs_once_on_the_identical_reissue_after_approval`
+//! (a marker file: nothing after approval, one line after the re-issue, a
+//! second re-issue held again, other arguments another proposal),
+//! `tests/approvals.rs::an_approval_does_not_cover_the_call_once_the_tool_definition_changed`,
+//! `tests/approvals_http.rs` (other subjects and tenants),
+//! `src/approvals/gate.rs` unit tests (consumption once after reopen, the
+//! approve × cancel race)
+//!
+//! Invariant 23 of the map: The approval journal decides and a task only
+//! mirrors it: a waiting approval task is projected from the journal, and when
+//! the journal cannot vouch for it (disabled, damaged, shorter than the task
+//! recorded) it is unavailable, while terminal receipts stay readable from the
+//! task store alone. Guarded by:
+//! `tests/approvals.rs::a_waiting_task_survives_a_restart_and_completes_from_the_journal`,
+//! `tests/approvals.rs::a_damaged_journal_disables_approvals_and_keeps_receipts_readable`,
+//! `tests/approvals.rs::a_spent_approvals_record_with_a_changed_length_is_damage_and_never_runs_again`,
+//! `src/approvals/journal.rs` sweeps (every byte of a journal of every event
+//! kind changed: damaged at check and start; a cut at every offset: only the
+//! unfinished final frame goes, kept aside),
+//! `tests/approvals.rs::a_journal_cut_below_a_tasks_record_leaves_that_task_unavailable`
+//!
+//! What this file proves: approval-held calls through the real daemon and
+//! `taskgate approvals` as an administrator runs it: a held call's
+//! `approval_required` result and the preview without the unlisted argument;
+//! approval running nothing, the identical re-issue running once (marker file),
+//! a second re-issue held again; an approval not covering the call once a
+//! reload changed the tool's definition; a Tasks client's approval task (status
+//! message, poll interval, TTL, retry finding the same task) completing with
+//! the receipt; rejection refusing the identical call with its reason never
+//! shown; cancel releasing the hold; a waiting task surviving restarts and
+//! reconciling a decision taken before one; a flipped journal byte disabling
+//! approvals (status, `approvals verify`, held tool refused, waiting task
+//! unavailable, receipt readable); no unlisted argument or reason in the task
+//! store, WAL or log (at trace level); crashes at the proposal/task,
+//! decision/projection and consumption/run boundaries recovered with nothing
+//! run twice or lost; a journal cut below a task's record; backup (offline and
+//! online) and restore carrying the journal; a notify tool told of each new
+//! proposal without its arguments; an approval task outliving a short task TTL;
+//! a full task store answering `approval_required` with the proposal; a reload
+//! adding the first held tool opening the journal; a confined tool unable to
+//! read or append to the journal, and one declaring a path that reaches it
+//! refused; a real crash between an expiry and its projection (the daemon
+//! restarted an hour later by the clock-skew hook) reconciled
 
 mod common;
 

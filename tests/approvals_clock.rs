@@ -6,6 +6,32 @@
 //! shows it), an approval first observed after its execution window reads
 //! expired and runs nothing, and an expiry journaled but not yet projected
 //! (what a crash between the two leaves) is projected after a restart.
+//!
+//! Invariant 25 of the map: The approval journal is bounded without losing
+//! evidence: a proposal is forgotten only once it is decided and no approval
+//! task waiting on it can still be read, a segment is removed only when every
+//! proposal it holds is forgotten and only after `journal.base` (where the
+//! chain now begins) is synced, and a journal missing its first segments
+//! without that base is still refused as damaged; one caller cannot take
+//! another's room (per-owner bounds on waiting and kept proposals). Guarded by:
+//! `src/approvals/gate.rs::settled_proposals_are_forgotten_and_only_their_segments_removed`,
+//! `src/approvals/gate.rs::proposals_kept_are_bounded_per_owner_and_in_all`,
+//! `src/approvals/journal.rs::old_segments_go_behind_a_base_and_the_journal_still_verifies`,
+//! `src/approvals/journal.rs::the_base_is_synced_before_any_segment_is_removed`,
+//! `src/tasks/approval.rs::a_decided_proposal_is_kept_exactly_as_long_as_its_longest_lived_task`,
+//! `tests/approvals_clock.rs::forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base`
+//!
+//! What this file proves: approval deadlines on an injected clock, in a daemon
+//! opened in process by the real startup path (real store and journal; the held
+//! tool a built-in counting its runs): a proposal nobody decides waits at its
+//! deadline and expires a millisecond after (journaled, then projected; a
+//! decision on it refused; the identical call asks afresh), an approval first
+//! observed after its execution window reads expired and runs nothing, an
+//! expiry journaled but not projected (what a crash between them leaves)
+//! projected after a restart, a receipt unchanged an hour later; proposals
+//! decided a day before forgotten and the segments holding only them removed
+//! behind `journal.base`, which an offline backup carries and a restore brings
+//! back (the journal reopening where it begins)
 
 mod common;
 
@@ -193,7 +219,7 @@ impl Fixture {
 
     fn proposal_state(&self, id: &str) -> String {
         let approvals = self.daemon.service().approvals().expect("approvals");
-        let now = self.daemon.service().store().clock().now_ms();
+        let now = self.daemon.store().clock().now_ms();
         approvals.proposals(Some(id), false, now).expect("proposal")[0]
             .state
             .as_str()
@@ -213,7 +239,6 @@ impl Fixture {
 
     async fn close(self) -> (tempfile::TempDir, PathBuf, Arc<AtomicUsize>) {
         self.daemon
-            .service()
             .store()
             .shutdown()
             .await
@@ -267,7 +292,7 @@ async fn a_proposal_nobody_decides_expires_and_an_identical_call_asks_afresh() {
                 name: "admin".into(),
                 identity: "uid:0".into(),
             },
-            f.daemon.service().store().clock().now_ms(),
+            f.daemon.store().clock().now_ms(),
         )
         .await;
     assert!(late.is_err(), "{late:?}");
@@ -281,7 +306,7 @@ async fn an_approval_first_seen_after_its_window_reads_expired_and_runs_nothing(
     let task = f.task("prod").await;
     let proposal = f.only_proposal();
     let approvals = f.daemon.service().approvals().unwrap().clone();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let admin = Decider {
         name: "admin".into(),
         identity: "uid:0".into(),
@@ -314,7 +339,7 @@ async fn an_expiry_journaled_but_not_projected_is_projected_after_a_restart() {
     f.clock.advance(past(DECISION_WINDOW));
     // The expiry journaled, the task not yet told: what a crash between
     // the two leaves behind.
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let gate = f
         .daemon
         .service()
@@ -343,7 +368,7 @@ async fn a_receipt_is_history_and_never_asks_the_journal_again() {
     let task = f.task("prod").await;
     let proposal = f.only_proposal();
     let approvals = f.daemon.service().approvals().unwrap().clone();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     approvals
         .decide(
             &proposal,
@@ -386,7 +411,7 @@ async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
     let task = f.task("receipt").await;
     let approvals = f.daemon.service().approvals().unwrap().clone();
     let first = f.only_proposal();
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     let admin = Decider {
         name: "admin".into(),
         identity: "uid:0".into(),
@@ -417,7 +442,7 @@ async fn forgotten_proposals_leave_the_journal_and_a_backup_carries_its_base() {
     // time to live) nothing can wait on them any more.
     f.clock.advance(past(DECISION_WINDOW));
     let gate = approvals.gate().cloned().expect("gate");
-    let now = f.daemon.service().store().clock().now_ms();
+    let now = f.daemon.store().clock().now_ms();
     assert_eq!(gate.expire_due(now).expect("expire").len(), 600);
     let records = gate.checkpoint().records;
     f.clock

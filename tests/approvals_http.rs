@@ -3,20 +3,28 @@
 //! owner's approval task reading like an unknown one, holds partitioned by
 //! subject and tenant, and an administrator who may not approve their own
 //! call.
+//!
+//! What this file proves: approvals with credentials, attacked with valid
+//! tokens of one's own: `/admin/v1/approvals` refusing no credential (401, the
+//! loopback caller is never an administrator there) and a missing
+//! `approvals:read`/`approvals:decide` (403 naming it), a malformed body (400),
+//! an unknown proposal (404), an oversized body (413), a second decision (409),
+//! `validForSecs` bounding the approval; another subject's or tenant's
+//! `tasks/get` and `tasks/cancel` of an approval task answering exactly like an
+//! unknown task; identical calls of other subjects and tenants held as
+//! proposals of their own and not covered by another's approval; an
+//! administrator refused approving their own call; an approval task naming its
+//! proposal (status message and `_meta`) in the create and `tasks/get` answers
+//! to its owner and to no one else, the store holding that ID and no argument
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use common::tokens::{Token, secret, tokens_file};
 use common::*;
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
-
-fn secret(seed: char) -> String {
-    format!("tgk_{}", seed.to_string().repeat(43))
-}
 
 const CALL: &[&str] = &[
     "tools:call",
@@ -26,7 +34,7 @@ const CALL: &[&str] = &[
 ];
 
 /// (id, seed, tenant, subject, scopes)
-const TOKENS: &[(&str, char, &str, &str, &[&str])] = &[
+const TOKENS: &[Token] = &[
     ("alice", 'a', "acme", "alice", CALL),
     ("mallory", 'm', "acme", "mallory", CALL),
     ("alice-elsewhere", 'e', "other", "alice", CALL),
@@ -48,21 +56,6 @@ const TOKENS: &[(&str, char, &str, &str, &[&str])] = &[
     ),
 ];
 
-fn tokens_file(path: &Path) {
-    let mut text = String::new();
-    for (id, seed, tenant, subject, scopes) in TOKENS {
-        let digest = Sha256::digest(secret(*seed).as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-        text += &format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = {tenant:?}\nsubject = {subject:?}\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        );
-    }
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
 struct Fixture {
     root: tempfile::TempDir,
     daemon: Daemon,
@@ -73,7 +66,7 @@ fn start() -> Fixture {
     let root = private_dir();
     let state = state_dir(root.path());
     let tokens = root.path().join("tokens.toml");
-    tokens_file(&tokens);
+    tokens_file(&tokens, TOKENS);
     let out = root.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     let cfg: PathBuf = write_config(

@@ -1,5 +1,31 @@
 //! Structural rules of docs/ARCHITECTURE.md that the compiler cannot check,
 //! written as ordinary tests over the source text.
+//!
+//! Invariant 1 of the map: Only `store/` opens SQLite, and only its thread
+//! holds the connection. Guarded by:
+//! `tests/architecture.rs::only_the_store_module_touches_sqlite` (every file
+//! outside `store/`, unit tests included, names neither `rusqlite` nor
+//! `libsqlite3`) and `the_store_hands_out_no_sqlite_type` (no public item of
+//! `store/` — signature, public field, enum variant, re-export — names an
+//! SQLite type); the connection lives in an `Rc` inside `engine::Engine`, made
+//! on the store thread, and `engine::ENGINE_STAYS_ON_ITS_THREAD` fails the
+//! build if `Engine` ever becomes `Send`.
+//!
+//! Invariant 10 of the map: Every JSON-RPC error taskgate sends comes from the
+//! registry in `wire.rs`; its body is written in one place
+//! (`WireCode::error_response`; rmcp writes the ones it sends from
+//! `mcp::convert`'s `ErrorData`) and its HTTP answer chosen by one mapping
+//! (`http::respond`). Guarded by:
+//! `tests/architecture.rs::wire_errors_come_from_the_registry` (no code written
+//! as a number outside `wire.rs`, no protocol error built outside
+//! `mcp/convert.rs`, no error body written outside `wire.rs`), `wire::tests`,
+//! `http::respond::tests`; scripts read the codes from `taskgate wire-codes`
+//! (`tests/exit_codes.rs::wire_codes_lists_the_registry`)
+//!
+//! What this file proves: the layers, the import allow-list, where rmcp and
+//! SQLite may appear, wire codes only from the registry, the packaged conffile;
+//! every test and test file this map names exists (a file of tests/, a test in
+//! one, the invariants' guards, this table against the directory)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -9,9 +35,10 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["main", "cli"],
     &[
-        "service", "startup", "backup", "bench", "client", "logging", "admin", "verify",
+        "service", "startup", "bench", "client", "logging", "admin", "verify",
     ],
     &["http", "mcp"],
+    &["ops", "backup"],
     &["tasks", "parts", "upstream", "route"],
     &[
         "tools",
@@ -36,8 +63,6 @@ const SAME_LAYER: &[(&str, &str)] = &[
     // The serving process applies the configured log filter, at start and
     // on reload.
     ("service", "logging"),
-    // An online snapshot has the offline backup's format and checks.
-    ("admin", "backup"),
     // The benchmark drives a daemon with the operator client.
     ("bench", "client"),
     // The qualification starts the daemon as `serve` does, calls it as a
@@ -48,6 +73,8 @@ const SAME_LAYER: &[(&str, &str)] = &[
     ("verify", "admin"),
     // The HTTP application hosts the MCP handler.
     ("http", "mcp"),
+    // An online snapshot has the offline backup's format and checks.
+    ("ops", "backup"),
     // The task service hands durable routes (their meta-tools and `tgr-`
     // task IDs) to the router.
     ("tasks", "route"),
@@ -96,7 +123,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "service",
         &[
-            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "route",
+            "admin", "auth", "config", "events", "exit", "http", "logging", "mcp", "ops", "route",
             "startup", "store", "tasks", "tools", "upstream",
         ],
     ),
@@ -104,10 +131,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "admin",
         &[
             "approvals",
-            "backup",
             "config",
             "exit",
-            "http",
+            "ops",
             "parts",
             "state_dir",
             "store",
@@ -167,7 +193,27 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "http",
-        &["auth", "config", "exit", "mcp", "metrics", "tasks", "wire"],
+        &[
+            "auth", "config", "exit", "mcp", "metrics", "ops", "tasks", "wire",
+        ],
+    ),
+    // What operators and administrators do: the task service, the store's
+    // reads, the upstreams, the durable parts and the backup format; every
+    // refusal with its wire code and exit class.
+    (
+        "ops",
+        &[
+            "backup",
+            "config",
+            "exit",
+            "parts",
+            "state_dir",
+            "store",
+            "tasks",
+            "tools",
+            "upstream",
+            "wire",
+        ],
     ),
     (
         "mcp",
@@ -1216,4 +1262,227 @@ fn the_store_s_files_import_each_other_in_no_circle() {
         siblings_of("use super::handle::{Store, X};\nuse super::{digest::Digest, Item};\n"),
         ["digest", "handle", "mod"].map(str::to_string).into()
     );
+}
+
+/// Arrows between the crates of `crates/`, each for a reason the map's
+/// Crates section gives: none so far. A crate there depends on no taskgate
+/// crate unless listed here, and never on the `taskgate` package.
+const CRATE_ARROWS: &[(&str, &str)] = &[];
+
+/// Module rules inside a crate of `crates/`: for each crate with modules
+/// of its own, which of its modules each may name (`crate::x`). A crate
+/// of one file has none to keep apart.
+const CRATE_MODULES: &[(&str, ModuleRules)] = &[(
+    "store-engine",
+    &[
+        ("clock", &[]),
+        ("migrate", &[]),
+        // `rusqlite`: the re-export the `kinds!` macro names its types by.
+        ("kind", &["migrate", "rusqlite"]),
+        ("open", &["kind", "migrate"]),
+        // The handle and the store thread share the queue's types.
+        ("handle", &["kind", "open", "thread"]),
+        ("thread", &["handle", "kind", "open"]),
+        // The engine's own tests: a kind of record of their own.
+        ("toy", &["kinds", "open"]),
+    ],
+)];
+
+/// One crate's allow-list: each module with the modules it may name.
+type ModuleRules = &'static [(&'static str, &'static [&'static str])];
+
+/// The directories of `crates/`, by name.
+fn member_crates() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap_or_else(|e| panic!("{}: {e}", root.display())))
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn manifest(path: &Path) -> toml::Table {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every dependency a manifest declares, in any dependency table (also a
+/// target's), by the package it names (`package = …` when renamed).
+fn dependencies(manifest: &toml::Table) -> BTreeMap<String, toml::Value> {
+    let mut tables: Vec<&toml::Table> = vec![manifest];
+    if let Some(targets) = manifest.get("target").and_then(|t| t.as_table()) {
+        tables.extend(targets.values().filter_map(|t| t.as_table()));
+    }
+    let mut out = BTreeMap::new();
+    for table in tables {
+        for kind in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let Some(deps) = table.get(kind).and_then(|d| d.as_table()) else {
+                continue;
+            };
+            for (name, spec) in deps {
+                let package = spec
+                    .get("package")
+                    .and_then(|p| p.as_str())
+                    .unwrap_or(name)
+                    .to_string();
+                out.insert(package, spec.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The crate graph the map draws: each crate of `crates/` is package
+/// `taskgate-NAME`, unpublished, of the root's edition; it depends on no
+/// taskgate crate but the arrows [`CRATE_ARROWS`] allows (so the journal
+/// cannot reach tasks, nor the engine a schema); the root package depends
+/// on each of them by path; and docs/ARCHITECTURE.md names each crate.
+#[test]
+fn the_crate_graph_is_the_one_the_map_draws() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap();
+    let top = manifest(&root.join("Cargo.toml"));
+    let root_deps = dependencies(&top);
+    let crates = member_crates();
+    assert!(!crates.is_empty(), "no crate in crates/");
+    let packages: BTreeSet<String> = crates.iter().map(|c| format!("taskgate-{c}")).collect();
+    let mut problems = Vec::new();
+    for (from, to) in CRATE_ARROWS {
+        for p in [from, to] {
+            if !packages.contains(*p) {
+                problems.push(format!("CRATE_ARROWS names {p}, no crate of crates/"));
+            }
+        }
+    }
+    for dir in &crates {
+        let path = root.join("crates").join(dir).join("Cargo.toml");
+        let m = manifest(&path);
+        let package = m.get("package").and_then(|p| p.as_table());
+        let field = |key: &str| package.and_then(|p| p.get(key)).cloned();
+        let name = format!("taskgate-{dir}");
+        if field("name").and_then(|n| n.as_str().map(str::to_owned)) != Some(name.clone()) {
+            problems.push(format!("crates/{dir}: its package must be named {name}"));
+        }
+        if field("publish").and_then(|p| p.as_bool()) != Some(false) {
+            problems.push(format!("crates/{dir}: publish = false"));
+        }
+        if field("edition").and_then(|e| e.as_str().map(str::to_owned)) != Some("2024".into()) {
+            problems.push(format!("crates/{dir}: edition 2024, as the root"));
+        }
+        for dep in dependencies(&m).keys() {
+            let ours = dep == "taskgate" || dep.starts_with("taskgate-");
+            if ours && !CRATE_ARROWS.contains(&(name.as_str(), dep.as_str())) {
+                problems.push(format!(
+                    "crates/{dir} depends on {dep}: a crate of crates/ depends on no taskgate crate unless CRATE_ARROWS and the map's Crates section say why"
+                ));
+            }
+        }
+        match root_deps.get(&name) {
+            Some(spec)
+                if spec.get("path").and_then(|p| p.as_str())
+                    == Some(format!("crates/{dir}").as_str()) => {}
+            _ => problems.push(format!(
+                "the root package does not depend on {name} (path = \"crates/{dir}\")"
+            )),
+        }
+        for named in [format!("`{name}`"), format!("`crates/{dir}`")] {
+            if !doc.contains(&named) {
+                problems.push(format!(
+                    "docs/ARCHITECTURE.md does not name {named}: say why the crate exists (Crates)"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The module rules inside each crate of `crates/`: a crate with modules
+/// of its own has an entry in [`CRATE_MODULES`], and each of its modules
+/// names (`crate::x`, a crate alias, a `super::` chain to the root) only
+/// what its entry allows.
+#[test]
+fn modules_inside_each_crate_import_only_what_their_entry_allows() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut problems = Vec::new();
+    for dir in member_crates() {
+        let src = root.join(&dir).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        files.sort();
+        let module_of = |file: &Path| -> String {
+            let rel = file.strip_prefix(&src).unwrap_or(file);
+            let first = rel
+                .components()
+                .next()
+                .map(|c| c.as_os_str().to_string_lossy().to_string())
+                .unwrap_or_default();
+            first.trim_end_matches(".rs").to_string()
+        };
+        let modules: BTreeSet<String> = files
+            .iter()
+            .map(|f| module_of(f))
+            .filter(|m| m != "lib" && m != "main")
+            .collect();
+        let entry = CRATE_MODULES.iter().find(|(c, _)| *c == dir);
+        let Some((_, allowed)) = entry else {
+            if !modules.is_empty() {
+                problems.push(format!(
+                    "crates/{dir} has modules {modules:?} but no entry in CRATE_MODULES"
+                ));
+            }
+            continue;
+        };
+        let allowed: BTreeMap<&str, &[&str]> = allowed.iter().copied().collect();
+        for file in &files {
+            let module = module_of(file);
+            if module == "lib" || module == "main" {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            let Some(ok) = allowed.get(module.as_str()) else {
+                problems.push(format!(
+                    "crates/{dir}: module {module} has no entry in CRATE_MODULES"
+                ));
+                continue;
+            };
+            let depth = file
+                .strip_prefix(&src)
+                .map(|r| {
+                    let n = r.components().count();
+                    if r.ends_with("mod.rs") { n - 1 } else { n }
+                })
+                .unwrap_or(1);
+            let mut named = BTreeSet::new();
+            let mut prefixes = vec!["crate::".to_string()];
+            prefixes.extend(
+                crate_aliases(&text, "crate")
+                    .into_iter()
+                    .map(|a| format!("{a}::")),
+            );
+            for prefix in &prefixes {
+                named.extend(imports(&text, prefix));
+            }
+            let inline = inline_modules(&text);
+            for (at, _) in text.match_indices("super::") {
+                let before = text[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    continue;
+                }
+                let d = depth + inline.iter().filter(|(a, b)| *a < at && at < *b).count();
+                named.extend(climbed_to_the_root(&text[at..], d));
+            }
+            for used in named {
+                if used != module && !ok.contains(&used.as_str()) {
+                    problems.push(format!(
+                        "crates/{dir}/src: {module} uses {used}, which CRATE_MODULES does not allow"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

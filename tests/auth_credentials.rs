@@ -3,6 +3,16 @@
 //! commands. Real files on disk with real permissions, the real binary for
 //! the commands and for the startup refusals; JWTs are signed here with
 //! keys generated here (Ed25519 and RSA).
+//!
+//! What this file proves: static tokens (ok, unknown, expired, revoked in the
+//! file and by the revocations file); JWTs signed in the test with generated
+//! Ed25519 and RSA keys: good, wrong and missing audience, expired, future
+//! `nbf`, unknown key, wrong issuer, `alg: none`, HS256 signed with the RSA
+//! public key, wrong `typ`, lifetime over the cap, revoked `jti`,
+//! `issued_before`; a reload with a broken, unsafe or private-key-holding file
+//! keeps the old set; `check` and `serve` refuse bad files with 77/78;
+//! `taskgate token new → list → revoke` through the binary, the secret on no
+//! disk
 
 mod common;
 

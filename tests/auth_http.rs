@@ -4,6 +4,37 @@
 //! reload while a task keeps running, the protected resource metadata, JWTs
 //! signed here (every bad one refused like an unknown token), no credential
 //! on disk or in the debug log, and `serve` refusing an exposed listener.
+//!
+//! Invariant 5a of the map: With credentials configured, no `/mcp` request acts
+//! without a caller: no or a bad credential is a 401 with the same challenge
+//! whatever the reason, a missing scope a 403 naming all the operation needs,
+//! and an HTTP request that reaches the handler without a caller is refused
+//! rather than made local. Guarded by: `tests/auth_http.rs`
+//! (`missing_and_invalid_credentials_get_the_exact_challenges`,
+//! `every_missing_scope_is_named_in_one_challenge`,
+//! `a_legacy_session_is_scope_checked_too`,
+//! `revoking_by_reload_needs_no_restart_and_spares_running_tasks`,
+//! `every_bad_jwt_is_refused_like_an_unknown_token_and_a_good_one_owns_its_task`);
+//! `mcp::handler` refuses a caller-less HTTP request by construction
+//! (`Handler::for_http`); only a request without any `Authorization` header may
+//! be the local caller
+//! (`a_malformed_authorization_header_is_refused_not_taken_for_none`), and only
+//! from a loopback peer
+//! (`without_credentials_a_peer_that_is_not_loopback_is_refused`, in a network
+//! namespace of its own); a legacy session answers only its opener's owner,
+//! every method against every kind of stranger
+//! (`a_legacy_session_answers_only_the_caller_that_opened_it`); a foreign
+//! `Origin` is refused before authentication
+//! (`a_foreign_origin_is_refused_on_every_method`)
+//!
+//! What this file proves: authentication and tenancy over HTTP against the real
+//! daemon: the exact challenges, the scope matrix, tenants that cannot see each
+//! other's tasks, per-owner limits, revocation by reload, protected resource
+//! metadata, every bad JWT answered like an unknown token, no credential on
+//! disk or in the log, the exposed-listener refusal; a malformed
+//! `Authorization` header refused rather than taken for none; no credential
+//! from a peer that is not loopback refused; legacy sessions answering only
+//! their opener; foreign `Origin`s refused
 
 mod common;
 

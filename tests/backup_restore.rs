@@ -1,6 +1,9 @@
 //! Offline backup and restore through the real binary: refusals, the
 //! manifest, what a restore brings back, the evidence it keeps, and the
 //! snapshots it refuses without touching the live directory.
+//!
+//! What this file proves: backup and restore refusals and round trip, root
+//! acting for the service user, non-ASCII paths
 
 mod common;
 

@@ -3,6 +3,20 @@
 //! with the daemon configured for the load it drives. The figures
 //! themselves are not judged here: a benchmark is never a pass/fail timing
 //! test.
+//!
+//! What this file proves: `taskgate bench --tasks 1000` at its default
+//! concurrency writes well-formed outputs, records the daemon configuration
+//! sized for that load, and meets no busy answer (figures are not judged); the
+//! bare rmcp floor always measured (the test builds the example beside the
+//! binary; a `--bare-rmcp` that does not exist is reported, not fatal); daemons
+//! requiring a static token and a JWT (both refusing a create without it) each
+//! complete the same creations, with their CPU per create; the early polls of
+//! each poll phase come from the daemon's own `status --json` counters and the
+//! peak RSS and early-poll targets are present; `--compare` drives a second
+//! real daemon with the same no-op load, finds its process by its listening
+//! socket and reports the ratios; a `--compare` URL beyond loopback (an
+//! address, a name, https) and a concurrency past the keys' ranges are usage
+//! errors, refused before anything is created
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! bound and one past it. [`GUARDS`] names, for each bounded key of the
 //! key table (`[server]` … `[auth]`, `[[tool]]`, `[[auth.jwt]]`,
 //! `[[upstream]]`), the tests that do so (a test file's `file::name`, or a
-//! unit test's `src/….rs::name`), or why the key is a tunable rather than a limit on
+//! unit test's `src/….rs::name` or `crates/NAME/src/….rs::name`), or why the key is a tunable rather than a limit on
 //! what a client or a tool may do; a key added to the table without a row
 //! here fails `every_bounded_key_names_the_tests_that_enforce_it`, and so
 //! does a row naming a test that does not exist.
@@ -12,6 +12,29 @@
 //! `tasks.artifacts_max_total_bytes` filled to the byte, a tool's stderr at
 //! `max_stderr_bytes` and one byte past it, and `store.max_live_tasks_per_owner`
 //! as a client sees it (the store's side is in `tests/store_behaviour.rs`).
+//!
+//! Invariant 6 of the map: Every bound is a named constant or a config value,
+//! enforced at admission with a clear error. Guarded by:
+//! `tests/bounds.rs::every_bounded_key_names_the_tests_that_enforce_it` (the
+//! table of bounded keys and their tests, checked against the key table), with
+//! the bounds no other test reached: `tests/bounds.rs`
+//! (`tasks.artifact_max_bytes`, `tasks.artifacts_max_total_bytes`,
+//! `max_stdout_bytes`, `max_stderr_bytes`, `timeout_secs`,
+//! `store.max_live_tasks_per_owner` on the wire),
+//! `tests/store_behaviour.rs::the_per_owner_live_limit_refuses_only_that_owner_until_its_tasks_expire`,
+//! `tests/auth_credentials.rs::jwt_lifetime_and_leeway_are_enforced_at_their_bounds`;
+//! `config::tests::every_ranged_key_refuses_both_sides_of_its_range`,
+//! `config::tests::every_key_in_the_table_is_read`; `tests/store_behaviour.rs`
+//! (queue, live limit, sweep batch); `tests/mcp_limits.rs` and
+//! `tests/http_router.rs::a_request_past_the_concurrency_bound_gets_a_json_rpc_503`
+//! (connections, requests, running slots, legacy sessions, the header-read
+//! timeout); `tasks::polls` unit tests (pacing table and held polls bounded)
+//!
+//! What this file proves: every bounded key of the key table names the tests
+//! that enforce it at and past its limit (or why it is a tunable); a new bound
+//! without a row fails; the artifact bounds to the byte, stdout, stderr and the
+//! tool timeout at and past their bounds, the per-owner live bound as a client
+//! sees it
 
 mod common;
 
@@ -28,7 +51,8 @@ use taskgate::wire;
 /// How a bounded key is guarded.
 enum Guard {
     /// Tests that exercise it at the bound and past it: `file::name` for a
-    /// test of `tests/file.rs`, `src/path.rs::name` for a unit test.
+    /// test of `tests/file.rs`, `src/path.rs::name` (or
+    /// `crates/NAME/src/path.rs::name`) for a unit test.
     Enforced(&'static [&'static str]),
     /// Not a limit on input: a period, a default or a grace, with why.
     Tunable(&'static str),
@@ -58,8 +82,8 @@ const GUARDS: &[(&str, Guard)] = &[
     (
         "approvals.segment_max_bytes",
         Enforced(&[
-            "src/approvals/journal.rs::records_come_back_in_order_across_segments_after_a_reopen",
-            "src/approvals/journal.rs::records_past_the_frame_limit_are_refused_and_the_bounds_hold",
+            "crates/journal/src/lib.rs::records_come_back_in_order_across_segments_after_a_reopen",
+            "crates/journal/src/lib.rs::records_past_the_frame_limit_are_refused_and_the_bounds_hold",
         ]),
     ),
     (
@@ -344,11 +368,13 @@ fn every_bounded_key_names_the_tests_that_enforce_it() {
                 assert!(!names.is_empty(), "{key}: Enforced by no test");
                 for name in *names {
                     let (file, test) = name.rsplit_once("::").unwrap();
-                    // A unit test is named by its source file, a test of
-                    // tests/ by its file's stem.
-                    let shown = match file.strip_prefix("src/") {
-                        Some(_) => file.to_string(),
-                        None => format!("tests/{file}.rs"),
+                    // A unit test is named by its source file (in a
+                    // crate of crates/ too), a test of tests/ by its
+                    // file's stem.
+                    let shown = if file.starts_with("src/") || file.starts_with("crates/") {
+                        file.to_string()
+                    } else {
+                        format!("tests/{file}.rs")
                     };
                     let text = std::fs::read_to_string(root.join(&shown)).unwrap_or_default();
                     if !text.contains(&format!("fn {test}()")) {

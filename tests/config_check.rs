@@ -3,6 +3,12 @@
 //! directory's precedence made visible or refused, the operator client
 //! finding the configured daemon, and what the unit and the package do
 //! with all of it.
+//!
+//! What this file proves: `check --config-only` while a daemon serves and
+//! without touching the state directory, `[store] directory` against
+//! `StateDirectory=` refused, `call`/`task` find the configured daemon, the
+//! unit's `ExecStartPre=`/start limit and the postinst's check before the
+//! restart
 
 mod common;
 

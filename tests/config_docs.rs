@@ -1,6 +1,9 @@
 //! Everything an operator reads about a configuration key is rendered from
 //! the one table in src/config/keys.rs: the reference in docs/operations.md,
 //! the taskgate.toml(5) page, the starter file (and packaged conffile).
+//!
+//! What this file proves: operations.md's reference table and the man pages are
+//! the rendered key table
 
 mod common;
 

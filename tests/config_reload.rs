@@ -5,6 +5,16 @@
 //! what the reload did is seen through MCP (tools/list, calls, a running
 //! task), in what `taskgate reload` prints and, for the refusals that are
 //! the behaviour under test, in the log line that names them.
+//!
+//! What this file proves: SIGHUP to a real daemon (RELOADING=1 … READY=1): a
+//! changed tool applies while a running task goes on and completes; an invalid
+//! file keeps the old configuration; a changed startup-only key is refused by
+//! name. `taskgate reload` over the real admin socket: a redefined tool answers
+//! at once and what changed is printed; an invalid or unparsable file exits 78
+//! naming the key while the old settings serve on; a kept startup-only key is
+//! listed; 69 with no daemon; `[log] filter` made more verbose by a reload lets
+//! a debug event into the log, an invalid one is refused (78) and the filter in
+//! force stays, `TASKGATE_LOG` overrides the file
 
 mod common;
 

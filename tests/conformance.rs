@@ -8,6 +8,18 @@
 //! whole scenario) with its status and reason, a listed check must still
 //! report that status, and each scenario must report exactly the check ids
 //! recorded in tests/conformance/checks.txt.
+//!
+//! What this file proves: the official MCP conformance suite's Tasks scenarios
+//! and `server-stateless`, judged per check from each scenario's `checks.json`:
+//! only SUCCESS passes unless `tests/conformance/expected-failures.yaml` lists
+//! the check with its status and reason, a listed check must still report that
+//! status, and each scenario reports exactly the check ids of
+//! `tests/conformance/checks.txt`; its server-side authorization scenarios
+//! (none in the pinned version; each listed one run once and judged the same
+//! way; those that cannot pass by design named with reasons) and the Tasks
+//! scenarios and `server-stateless` again with `[auth]` on; the baseline's own
+//! format (one check per entry, each with a reason) without the suite; needs
+//! npm
 
 mod common;
 

@@ -4,6 +4,10 @@
 //! never renamed is removed; an artifact renamed into place for a task whose
 //! outcome never committed is removed with it, so `artifact_read` does not
 //! hand out the result of a task that reads failed.
+//!
+//! What this file proves: the daemon aborted at the two crash points around an
+//! artifact's rename: no leftover temporary, no artifact served for a task
+//! recovery ended
 
 mod common;
 

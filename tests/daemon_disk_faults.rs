@@ -10,6 +10,9 @@
 //!   the running daemon): the read that meets it disables the service the
 //!   same way, and the restart refuses the database (65) without changing
 //!   it.
+//!
+//! What this file proves: EIO injected into the running daemon's store thread
+//! on a creation's COMMIT; corruption met while serving; needs root
 
 mod common;
 

@@ -7,6 +7,61 @@
 //! upstream restarted, or taskgate did) is never asked about an old task;
 //! a cancel is retried once; a poll past the deadline cancels.
 //! Each case counts what reached the upstream from its own message log.
+//!
+//! Invariant 18 of the map: A durable submission is never sent twice
+//! automatically: once a route may have reached its upstream, a lost, late or
+//! untrusted answer, a crash or a restart leaves it `reconciliation_required`,
+//! and resubmitting its key returns the same route and sends nothing. Guarded
+//! by:
+//! `tests/durable_routes.rs::a_lost_answer_leaves_the_route_in_reconciliation_and_nothing_is_sent_again`,
+//! `tests/durable_routes.rs::a_crash_at_each_dispatch_step_is_recovered_without_a_second_send`
+//! (a crash after the prepared commit, after the dispatching commit and after
+//! the upstream's answer, each recovered by the same key with no second call
+//! reaching the upstream),
+//! `tests/route_store.rs::recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been`
+//!
+//! Invariant 20 of the map: An upstream task is only ever asked about on the
+//! session it was created on: after a reconnect of the upstream or a restart of
+//! taskgate, its route needs reconciliation and the new session never hears its
+//! ID. Guarded by:
+//! `tests/durable_routes.rs::a_new_upstream_session_is_never_asked_about_an_old_task`
+//! (the upstream's own log of `tasks/get` requests, unchanged after a provider
+//! restart and after a taskgate restart)
+//!
+//! Invariant 21 of the map: An answer taskgate cannot trust is never success: a
+//! missing echo of the execution envelope, or one that differs in the public
+//! ID, the request digest or the binding, or a poll answered for another task
+//! ID, leaves the route in reconciliation, never completed; a route gets at
+//! most two cancels, counted before they are sent. Guarded by:
+//! `tests/durable_routes.rs::an_echo_that_does_not_match_is_never_taken_for_success`,
+//! `tests/durable_routes.rs::a_poll_answer_for_another_task_or_with_a_wrong_or_missing_echo_never_ends_a_route`
+//! (mutation: drop the task-ID check in `route::answer_problem` → the route
+//! completes with the other task's result),
+//! `tests/durable_routes.rs::overlapping_polls_send_one_cancel_at_a_time_and_two_in_all`
+//! (mutation: drop `cancel_slot` → a second cancel while the first is in
+//! flight; the previous code, counting after sending, sent six),
+//! `route::tests::an_echo_must_match_in_every_identity`
+//!
+//! What this file proves: durable routes against the real daemon and a real
+//! Tasks-capable upstream (tests/interop/upstream_tasks.py in the mode each
+//! case needs, Landlock-confined), counting what reached it from its own
+//! message log: routed once and found again by idempotency key and public ID
+//! (one effect, the envelope echoed), a changed input under the same key
+//! refused, `tasks/update` refused; every refusal named by its rule with
+//! nothing sent (schema, lease, capability, provider interface, effect, bounds,
+//! input digest, arguments, Tasks not negotiated; 64 KiB of input and of output
+//! at and one byte past the bound); a lost answer (the upstream created the
+//! task and died) and an echo that does not match reconcile and are never sent
+//! again; a new upstream session, and a restart of taskgate, never asked about
+//! an old task; a lease expired across a restart stays expired; a cancel
+//! committed then retried once; a poll past the deadline cancels; a crash at
+//! each dispatch step (prepared, dispatching, answered) recovered without a
+//! second send, and one after a cancel attempt was counted leaving it counted
+//! with nothing sent; taskgate routed to another taskgate over stdio (echoing
+//! on every answer); liars: a poll answered for another task, with a changed or
+//! missing echo (and the weaker `creation_only` rule), overlapping polls during
+//! a cancel that never answers, a poll error followed by the verified result;
+//! the binding returned on submit and the provider's task ID never shown
 
 mod common;
 

@@ -9,6 +9,17 @@
 //! the same task with nothing sent again. The same server without the echo
 //! is fastmcp-tasks as it comes: its task is never taken for success.
 //! Each case counts what reached the server from its own logs.
+//!
+//! What this file proves: a durable route to a provider written with an
+//! independent SDK: FastMCP with fastmcp-tasks 4.1.4 from PyPI, unpatched
+//! (tests/interop/upstream_fastmcp_tasks.py via scripts/upstream-servers.sh,
+//! unconfined), which negotiates 2026-07-28 and advertises Tasks; its task-only
+//! tool's CreateTaskResult carries the echoed envelope, put there by a FastMCP
+//! middleware (fastmcp-tasks gives that result no `_meta`): described, leased,
+//! submitted, polled to completion, one call and one run counted from its own
+//! logs, a resubmission the same task with nothing sent again; the same server
+//! without the middleware (fastmcp-tasks as it comes) ends in reconciliation,
+//! never success, asked once
 
 mod common;
 

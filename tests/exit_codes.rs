@@ -2,6 +2,9 @@
 //! unit's `RestartPreventExitStatus=` is exactly the set of classes that
 //! prevent a restart, the operator commands exit with their documented
 //! codes, and a reader that goes away (`| head`) ends the output quietly.
+//!
+//! What this file proves: operator exit codes, the unit's
+//! `RestartPreventExitStatus=`, a closed stdout
 
 mod common;
 

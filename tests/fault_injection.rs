@@ -17,6 +17,30 @@
 //! `fdatasync`, no plain `write`): checked with `strace -f` on a child under
 //! load. `fdatasync`, `pwritev` and `pwritev2` are injected as well in case a
 //! later build switches.
+//!
+//! Invariant 7 of the map: An uncertain I/O error or corruption disables the
+//! task service until restart; a possibly committed write is never retried and
+//! its writer hears `Uncertain`; SQLITE_FULL is a capacity error and reads and
+//! cleanup keep working. Guarded by: `tests/fault_injection.rs` (the store;
+//! strace on its thread alone): EIO on the one sync of the COMMIT of a create,
+//! a finish and a cancel
+//! (`fsync_eio_on_a_creates_commit_is_uncertain_and_disables_the_store`,
+//! `fsync_eio_on_a_finishs_commit_is_uncertain_and_disables_the_store`,
+//! `fsync_eio_on_a_cancels_commit_is_uncertain_and_disables_the_store`: exactly
+//! one fault, on the WAL; that writer hears `Uncertain`, every later command
+//! `Disabled`, reads included), ENOSPC, a full tmpfs and the page cap as
+//! capacity errors; at the daemon, `tests/daemon_disk_faults.rs`:
+//! `fsync_eio_on_a_creates_commit_disables_the_task_service_and_a_restart_recovers`
+//! (the fault lands during the call, on its COMMIT: no handle, the `required`
+//! tool never runs, `/readyz`, task requests and `status` say disabled, a
+//! restart serves again) and
+//! `corruption_met_while_serving_disables_the_task_service_and_the_restart_refuses_it`
+//! (pages overwritten under the running daemon: the read meeting them disables
+//! the service, nothing more is written, the restart refuses with 65)
+//!
+//! What this file proves: strace on the store thread: EIO on the COMMIT of a
+//! create, a finish and a cancel (that writer hears `Uncertain`), ENOSPC; a
+//! real full tmpfs, the page cap; needs root
 
 mod common;
 

@@ -2,6 +2,15 @@
 //! paths, driven with `tower::ServiceExt::oneshot` against the router of a
 //! daemon opened in process by the real startup path
 //! (`service::Daemon::start`), over a real store.
+//!
+//! What this file proves: `/healthz`, `/readyz` (ready, stopping) and the 503
+//! paths, in process with `oneshot`; ten clients polling every 20 ms on tokio's
+//! paused clock are paced, never refused, and the store is read exactly once
+//! per 200 ms interval (`Store::task_reads` counted at every round and every
+//! due read; no timer is pending while the store thread reads, so the clock
+//! never moves during one); `service::run`, the in-process entry point, serves
+//! a real client over a listener the test bound and stops cleanly when its
+//! shutdown future resolves
 
 mod common;
 
@@ -27,6 +36,7 @@ struct Fixture {
     /// Holds the state directory's lock until the test ends.
     _daemon: Daemon,
     svc: Arc<TaskService>,
+    store: taskgate::store::Store,
     app: App,
     /// Notified when the `hold` tool has started a call.
     started: Arc<Notify>,
@@ -123,6 +133,7 @@ fn fixture() -> Fixture {
     Fixture {
         _root: root,
         svc: daemon.service().clone(),
+        store: daemon.store().clone(),
         app: daemon.app(),
         _daemon: daemon,
         started,
@@ -159,8 +170,7 @@ impl Fixture {
 
     /// Closes the store cleanly, as a stopping daemon does.
     async fn close(self) {
-        self.svc
-            .store()
+        self.store
             .shutdown()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -395,7 +405,7 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
         start,
         "the clock moved during a read"
     );
-    let reads_before = fx.svc.store().task_reads();
+    let reads_before = fx.store.task_reads();
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, StatusCode, Value)>();
     // A client polls again only once its last poll was answered.
@@ -438,7 +448,7 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
                 answer(&mut waiting, &mut answered).await;
             }
             assert_eq!(
-                fx.svc.store().task_reads() - reads_before,
+                fx.store.task_reads() - reads_before,
                 u64::from(interval) - 1,
                 "a poll read the store early, round {round} of interval {interval}"
             );
@@ -449,7 +459,7 @@ async fn early_polls_are_paced_never_refused_and_the_store_is_read_once_per_inte
             answer(&mut waiting, &mut answered).await;
         }
         assert_eq!(
-            fx.svc.store().task_reads() - reads_before,
+            fx.store.task_reads() - reads_before,
             u64::from(interval),
             "interval {interval}: not one store read"
         );

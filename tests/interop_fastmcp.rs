@@ -7,6 +7,13 @@
 //! `pollIntervalMs`, however fast it polls: the daemon's own count of task
 //! reads (`taskgate status --json`), asked once the client has its result
 //! and before the daemon stops, with that task the only one it holds.
+//!
+//! What this file proves: an independent client, FastMCP with fastmcp-tasks
+//! 4.1.4 from PyPI (unpatched; it polls from 20 ms and omits `Mcp-Name` on
+//! `tasks/get`), over HTTP and stdio: it gets its task's result and the store
+//! is read about once per `pollIntervalMs` (the daemon's own `task_reads` from
+//! `status --json`, asked once the client has its result and before the daemon
+//! stops, with that task the only one it holds); needs python3-venv
 
 mod common;
 

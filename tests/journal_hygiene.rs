@@ -2,6 +2,9 @@
 //! client got wrong are the client's errors, not warnings in our log, and
 //! the messages an operator reads carry their values in the text (the
 //! journal shows only the text unless asked for every field).
+//!
+//! What this file proves: client mistakes leave no warning in the log; start
+//! and ready messages carry their values in the text
 
 mod common;
 

@@ -14,6 +14,37 @@
 //!
 //! `TASKGATE_KILL_ROUNDS` sets the number of rounds (default 50, at least
 //! 20); `TASKGATE_KILL_SEED` replays the kill delays of an earlier run.
+//!
+//! Invariant 2 of the map: A task handle reaches a client only after its row is
+//! committed (synchronous=FULL); the tool starts only after that commit.
+//! Guarded by: `tests/kill_durability.rs::acknowledged_tasks_survive_sigkill`
+//! (the store under 50 random SIGKILLs; one kill in 20 at least must cut off
+//! committed rows' answers); at the daemon,
+//! `tests/mcp_durability.rs::every_handle_a_client_received_names_a_committed_row_across_a_sigkill`
+//! (eight clients, SQLite's writes slowed 10 ms each by strace so that an
+//! answer sent before its COMMIT is received before the frames reach the
+//! kernel, SIGKILL, every handle read back after the restart);
+//! `tests/fault_injection.rs::fsync_eio_on_a_creates_commit_is_uncertain_and_disables_the_store`
+//! (the create whose COMMIT's sync failed is never acknowledged);
+//! `tests/shutdown.rs::a_stop_under_load_answers_every_call_and_loses_no_handle`;
+//! `tests/conformance.rs::official_conformance_suite_tasks_scenarios` (the
+//! suite's Tasks scenarios)
+//!
+//! Invariant 24 of the map: An approval decision is acknowledged only once its
+//! journal record is synced: no kill loses an acknowledged proposal or
+//! approval. Guarded by:
+//! `tests/kill_durability.rs::acknowledged_decisions_survive_sigkill`,
+//! `tests/approvals.rs::a_decision_whose_journal_sync_fails_is_refused_and_disables_approvals_until_restart`
+//! (EIO injected on the journal's sync by a test hook),
+//! `src/approvals/gate.rs::a_decision_whose_sync_failed_is_never_acknowledged_and_disables_the_gate`
+//!
+//! What this file proves: slow: 50 SIGKILL rounds (`TASKGATE_KILL_ROUNDS`,
+//! replay with `TASKGATE_KILL_SEED`) of the task store under concurrent
+//! creates, and 50 of the approval journal under concurrent proposals and
+//! approvals (segments of 64 KiB, so kills land in rotations too): after each
+//! kill every acknowledged row or decision is there, and at least one kill in
+//! 20 cut off synced work's answer (each writer passes its answer on 2 ms late,
+//! as over a network, so the window is probed on fast disks too)
 
 mod common;
 

@@ -1,6 +1,44 @@
 //! What makes tasks durable, through the real daemon over HTTP: a crash
 //! never re-runs a command, large results survive restarts, a repeated
 //! creation returns the same task, and raw arguments never reach the disk.
+//!
+//! Invariant 3 of the map: After a restart nothing is replayed: a nonterminal
+//! task becomes failed with an interruption error (cancelled if its cancel was
+//! committed), and what is served matches what was committed. Guarded by:
+//! `tests/mcp_durability.rs::a_crash_fails_the_running_task_keeps_the_finished_one_and_never_reruns`,
+//! `tests/store_behaviour.rs::restart_fails_running_tasks_and_keeps_finished_ones`,
+//! `tests/store_behaviour.rs::a_committed_cancel_ends_cancelled_after_a_restart`,
+//! `tests/crash_recovery.rs` (both artifact crash points),
+//! `tests/migration.rs::v1_fixture_migrates_with_rows_intact`
+//!
+//! Invariant 4 of the map: Raw tool arguments, tokens and credentials are never
+//! stored; references and owners are sha256 digests. Guarded by:
+//! `tests/mcp_durability.rs::raw_arguments_and_operation_ids_never_reach_the_disk`,
+//! `tests/mcp_durability.rs::raw_arguments_and_operation_ids_never_reach_the_log_at_debug`
+//! and
+//! `tests/mcp_durability.rs::raw_arguments_and_operation_ids_never_reach_the_log_at_trace`
+//! (every file of the state directory — database, WAL, `-shm`, `tasks.lock`,
+//! artifacts — and the log scanned for marker strings carried by tasks, failing
+//! tasks, synchronous calls, and calls refused for their schema, for an
+//! operation ID reused with other arguments and for their size; the log must
+//! hold events of the level asked for: the store thread's `store batch` event
+//! is the trace level's); static secrets and JWTs, whole and in parts, after
+//! calls, polls, cancels, refusals and a reload, and the arguments of a call
+//! refused for its scope, in every file of the state directory and the debug
+//! and trace logs:
+//! `tests/auth_http.rs::no_secret_or_jwt_reaches_the_disk_or_the_debug_log`,
+//! `tests/auth_http.rs::no_secret_or_jwt_reaches_the_log_at_trace`; by type,
+//! the store API takes only `Digest` for owners, references and requests; logs
+//! carry an 8-digit owner tag at most; for durable routes,
+//! `tests/durable_routes.rs::a_submission_is_routed_once_and_found_again_by_its_key_and_its_id`
+//! (the routes' bindings and reasons in the database, and `routes show`, hold
+//! no argument value)
+//!
+//! What this file proves: kill -9 mid-task and nothing re-run after it (the
+//! restarted daemon's own count of runs started, `status --json`, is 0 once
+//! READY=1 came; the tool's marker read after a clean stop that waited for
+//! every run), spilled results across a restart, operation references, no raw
+//! argument on disk
 
 mod common;
 

@@ -1,5 +1,31 @@
 //! Bounds of the serving side, enforced for real: connections, concurrent
 //! requests, running tasks, and the expiry of spilled results.
+//!
+//! Invariant 12 of the map: A client holds request slots only while its request
+//! is served: not while it sends its head (header-read timeout), nor its body
+//! (read before a slot is taken, with its own timeout), nor while idle; legacy
+//! sessions are bounded and give their memory back when they expire. Guarded
+//! by:
+//! `tests/mcp_limits.rs::{silent_slow_and_idle_connections_are_closed_after_the_header_read_timeout,
+//! dribbled_bodies_hold_no_request_slot_and_are_cut_off_after_the_body_read_timeout,
+//! legacy_sessions_past_the_bound_get_a_json_rpc_503_until_idle_ones_expire,
+//! memory_taken_by_legacy_sessions_is_returned_after_they_expire}`
+//!
+//! What this file proves: connections, concurrent requests, running slots
+//! (synchronous runs hold them too; polls and cancels have their own request
+//! budget), header-read timeout on silent, slow and idle connections, dribbled
+//! bodies (no slot held; 408 after the body timeout; `/readyz` truthful), the
+//! legacy session bound and memory returned after expiry, required tools at
+//! capacity and counted fallbacks, output caps ending a call at once; spilled
+//! results go when their task expires; the client's bounded retry of busy
+//! answers (the wait each answer asks for is proven on a paused clock in
+//! `client::tests`); "at once" shown by events, not elapsed time: a refusal
+//! arrives while the tool holding the slot waits on a pipe the test never (or
+//! only later) writes, a capped call answers while its tool would wait on such
+//! a pipe for good, and no process of it is left; a retry with its operation ID
+//! gets its task with every slot busy or its owner at its limit (forty at once
+//! too), and never runs synchronously while the store is busy
+//! (`TASKGATE_TEST_BUSY_FILE`)
 
 mod common;
 
@@ -375,7 +401,7 @@ fn spilled_results_go_when_their_task_expires() {
         svc.sweep_artifacts(64).await;
         assert!(!artifact(&short).exists(), "kept after its task expired");
         assert!(artifact(&long).exists(), "swept while its task lives");
-        svc.store().shutdown().await.unwrap();
+        daemon.store().shutdown().await.unwrap();
     });
     drop(daemon);
 }

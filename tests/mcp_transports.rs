@@ -8,6 +8,18 @@
 //! task ID get byte-for-byte the same error.
 //!
 //! Every process runs behind a timeout and is killed when its guard drops.
+//!
+//! Invariant 11 of the map: Malformed input gets a JSON-RPC error with the code
+//! the specification fixes, on every transport, and loses nothing: the
+//! connection or session goes on. Guarded by:
+//! `tests/mcp_transports.rs::{http,stdio}_malformed_messages_get_json_rpc_errors`
+//! (over HTTP also all of them, then a good request, on one keep-alive
+//! connection that none may close), `mcp::screen::tests`, `mcp::stdio::tests`;
+//! the seeded fuzzer `tests/fuzz_requests.rs`
+//!
+//! What this file proves: HTTP and stdio: lifecycle, cancel kills the group,
+//! legacy sessions, clients without Tasks, identical unknown/foreign/expired
+//! answers, JSON-RPC errors for malformed messages
 
 mod common;
 

@@ -3,6 +3,18 @@
 //! checked by `promtool`, with every count matching what was done; who may
 //! read it when credentials are configured; and the shipped alert rules and
 //! dashboard, which must parse and name only metrics the daemon exposes.
+//!
+//! What this file proves: `/metrics` after a known workload (synchronous calls,
+//! tasks polled to the end, an `isError` result, an unknown tool), parsed by a
+//! Prometheus text parser and checked by `promtool check metrics`, every count
+//! matching what was done, no task ID or unconfigured name in it, only known
+//! label names; OpenMetrics when asked for; with credentials: 401 without one,
+//! 403 without `metrics:read`, each refusal counted by reason;
+//! `docs/monitoring/`'s alert rules pass `promtool check rules`; after
+//! approvals (proposed, approved, spent, rejected, waiting, cancelled),
+//! upstream calls (one upstream dying mid-call) and a durable route, the
+//! approval, upstream and route series hold exact values and the rules and
+//! dashboard name only metrics that scrape exposes (none added by hand)
 
 mod common;
 
@@ -13,11 +25,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::prereq::require_tool;
+use common::tokens::secret;
 use common::upstream::{INTEROP, Place, error_name, is_ready, task_id, text, wait_upstream};
 use common::*;
 use prometheus_parse::{Sample, Scrape, Value as Metric};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 /// One GET of `/metrics`: (status, content type, body).
 fn scrape_raw(port: u16, headers: &str) -> (u16, String, String) {
@@ -253,23 +265,13 @@ fn a_scrape_after_a_known_workload_counts_what_was_done() {
     );
 }
 
-fn secret(seed: char) -> String {
-    format!("tgk_{}", seed.to_string().repeat(43))
-}
-
+/// Tokens of one tenant, each its own subject: (id, seed, scopes).
 fn tokens_file(path: &Path, tokens: &[(&str, char, &[&str])]) {
-    let mut text = String::new();
-    for (id, seed, scopes) in tokens {
-        let digest = Sha256::digest(secret(*seed).as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
-        text += &format!(
-            "[[token]]\nid = {id:?}\nhash = \"sha256:{hex}\"\ntenant = \"acme\"\nsubject = {id:?}\nscopes = [{}]\n\n",
-            scopes.join(", ")
-        );
-    }
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let all: Vec<common::tokens::Token> = tokens
+        .iter()
+        .map(|(id, seed, scopes)| (*id, *seed, "acme", *id, *scopes))
+        .collect();
+    common::tokens::tokens_file(path, &all);
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! The committed v1 fixture migrates to v2 with its rows intact, and a crash
 //! between the migration's statements leaves v1 intact.
+//!
+//! What this file proves: the committed v1 fixture migrates; a crash
+//! mid-migration leaves v1
 
 mod common;
 

@@ -5,6 +5,29 @@
 //! rewrites it), the man pages (generated and hand-written) reference only
 //! pages that exist and have the sections an operator looks for, and the
 //! bash completion is generated.
+//!
+//! `scripts/build-deb.sh` builds the release binary, renders the man pages
+//! (`taskgate man --out`, hidden: taskgate(1), one page per command, and
+//! taskgate.toml(5) from the key table; the two runbook pages `packaging/*.8`
+//! are hand-written) into cargo's target directory (`CARGO_TARGET_DIR`
+//! honoured: the assets name `target/release/…`, which cargo-deb reads from
+//! wherever cargo builds), and runs cargo-deb with the metadata in
+//! `Cargo.toml`: the unit from `systemd/`, maintainer scripts, the conffile
+//! `packaging/taskgate.toml` (identical to `taskgate init --state-dir
+//! /var/lib/taskgate`, checked by a test), the runbooks. lintian must report
+//! nothing. `scripts/system-test.sh` installs the package in a booted Debian 12
+//! container (systemd-nspawn) and checks the unit, the lock, the watchdog,
+//! backup/restore, upgrade and purge, and tool confinement under the unit (a
+//! probe tool denied the state directory, a `setsid` grandchild gone after a
+//! cancel and after SIGKILL of the main process, a bounded fork bomb ended by
+//! `max_processes` while `/healthz` answers, the running unit's exposure
+//! score).
+//!
+//! What this file proves: the copyright file covers every linked crate as
+//! Cargo.lock pins it; man pages name real commands, reference only shipped
+//! pages and have the operator sections; bash completion is generated; the
+//! package's built files are read from cargo's target directory
+//! (`target/release/` assets, no fixed `target/` path in scripts/build-deb.sh)
 
 mod common;
 
@@ -45,7 +68,8 @@ fn metadata() -> Value {
 
 /// The packages linked into the binary: reachable from taskgate through
 /// normal dependencies (build scripts' and tests' dependencies are not
-/// linked), without taskgate itself and its workspace's crates.
+/// linked), without taskgate itself and the workspace's other crates
+/// (crates/*: taskgate's own code, which `Files: *` covers).
 fn linked(meta: &Value) -> Vec<&Value> {
     let packages: BTreeMap<&str, &Value> = meta["packages"]
         .as_array()
@@ -77,11 +101,14 @@ fn linked(meta: &Value) -> Vec<&Value> {
             }
         }
     }
-    // The workspace's crates are taskgate's own code, under the copyright
-    // file's own paragraph.
-    for member in meta["workspace_members"].as_array().unwrap() {
-        seen.remove(member.as_str().unwrap());
-    }
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert!(members.contains(root), "{root} is no workspace member");
+    seen.retain(|id| !members.contains(id));
     let mut out: Vec<&Value> = seen.iter().map(|id| packages[id]).collect();
     out.sort_by_key(|p| {
         (

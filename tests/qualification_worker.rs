@@ -1,6 +1,15 @@
 //! The qualification worker as the durable route will run it: the real
 //! binary as a child process, its request on stdin, judged afterwards by
 //! the independent check and never by its exit status alone.
+//!
+//! What this file proves: the real `taskgate qualification-worker` run as a
+//! child process: its artifacts pass the independent check and are removed by
+//! `remove_owned`; a run with `fault: "change-identity"` exits 0 and is still
+//! rejected; `fault: "escape"` and a request past 64 KiB are refused with one
+//! line on stderr, their exit class, and nothing written; the ledger counts
+//! every process (a second run that left nothing, a request refused unread);
+//! declared artifact and runtime bounds are the worker's own refusals; each
+//! `--liar` really lies
 
 use std::io::Write;
 use std::path::Path;

@@ -1,6 +1,24 @@
 //! The routes kind of the store on real SQLite files, on a manual clock:
 //! its bounds, its idempotency, its sweep, its phase changes and its
 //! restart recovery (what a crash at each phase boundary leaves).
+//!
+//! Invariant 19 of the map: A route's binding is committed before the upstream
+//! is contacted, and raw arguments are never stored: the store keeps the
+//! canonical binding with the arguments' digest, and the same caller, key and
+//! binding find the committed route again. Guarded by:
+//! `tests/route_store.rs::idempotency_is_per_caller_and_bound_to_the_binding`,
+//! `tests/durable_routes.rs::a_submission_is_routed_once_and_found_again_by_its_key_and_its_id`
+//! (one effect upstream, the envelope it received naming the public ID, `routes
+//! show` without the argument's value)
+//!
+//! What this file proves: the routes kind on a real SQLite file: 4,096 routes
+//! in all and 256 unexpired per caller (the next refused as route capacity), a
+//! submission sweeping at most 128 expired routes oldest first, expired routes
+//! unreadable, another caller's route indistinguishable from an unknown one,
+//! the upstream task ID written once, a cancel intent kept when the upstream's
+//! ID arrives, restart recovery at each phase (prepared ends not dispatched,
+//! dispatching needs reconciliation, routed keeps its session), and a failed
+//! route sweep that leaves the live-task count as the file holds
 
 mod common;
 

@@ -9,6 +9,19 @@
 //!
 //! `TASKGATE_SHUTDOWN_ROUNDS` sets the SIGTERM-upon-READY rounds (default
 //! 30); `TASKGATE_SHUTDOWN_LOAD_ROUNDS` the stops under load (default 3).
+//!
+//! Invariant 9 of the map: A stop is clean whenever it comes: no call is
+//! admitted once stopping began, and every admitted call gets its real answer.
+//! Guarded by: `tests/shutdown.rs` (SIGTERM the moment READY arrives, 30
+//! rounds; a call after stopping began runs nothing, and the task running when
+//! it began is recorded failed before the exit; a stop under load loses no
+//! handle; an answer still being sent when the listener closes is sent whole),
+//! `tests/http_router.rs::a_call_while_stopping_is_refused_with_the_stopping_error`
+//! (bounded: an admitted call fails it, never hangs it)
+//!
+//! What this file proves: defects that stopping had: SIGTERM at READY, calls
+//! admitted while stopping, in-flight calls cut off under load; a stop that
+//! does not wait for running tasks, an answer cut off when the listener closes
 
 mod common;
 

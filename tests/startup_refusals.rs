@@ -1,6 +1,23 @@
 //! Every refused start, produced for real against the real binary: each
 //! exits with its own code and one line naming the problem, and leaves
 //! every file of the state directory as it was.
+//!
+//! Invariant 8 of the map: Every refused start has its own class and exit code
+//! and leaves the files as they were (the one file it may create is a missing
+//! `tasks.lock`, empty and private, because the lock needs it). Guarded by:
+//! `tests/startup_refusals.rs` (every class; every file of the state directory
+//! compared: names, modes, owner, contents, link targets;
+//! `a_refused_start_creates_nothing_but_a_missing_lock_file`; the artifacts
+//! directory, which comes after the schema step, is inspected before the first
+//! write:
+//! `an_artifacts_directory_serve_cannot_write_refuses_before_anything_is_written`,
+//! for a start that would initialise, migrate, or record the store in the lock
+//! file),
+//! `tests/migration.rs::crash_between_migration_statements_leaves_v1_intact`,
+//! `tests/exit_codes.rs::restart_prevent_exit_status_lists_exactly_the_non_retryable_classes`
+//!
+//! What this file proves: every refusal class through the real binary; the
+//! whole state directory unchanged
 
 mod common;
 

@@ -5,6 +5,22 @@
 //! Time-dependent tests run the store on a manual clock and move it forward
 //! instead of waiting: the store's timers (the once-a-second sweep) run on
 //! that clock too, at the latest after the batch of the next command.
+//!
+//! Invariant 5 of the map: Unknown, expired and another owner's task IDs give
+//! the same answer. Guarded by:
+//! `tests/store_behaviour.rs::unknown_expired_and_foreign_ids_look_the_same`;
+//! on the wire, byte for byte:
+//! `tests/mcp_transports.rs::{http,stdio}_foreign_expired_and_unknown_ids_get_identical_errors`
+//! (the expired task is held from the sweep and read back as a row after the
+//! daemon stops, so it was expired, not gone, when asked for); across tenants
+//! with real tokens (get, cancel, update, `artifact_read`):
+//! `tests/auth_http.rs::another_tenants_task_reads_exactly_like_an_unknown_one`
+//!
+//! What this file proves: queue, expiry and retention by the manual clock (a
+//! sweep skipping tables with nothing due never hides an expired row, also
+//! after a restart), a run's outcome sharing the next creation's commit,
+//! limits, references, once-only completion, cancel intent, recovery, an
+//! opening given up before recovery, spans into the store thread
 
 mod common;
 

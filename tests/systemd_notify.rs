@@ -3,6 +3,11 @@
 //! READY=1 and STATUS= after startup, WATCHDOG=1 while the store thread
 //! answers and, while it hangs, none but a STATUS= notice for each ping
 //! withheld, STOPPING=1 on SIGTERM, then exit 0.
+//!
+//! What this file proves: READY/STATUS/WATCHDOG/STOPPING on a real datagram
+//! socket; a hung store thread stops the pings: consecutive `WATCHDOG WITHHELD`
+//! notices with no WATCHDOG=1 and no other STATUS= between them (the socket's
+//! order, no time window), then pings and the counts back once it answers
 
 mod common;
 

@@ -6,6 +6,34 @@
 //! These tests start real processes that misbehave on purpose (a `setsid`
 //! grandchild, a fork bomb, a large file write, a memory hog); they scan
 //! /proc for the processes they started.
+//!
+//! Invariant 13 of the map: No admin operation is reachable from a tool or
+//! anything it starts: every admin request must carry the start's key, which
+//! lives only in the state directory (never granted to a confined tool) and in
+//! the memory of non-dumpable processes (daemon, shim, admin client); an
+//! unconfined tool and a daemon running as root are outside this guarantee.
+//! Guarded by:
+//! `tests/tool_confinement.rs::a_tool_cannot_use_the_admin_socket_at_its_real_path`
+//! (the probe also tries as the key every run of 64 hex digits in its
+//! environment and its own and its shim's command line, and none may be there),
+//! `tests/admin.rs::requests_without_this_starts_admin_key_are_refused_alike`,
+//! `tests/tool_confinement.rs::a_tool_cannot_read_the_daemon_or_its_shim_through_proc`
+//!
+//! What this file proves: slow: a `setsid` grandchild dies with cancel and with
+//! `kill -9` of the daemon; fork bomb, 10 GiB write, memory hog and CPU spinner
+//! each end `TG_TOOL_LIMIT` naming the key while `/healthz` answers; a confined
+//! tool gets EACCES for the store, another task's artifact, the daemon's
+//! environ and undeclared paths (and the same probes succeed unconfined); a
+//! confined tool connecting to the admin socket by its real path (runtime
+//! directory and state directory) is refused `status`, `snapshot` and `reload`
+//! and no snapshot appears; run as an unprivileged service user (`useradd`, a
+//! private copy of the binary), a tool granted `/proc`, confined or not, gets
+//! EACCES for the daemon's and the shim's environ, mem and maps; `[tools]`
+//! limits apply to a tool that leaves them out and a tool's own value overrides
+//! them; `[tools]` values out of range (file or environment), relative or
+//! overlapping the state directory refuse with 78 naming the key; `check`,
+//! `status` (text and `--json`) and the log say which confinement is in force,
+//! and the option-injection warning reaches the log at warn
 
 mod common;
 

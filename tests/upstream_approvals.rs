@@ -8,6 +8,14 @@
 //! the schema lacks withholds the tool, named by `status` and `upstream
 //! show`, and every new tool list checks it again; durable routes never
 //! offer such a tool. The upstream's message log counts what it received.
+//!
+//! What this file proves: an upstream tool marked `approval = "required"`,
+//! through the real daemon and the hostile server's drift tool (its change
+//! announced by `notifications/tools/list_changed`): held, approved, run
+//! upstream once (the upstream's message log counted), rejected never sent;
+//! another argument or a re-pinned description not covered; a preview field the
+//! schema lacks withholds it (named by `status` and `upstream show`),
+//! re-checked at each new list and reload; never routed durably
 
 mod common;
 

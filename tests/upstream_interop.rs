@@ -8,6 +8,34 @@
 //! `kill -9` of taskgate as failed/interrupted and ran exactly once; and
 //! tenancy holds across the hop, the caller's token never reaching the
 //! upstream.
+//!
+//! Invariant 16 of the map: A caller's identity and credential never reach an
+//! upstream: taskgate calls it as itself, with its own credential from
+//! `bearer_token_file`, and another owner's task of an upstream tool answers
+//! exactly like an unknown one. Guarded by:
+//! `tests/upstream_interop.rs::tenancy_holds_across_the_hop_and_the_callers_token_never_reaches_the_upstream`
+//! (every header the upstream received, scanned for the callers' secrets and
+//! any part of them)
+//!
+//! Invariant 17 of the map: A task of an upstream tool is committed before its
+//! handle is returned and never sent to the upstream again: after a `kill -9`
+//! it reads `failed` with `TG_TASK_INTERRUPTED`, and the upstream ran it once.
+//! Guarded by:
+//! `tests/upstream_interop.rs::a_marked_tool_of_an_upstream_without_tasks_survives_kill_9_as_interrupted_and_ran_once`
+//! (a 2025-11-25 TypeScript SDK server with no Tasks of its own; its marker
+//! file, read after a round trip on the new connection)
+//!
+//! What this file proves: upstreams taskgate did not write: FastMCP (PyPI) and
+//! the TypeScript SDK (npm), each over stdio and HTTP, and another taskgate
+//! over stdio and over HTTPS (its authority's certificate in `ca_file`,
+//! taskgate's bearer credential from `bearer_token_file`; without `ca_file`,
+//! never connected, the certificate named in `last_error`), listed, called
+//! synchronously and as taskgate tasks, cancelled (the cancellation reaching
+//! the server where it stops on one), failed, a spilled result read back; a
+//! marked tool of a 2025-11-25 server surviving `kill -9` as interrupted and
+//! run once; tenancy across the hop, the callers' tokens never in the headers
+//! the upstream received; needs python3-venv, node and npm
+//! (`scripts/upstream-servers.sh install`)
 
 mod common;
 

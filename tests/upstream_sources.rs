@@ -8,6 +8,43 @@
 //! removed one finishes. The upstreams here are the misbehaving stdlib
 //! server (tests/interop/upstream_hostile.py), confined by Landlock as a
 //! command tool is; the independent SDKs are in tests/upstream_interop.rs.
+//!
+//! Invariant 14 of the map: A tool an upstream changed after the operator
+//! pinned it is never offered or called until it is reviewed and pinned again:
+//! it is withheld from `tools/list`, a call gets `TG_UPSTREAM_TOOL_WITHHELD`
+//! with nothing sent, and the change is logged. Guarded by:
+//! `tests/upstream_sources.rs::a_tool_changed_after_its_pin_is_withheld_until_reviewed_and_pinned_again`
+//! (the change shown as JSON-pointer lines by `upstream show`, `pin --expect`
+//! refusing a digest that moved again, the tool served after the new pin and a
+//! reload); `upstream::digest` unit tests (RFC 8785's own example, every part
+//! counting, key order and number spelling not)
+//!
+//! Invariant 15 of the map: A misbehaving upstream ends each call in a bounded,
+//! named error and stalls nothing else: one that dies mid-call, hangs, answers
+//! 100 MiB or garbage, refuses, lists 100,000 tools or never finishes the
+//! handshake costs its own callers a `TG_UPSTREAM_*` error within its bounds,
+//! while the other upstreams, the command tools and `/healthz` go on and the
+//! daemon's memory stays bounded; past `max_concurrent_requests` a call is
+//! refused with nothing sent. Guarded by:
+//! `tests/upstream_sources.rs::hostile_upstreams_end_in_bounded_named_errors_while_the_rest_keeps_working`,
+//! `tests/upstream_sources.rs::the_concurrency_bound_refuses_past_it_sending_nothing_and_a_caller_leaving_cancels_upstream`,
+//! the `upstream::transport` unit test
+//! `whole_json_lines_pass_and_anything_else_ends_the_stream` (lines at the
+//! limit pass, longer ones, non-JSON and a tool list past `max_tools` end the
+//! stream)
+//!
+//! What this file proves: upstream MCP servers against the real daemon, using
+//! the misbehaving stdlib server `tests/interop/upstream_hostile.py` confined
+//! as a command tool is: servers that die mid-call, hang, answer 100 MiB or
+//! garbage, refuse, list 100,000 tools (paged and in one page) or never answer
+//! the handshake each end in their named bounded error while the other tools
+//! and `/healthz` work, over stdio and over HTTP (where the caller's message
+//! quotes neither the client library nor the upstream's bytes), and READY waits
+//! for none of them; `max_concurrent_requests` at and past its bound (nothing
+//! sent past it, a caller leaving cancels upstream); a tool changed after its
+//! pin withheld until reviewed and pinned again (`upstream show` diff, `pin
+//! --expect`); a reload adding, reconnecting and removing upstreams while a
+//! call on a removed one finishes; needs python3
 
 mod common;
 

@@ -4,6 +4,16 @@
 //! against lying workers (the test hook `TASKGATE_TEST_LYING_WORKER`):
 //! each lie must fail the check that names what it breaks, and the
 //! command must exit non-zero.
+//!
+//! What this file proves: `taskgate verify --durable-tasks` as an operator runs
+//! it (the real binary, its embedded provider and worker as child processes,
+//! `TMPDIR` private): exit 0 with a PASS result naming every check with its
+//! evidence (the same public ID and provider session across the router's
+//! reopen, the verifier's rejection of the exit-zero fault run, the provider's
+//! counts), the summary on stderr; each lying worker fails the check that names
+//! its lie, nothing left in the temporary directory; without `--durable-tasks`
+//! a usage error, and an unusable temporary directory refused (74) with nothing
+//! on stdout
 
 mod common;
 

@@ -39,10 +39,48 @@
 //! and closed, and at most [`MAX_CONNECTIONS`] connections are served at
 //! once (the next is told so and closed), so a hostile neighbour that
 //! idles, dribbles or floods holds nothing but its own connection.
+//!
+//! Owns the private admin socket. `mod.rs`: the protocol (one JSON request
+//! line, one answer line per connection), its named bounds (16 KiB request, 3 s
+//! read and write timeouts, 8 connections) and where the socket lives
+//! (`$RUNTIME_DIRECTORY/admin.sock`, else the state directory; an `admin
+//! <path>` line in `tasks.lock` tells clients) and the admin key (`AdminKey`:
+//! 32 random bytes made at each start, kept in memory and on the `admin-key`
+//! line of `tasks.lock` only, compared in constant time; `split_request` takes
+//! it out of a request line, `keyed_request` puts it in). `server.rs`: bound
+//! only once the lifetime lock is held (a dead socket of ours is replaced,
+//! anything else left alone), served from READY until the store closes, removed
+//! at a clean stop (a stop waits 10 s for connections; a snapshot still copying
+//! then is abandoned by the closing store, and the stop waits, bounded, for its
+//! connection to remove `DEST` before the process ends); peer credentials
+//! checked before anything is read (own uid or root), then the request's key
+//! before its operation is looked at (a tool runs as the service user and
+//! passes the uid check; a missing or wrong key gets one refusal line, the same
+//! for both, logged at warn without the key); status built from `TaskService`
+//! and `Store` handles (counts included: tool runs started since the start,
+//! `TaskService::runs_started`, and task reads asked of the store,
+//! `Store::task_reads`, and the early polls held or answered from memory,
+//! `TaskService::early_polls`), a stat of the WAL and the current tools'
+//! `tools::confine::Confinement`, never from SQLite; an online snapshot is
+//! destination checks → `Store::snapshot` (SQLite's backup API on the store
+//! thread, 256 pages per step with the queue served between steps; a snapshot
+//! error never disables the store) → `backup::seal`; a `reload` request is
+//! handed to the serving process on a bounded channel (`ReloadReply`, a oneshot
+//! for the outcome) and answered with what that reload did, or with the
+//! refusal's class; an `upstreams` request is answered with every upstream's
+//! status (one upstream's with each tool's digest, pin and description, for
+//! `taskgate upstream show` and `pin`). `client.rs`: `taskgate status`, `backup
+//! --online`, `taskgate reload` and the upstreams, exit classes 1/69/76/77/78;
+//! makes itself non-dumpable, reads the key from `tasks.lock` and sends it only
+//! to the socket recorded beside it. Knows no rmcp, opens no SQLite.
 
 pub mod client;
 pub mod server;
 
+pub use crate::ops::{
+    Fallbacks, MAX_LISTED_ROUTES, PartStatus, Queue, Reloaded, RouteStatus, SnapshotDone,
+    TaskCounts,
+};
 pub use crate::tasks::{ApprovalsStatus, Decision};
 use std::path::{Path, PathBuf};
 
@@ -218,6 +256,13 @@ pub struct AdminError {
     pub message: String,
 }
 
+/// A refusal of ops, with the exit class ops decided for it.
+impl From<&crate::ops::OpsError> for AdminError {
+    fn from(e: &crate::ops::OpsError) -> AdminError {
+        AdminError::new(e.respond().exit, e.to_string())
+    }
+}
+
 impl AdminError {
     pub fn new(class: ExitClass, message: impl Into<String>) -> AdminError {
         AdminError {
@@ -317,114 +362,5 @@ pub struct Status {
     pub approvals: Option<crate::tasks::ApprovalsStatus>,
 }
 
-/// Routes an operator listing holds at most.
-pub const MAX_LISTED_ROUTES: u32 = 500;
-
-/// A durable route as the operator sees it: where it stands and why, never
-/// its arguments (taskgate does not keep them).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouteStatus {
-    pub id: String,
-    /// The first 8 hex digits of the caller's identity digest.
-    pub owner: String,
-    pub upstream: String,
-    pub capability: String,
-    pub phase: String,
-    /// What the caller reads: working, completed, failed or cancelled.
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coordinator: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream_task_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cancel_reason: Option<String>,
-    pub cancel_attempts: i64,
-    pub cancel_acknowledged: bool,
-    /// Whether the caller is told the route needs reconciliation (an
-    /// unacknowledged cancel, or an unknown outcome).
-    #[serde(default)]
-    pub reconciliation_required: bool,
-    /// The echo rule of its upstream now (`every_answer` or
-    /// `creation_only`), when the upstream is still configured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub route_echo: Option<String>,
-    /// provider or broker, once terminal.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decided_by: Option<String>,
-    pub schema_digest: String,
-    pub request_digest: String,
-    pub binding_digest: String,
-    /// RFC 3339, UTC.
-    pub created: String,
-    pub updated: String,
-    pub deadline: String,
-    pub expires: String,
-    /// The submission binding (identifiers and digests only); in `show`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub binding: Option<serde_json::Value>,
-}
-
-/// A durable part as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartStatus {
-    pub name: String,
-    /// Where its files are kept.
-    pub dir: PathBuf,
-    /// Its files an offline backup would copy, and their bytes.
-    pub files: u64,
-    pub bytes: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskCounts {
-    pub retained: u64,
-    pub unexpired: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Queue {
-    /// Commands waiting for the store thread.
-    pub depth: usize,
-    /// `store.queue_depth`.
-    pub capacity: usize,
-}
-
-/// Calls that asked for a task and ran synchronously, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fallbacks {
-    pub total: u64,
-    pub slots_busy: u64,
-    pub store_busy: u64,
-    pub store_capacity: u64,
-    pub store_unavailable: u64,
-}
-
-/// A finished online snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotDone {
-    pub dest: PathBuf,
-    /// What `backup` prints, line by line.
-    pub lines: Vec<String>,
-}
-
-/// A reload that was applied (a refused one is an [`AdminError`] of the
-/// class the file was refused with, 78 for an invalid configuration).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reloaded {
-    /// The daemon's reload count, as its STATUS= line numbers them.
-    pub number: u64,
-    /// Startup-only keys that differ in the file and keep their running
-    /// value until a restart, by dotted name.
-    pub kept: Vec<String>,
-    /// What `taskgate reload` prints, line by line: what changed, what was
-    /// kept.
-    pub lines: Vec<String>,
-}
-
-/// How the admin socket asks the serving process for a reload: the
-/// process runs it (the same code as for SIGHUP) and answers here.
-pub type ReloadReply = tokio::sync::oneshot::Sender<Result<Reloaded, AdminError>>;
+/// How the admin socket asks the serving process for a reload.
+pub use crate::ops::ReloadReply;

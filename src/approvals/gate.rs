@@ -12,7 +12,7 @@ use std::sync::{Mutex, RwLock};
 
 use thiserror::Error;
 
-use super::journal::{Checkpoint, Journal, JournalError, Opened};
+use super::journal::{self, Checkpoint, Journal, JournalError, Opened};
 use super::proposals::{Proposal, Proposals, Refusal, State};
 use super::{Event, HeldCall, MAX_REASON_BYTES};
 
@@ -154,7 +154,7 @@ impl Gate {
         dir: &std::path::Path,
         settings: GateSettings,
     ) -> Result<(Gate, Opened), GateError> {
-        let (journal, entries, opened) = Journal::open(dir, settings.segment_max_bytes)?;
+        let (journal, entries, opened) = journal::open(dir, settings.segment_max_bytes)?;
         let mut view = Proposals::replaying(journal.first_seq() > 1);
         let head_seq = journal.checkpoint().records;
         for entry in entries {
@@ -973,7 +973,7 @@ mod tests {
         let (q, _) = held(g.admit(&call("alice", "call-2", "deploy"), 0).unwrap());
         let fault = hooks.path().join("fault");
         std::fs::write(&fault, crate::testhooks::JOURNAL_SYNC_APPEND).unwrap();
-        lock(&g.journal).set_sync_fault_file(Some(fault.clone()));
+        lock(&g.journal).set_sync_faults(journal::SyncFaults::from_file(Some(fault.clone())));
         let records = g.checkpoint().records;
         assert!(matches!(
             g.approve(&p, "bob", "bob", 1),

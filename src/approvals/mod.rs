@@ -12,6 +12,75 @@
 //! these.
 //!
 //! Knows nothing of tasks, the store, tools or the protocol.
+//!
+//! Owns the approval journal (the first part of approval-held calls).
+//! `journal.rs`: the authoritative, append-only record of approval decisions,
+//! in a private directory of its own (never the task store's): segment files
+//! `journal-NNNNNN.log` (0600) starting with the magic `TGJRNL02`, then frames
+//! (an 8-byte little-endian length and 8 bytes of SHA-256 checking it, the
+//! record as RFC 8785 JSON, zero padding to 8 bytes, SHA-256 over the previous
+//! frame's hash, the length and the record), each segment opening with a record
+//! naming the journal's random identity, its number, the hash the previous
+//! segment ended with and its format; an append is written and synced (the
+//! directory too when it starts a segment) before it returns, and one that
+//! fails is cut back and latches the gate disabled until restart; records ≤ 64
+//! KiB, segments ≥ 64 KiB and rotated when full. Opening verifies the whole
+//! chain: only a prefix of one frame at the end of the last segment (a partial
+//! header, or a checked length running past the end) is torn, copied to
+//! `journal-NNNNNN-at-OFFSET.torn` (synced) and then cut; anything else (a
+//! changed byte including a length, a missing, reordered or foreign segment, a
+//! cut inside an earlier segment) is `JournalError::Damaged` naming the segment
+//! and offset, and nothing is changed. Format-1 segments (no magic) are still
+//! read, a frame of theirs past the end is damage, and appends go on in a new
+//! segment. `Journal::verify` does the same read-only and gives the
+//! `Checkpoint` (identity, records, segments, bytes, head hash) two copies are
+//! compared by. `Journal::remove_before` removes closed segments whose records
+//! all precede a sequence, after writing and syncing `journal.base` (the
+//! journal's identity, the first segment kept, the hash the removed ones ended
+//! with, that segment's first sequence); opening and `verify` start the chain
+//! there, so a journal that lost its first segments without a base is still
+//! damaged, and segments below the base (a removal a crash interrupted) are
+//! removed at opening and passed over by `verify`; each segment record names
+//! its first sequence, so sequence numbers survive removals. `proposals.rs`:
+//! what the events mean, each proposal's state (pending, approved, rejected,
+//! expired, consumed, cancelled) and the rules for moving it on (an approval or
+//! rejection only of a pending proposal before its decision deadline, an expiry
+//! only after it, a consumption only of an approval within its execution
+//! window, a call cancellation only by the proposal's owner while pending); the
+//! journal is replayed through them at opening, and one that holds an
+//! impossible sequence is refused. `gate.rs`: `Gate::admit` spends an approval
+//! of the exact call (journaled as consumed, once), joins a waiting proposal of
+//! it, refuses it while its rejection stands (until the proposal's deadline),
+//! or makes a new proposal within its bounds (waiting at once and per owner;
+//! kept at once and per owner, where a kept proposal is one not yet forgotten —
+//! see below); `approve` (refused for the proposal's own owner when
+//! self-approval is forbidden), `reject` (reason ≤ 512 bytes), `cancel` (the
+//! owner only; a decision that came first stands) and `expire_due`; a pending
+//! proposal past its deadline is journaled expired before anything else is
+//! decided about it; every change is checked against the proposals and appended
+//! under one lock, so of racing decisions the first appended wins, and the
+//! proposals sit behind a lock of their own, so a status read never waits for
+//! an append. At most once a minute, at a held call, proposals decided and past
+//! their decision deadline by `GateSettings::retain_ms` (the longest an
+//! approval task waiting on them can live) are forgotten, and the segments
+//! before the oldest proposal kept are removed (never while `hold_segments`'
+//! guard, taken by an online backup, lives); a journal replayed from past
+//! segment 1 passes over events about proposals it no longer holds. The counts
+//! per owner are kept as events are applied, never by scanning. `mod.rs`:
+//! `Event`, what the journal records (proposal created, approved, rejected with
+//! a reason ≤ 512 bytes, expired, consumed, call cancellation), and `call_key`,
+//! the exact-call key (SHA-256 over the principal's issuer, tenant and subject,
+//! the tool, the canonical arguments and the tool definition's digest, each
+//! part length-prefixed). Integrity, not authenticity: whoever can rewrite the
+//! files can compute the hashes again. `Gate::open_dir` creates the journal's
+//! directory 0700 when missing, refuses one another uid owns or others may
+//! enter, and holds an exclusive `flock` on its `journal.lock` so one process
+//! appends. `HeldCall` is what the gate keeps of a call: owner digest,
+//! exact-call key, tool, the principal as the administrator reads it, the
+//! arguments' SHA-256 and the preview (the values of the tool's
+//! `approval_preview` fields, each ≤ 256 bytes of JSON or shown by its size
+//! only) — no other argument value. Knows nothing of tasks, the store, tools or
+//! the protocol.
 
 pub mod gate;
 pub mod journal;
@@ -265,5 +334,25 @@ mod tests {
             call_key(split, "deploy", &json!({"a": 1, "b": "x"}), "sha256:d1"),
             base
         );
+    }
+
+    #[test]
+    fn events_round_trip_and_bound_the_reason() {
+        let e = Event::Rejected {
+            proposal: "p".into(),
+            decider: "admin".into(),
+            at_ms: 1,
+            reason: "no".into(),
+        };
+        let r = e.to_record().unwrap();
+        assert_eq!(r["kind"], "rejected");
+        assert_eq!(Event::from_record(&r).unwrap(), e);
+        let long = Event::Rejected {
+            proposal: "p".into(),
+            decider: "admin".into(),
+            at_ms: 1,
+            reason: "x".repeat(MAX_REASON_BYTES + 1),
+        };
+        assert!(long.to_record().is_err());
     }
 }

@@ -11,6 +11,31 @@
 //! Rules: this module knows no protocol library, no store and no task; the
 //! owner digest of a principal is computed by `tasks`. Raw secrets and
 //! tokens are never written anywhere (disk, log, error text).
+//!
+//! Owns who is calling. A JWT that verified is remembered in its credential set
+//! by the SHA-256 of the token, with the time window in which it verifies again
+//! (`MAX_CACHED_JWTS` 4,096; expired ones dropped first when full, else all): a
+//! request presenting it again skips the signature check, never the revocation
+//! check, and a reload's new set starts empty. `Principal` (issuer, tenant,
+//! subject, scopes, credential id, expiry) from either credential kind, chosen
+//! by the token's shape alone (`tgk_` + 43 base64url characters: a static
+//! token, looked up by the SHA-256 of the text; two dots: a JWT, verified;
+//! anything else refused); `Caller` (`Local` or `Authenticated`); the scope
+//! names and the rule that `admin` implies all. `tokens.rs` (the tokens file,
+//! secrets, `taskgate token new|list|revoke`), `jwt.rs` (offline JWKS per
+//! issuer; the header's `alg` must be in the issuer's allow-list and fit the
+//! key, `none` never; claims checked against the caller's clock),
+//! `revocation.rs` (by token id, by issuer and `jti`, by issuer, subject and
+//! `issued_before`), `files.rs` (a credential file is regular, owned by root or
+//! us, never writable by others, and never readable by others when it holds
+//! secrets: 77; bad content: 78), `credentials.rs` (one `CredentialSet`, built
+//! and validated whole). `Authenticator` holds the current set and swaps it
+//! whole on reload (`auth::reload`), so an invalid file keeps the old set;
+//! turning authentication on or off is refused by a reload.
+//! `startup::effective` builds the set, so `serve`, `check` and a reload refuse
+//! the same files. Knows no protocol library, store or task (the owner digest
+//! is computed by `tasks`); raw secrets and tokens are never written to disk,
+//! log or error text (a `Rejection` names a reason, never the token).
 
 mod credentials;
 pub use credentials::MAX_CACHED_JWTS;

@@ -29,6 +29,37 @@
 //!
 //! The WAL size is sampled throughout and the daemon's peak RSS read at
 //! the end. Results go to `bench.json`, `bench.md` and `latency.svg`.
+//!
+//! Owns `taskgate bench`. Starts a real daemon (`serve --bench-tool`) on a
+//! scratch directory, learns its readiness and port from READY=1/STATUS= on its
+//! own notify socket, and drives it with `client::Client` (busy answers retried
+//! a bounded number of times and counted per phase); the disk baseline is
+//! `store::baseline`. `sizing.rs` sizes the daemon's request, connection,
+//! queue, slot and live-task bounds from the concurrency and task count
+//! (refusing, as a usage error, a load a key's range cannot serve) and writes
+//! its config file. `reference.rs` finds and starts the bare rmcp server
+//! (`examples/bare_rmcp.rs`, rmcp's `StreamableHttpService` with one no-op
+//! tool, stateless JSON answers; `--bare-rmcp`, else `examples/bare_rmcp`
+//! beside the executable) that the same no-op load runs on, its CPU per request
+//! read the same way; one that cannot be found or started is reported as not
+//! measured, never a failed run. It also checks a `--compare` URL (plain
+//! `http://` to a loopback address only, else a usage refusal before anything
+//! starts) and finds the process serving it (`--compare-pid`, else the owner of
+//! the listening socket, from /proc/net/tcp and the processes' descriptors) so
+//! the same no-op load can be run on it and read as ratios. `credentials.rs`
+//! makes the authenticated phases' credentials for each run (a static token
+//! from `auth::tokens`, its hash in a private tokens file; an Ed25519 key from
+//! the OS random source, its public half as a JWKS file, and one EdDSA access
+//! token signed with jsonwebtoken) and the `[auth]` section requiring them; two
+//! more daemons so configured get the same creations in alternating rounds,
+//! with their CPU per create. `routed.rs` starts one more daemon with one stdio
+//! `[[upstream]]` (this binary, `serve --stdio --bench-tool`), pins and reloads
+//! with the operator commands, and sends `taskgate_submit` under one lease one
+//! at a time and at the run's concurrency (submissions built with
+//! `route::input_digest` and `SUBMISSION_SCHEMA`), following one route to
+//! completion. `report.rs` renders bench.json (serde, with that configuration),
+//! bench.md, latency.svg. The bench names no rmcp type: the bare server is a
+//! separate program.
 
 mod credentials;
 mod reference;

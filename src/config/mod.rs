@@ -19,6 +19,85 @@
 //! What a value is for is not decided here: which tools may run in the
 //! background and which names are the daemon's own are `tools`' rules, and
 //! whether a listener may leave loopback is `http`'s.
+//!
+//! Owns `Config`. Every key is defined once, in `keys.rs` (see *`config/`*
+//! below): its doc line, its constant, name, kind (type, default, range, unit),
+//! when it applies, its flag or variable if any, and the typed field it fills
+//! in its section's struct (`ServerSettings`, `StoreSettings`, `TaskSettings`,
+//! `ToolsSettings`, `LogSettings`, `AuthSettings`) or its repeated table's
+//! (`ToolLimits` for `[[tool]]`, `JwtLimits` for `[[auth.jwt]]`,
+//! `UpstreamLimits` for `[[upstream]]`). The loader, the environment variables,
+//! a reload's comparison, `taskgate init`, the packaged conffile, the reference
+//! table in operations.md and taskgate.toml(5) are all derived from the
+//! definitions. Layering defaults → file → `TASKGATE_*` env → flags, with the
+//! origin of every value remembered for messages; `Config::load_from` reads
+//! every section, then holds the keys to the rules between them (the `--listen`
+//! flag, `store.directory`'s precedence, `server.tls = "on"` and its files,
+//! `tasks.max_running_per_owner` under `tasks.max_running`, `[auth]` only with
+//! credentials). Knows nothing of what the values are used for: which names and
+//! effects a tool may have is `tools`' to decide, whether a listener may leave
+//! loopback is `http::exposure`'s.
+//!
+//! `keys.rs`: The definitions: every key of every section and repeated table,
+//! each once, and the vocabulary they are written in (`KeySpec`, `Kind`,
+//! `Unit`, `Applies`, `TextRule`, the kind helpers `count`, `bytes`, `secs`,
+//! `millis`, `pages`, `choice`, …); `KEYS` (the settings, in documented order),
+//! `TOOL_KEYS`, `JWT_KEYS`, `UPSTREAM_KEYS`.
+//!
+//! `settings.rs`: The `settings!` macro, which turns the definitions into the
+//! `KeySpec` constants, the structs (with `Default`, `load` and `shown`) and
+//! the lists; `Read`, how a field's type is read and checked from its key
+//! (`u64`, `usize`, `Duration` in seconds or milliseconds as the key's unit
+//! says, filters, text, paths, origins, addresses, `choice!` enums); `Layers`,
+//! the values the file and the environment gave (or one repeated table's), with
+//! their origins.
+//!
+//! `mod.rs`: `Config` and `Config::load_from`: the layering (file,
+//! environment), every section read, the rules between keys, the `[[tool]]`
+//! tables' shape (serde, so an unknown key or a wrong type is named by its
+//! line; their bounded keys read through `ToolLimits`, a limit left out taking
+//! its `[tools]` setting through `default_from`), a reload's comparison
+//! (`Config::changes`).
+//!
+//! `auth.rs`: `[[auth.jwt]]` tables (shape, algorithms, tenant, audiences;
+//! bounds through `JwtLimits`) and `[auth]` counting only with credentials.
+//!
+//! `upstream.rs`: `[[upstream]]` tables (an alias without a dot, exactly one of
+//! `command` and `url` with only the keys that go with it, `http://` only to
+//! loopback, no task for a `non_idempotent_write` tool, per-tool
+//! `[upstream.tools.NAME]` tables; bounds through `UpstreamLimits`), where the
+//! pins file is (beside the configuration file), and a `[[tool]]` whose name an
+//! upstream's alias would shadow.
+//!
+//! `render.rs`: The starter file, the reference tables of operations.md and
+//! taskgate.toml(5), from the definitions.
+//!
+//! A definition, in `keys.rs`:
+//!
+//! ```text
+//! /// `[store]`: the task store.
+//! pub struct StoreSettings in Store {
+//!     /// Commands waiting for the store thread; more are refused as busy at once.
+//!     #[key(STORE_QUEUE_DEPTH, "queue_depth", count(128, 1..=4096))]
+//!     pub queue_depth: usize,
+//!     …
+//! }
+//! ```
+//!
+//! The doc line is the key's one line of documentation (and the field's
+//! rustdoc); the options after the kind (`applies: RELOAD`, `flag:
+//! Some("--listen")`, `env: Some("TASKGATE_LOG")`, `default_from:
+//! Some(&TOOLS_MAX_PROCESSES)`) are the `KeySpec` fields that differ from the
+//! usual (at start, no flag, `TASKGATE_SECTION_KEY`, a default of its own); a
+//! key resolved by the rules between keys instead of a field
+//! (`store.directory`) is written `by_rules`. Adding a setting is one
+//! definition and the code that uses its field; the files rendered from the
+//! definitions and checked in are then regenerated (the table in
+//! docs/operations.md with `taskgate man --reference`, packaging/taskgate.toml
+//! with `taskgate init --state-dir /var/lib/taskgate`), and a bounded key gets
+//! its row in `tests/bounds.rs` (the tests that enforce it, or why it is a
+//! tunable). `StoreOptions` holds `StoreSettings` and a tool its `ToolLimits`:
+//! a module that needs a section takes its struct, never a copy of its fields.
 
 mod auth;
 pub mod keys;

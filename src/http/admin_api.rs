@@ -29,8 +29,8 @@ use super::auth::{self, Challenge};
 use super::respond;
 use crate::auth::{Caller, SCOPE_APPROVALS_DECIDE, SCOPE_APPROVALS_READ};
 use crate::mcp::screen::Refused;
-use crate::tasks::{AdminRefusal, Approvals, Decider, Decision, TaskService};
-use crate::wire;
+use crate::ops::{Listing, Ops, OpsError};
+use crate::tasks::{Decider, Decision};
 
 /// The largest request body the API reads (a rejection reason is at most
 /// 512 bytes).
@@ -39,16 +39,20 @@ const MAX_BODY_BYTES: usize = 8 * 1024;
 #[derive(Clone)]
 struct Api {
     gate: auth::Gate,
+    /// Every request is an operation; this API only renders its result.
+    ops: Arc<Ops>,
     body_read_timeout: Duration,
 }
 
 /// The routes, behind the same authentication as `/mcp`.
 pub(super) fn routes<S: Clone + Send + Sync + 'static>(
     gate: auth::Gate,
+    ops: Arc<Ops>,
     body_read_timeout: Duration,
 ) -> Router<S> {
     let api = Api {
         gate: gate.clone(),
+        ops,
         body_read_timeout,
     };
     Router::new()
@@ -73,25 +77,17 @@ struct RejectBody {
 }
 
 /// A refusal, in the registry's error body (as `/mcp`'s refusals are),
-/// with the HTTP status that says what kind it is.
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    let code = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => wire::REQUEST_TOO_LARGE,
-        StatusCode::REQUEST_TIMEOUT => wire::REQUEST_TIMEOUT,
-        StatusCode::SERVICE_UNAVAILABLE => wire::APPROVALS_UNAVAILABLE,
-        StatusCode::INTERNAL_SERVER_ERROR => wire::INTERNAL,
-        _ => wire::INVALID_PARAMS,
-    };
-    respond::from_library(&Refused::new(code, message, Value::Null), status)
+/// with the wire code and HTTP status ops decided for it.
+fn error(e: &OpsError) -> Response {
+    let r = e.respond();
+    let status = StatusCode::from_u16(r.http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    respond::from_library(&Refused::new(r.wire, e.to_string(), Value::Null), status)
 }
 
-/// The approvals, for a caller holding `scope`; else the refusal.
-fn admit(api: &Api, caller: &Caller, scope: &'static str) -> Result<Arc<Approvals>, Box<Response>> {
+/// Whether the caller holds `scope`; else the refusal.
+fn admit(api: &Api, caller: &Caller, scope: &'static str) -> Result<(), Box<Response>> {
     let Some(authenticator) = &api.gate.auth else {
-        return Err(Box::new(error(
-            StatusCode::NOT_FOUND,
-            "the HTTP admin interface needs credentials ([auth]); use `taskgate approvals` over the admin socket",
-        )));
+        return Err(Box::new(error(&OpsError::NoCredentials)));
     };
     let settings = authenticator.settings();
     let Caller::Authenticated(principal) = caller else {
@@ -112,34 +108,16 @@ fn admit(api: &Api, caller: &Caller, scope: &'static str) -> Result<Arc<Approval
             Value::Null,
         )));
     }
-    approvals_of(&api.gate.svc)
+    api.ops.approvals_set_up().map_err(|e| Box::new(error(&e)))
 }
 
-fn approvals_of(svc: &TaskService) -> Result<Arc<Approvals>, Box<Response>> {
-    svc.approvals().cloned().ok_or_else(|| {
-        Box::new(error(
-            StatusCode::NOT_FOUND,
-            "approvals are not set up in this daemon: no [[tool]] or [upstream.tools.NAME] has approval = \"required\"",
-        ))
-    })
-}
-
-fn refused(e: AdminRefusal) -> Response {
-    let status = match &e {
-        AdminRefusal::Unknown(_) => StatusCode::NOT_FOUND,
-        AdminRefusal::Refused(_) => StatusCode::CONFLICT,
-        AdminRefusal::Disabled(_) => StatusCode::SERVICE_UNAVAILABLE,
-        AdminRefusal::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error(status, e.to_string())
-}
-
-fn now(api: &Api) -> i64 {
-    api.gate.svc.store().clock().now_ms()
-}
-
-fn answer(approvals: &Approvals, proposals: Vec<crate::tasks::Proposal>, now: i64) -> Response {
-    Json(json!({"proposals": proposals, "journal": approvals.status(now)})).into_response()
+/// The answer to a listing or a decision: the proposals and the journal's
+/// state, or the refusal.
+fn answer(result: Result<Listing, OpsError>) -> Response {
+    match result {
+        Ok(l) => Json(json!({"proposals": l.proposals, "journal": l.journal})).into_response(),
+        Err(e) => error(&e),
+    }
 }
 
 async fn list(
@@ -147,26 +125,25 @@ async fn list(
     Extension(caller): Extension<Caller>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let approvals = match admit(&api, &caller, SCOPE_APPROVALS_READ) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
+    if let Err(r) = admit(&api, &caller, SCOPE_APPROVALS_READ) {
+        return *r;
+    }
     let pending = match query.as_deref() {
         None | Some("") => false,
         Some("pending" | "pending=true" | "pending=1") => true,
         Some("pending=false" | "pending=0") => false,
         Some(other) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("unknown query {other:?}; the one parameter is pending=true"),
-            );
+            return error(&OpsError::BadRequest(format!(
+                "unknown query {other:?}; the one parameter is pending=true"
+            )));
         }
     };
-    let now = now(&api);
-    match approvals.proposals(None, pending, now) {
-        Ok(p) => answer(&approvals, p, now),
-        Err(e) => refused(e),
-    }
+    // A disabled journal is refused here rather than listed as empty.
+    answer(
+        api.ops
+            .approvals(None, pending)
+            .and_then(Listing::require_enabled),
+    )
 }
 
 async fn show(
@@ -174,15 +151,10 @@ async fn show(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Response {
-    let approvals = match admit(&api, &caller, SCOPE_APPROVALS_READ) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
-    let now = now(&api);
-    match approvals.proposals(Some(&id), false, now) {
-        Ok(p) => answer(&approvals, p, now),
-        Err(e) => refused(e),
+    if let Err(r) = admit(&api, &caller, SCOPE_APPROVALS_READ) {
+        return *r;
     }
+    answer(api.ops.approvals(Some(&id), false))
 }
 
 /// The body of a decision, read within the body timeout and bound.
@@ -190,31 +162,26 @@ async fn body<T: for<'de> Deserialize<'de> + Default>(
     api: &Api,
     request: Request<Body>,
     required: bool,
-) -> Result<T, Response> {
+) -> Result<T, OpsError> {
     let read = tokio::time::timeout(
         api.body_read_timeout,
         axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES),
     )
     .await;
     let bytes = match read {
-        Err(_) => return Err(error(StatusCode::REQUEST_TIMEOUT, "the body took too long")),
+        Err(_) => return Err(OpsError::RequestTimeout("the body took too long".into())),
         Ok(Err(_)) => {
-            return Err(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is longer than {MAX_BODY_BYTES} bytes"),
-            ));
+            return Err(OpsError::RequestTooLarge(format!(
+                "the body is longer than {MAX_BODY_BYTES} bytes"
+            )));
         }
         Ok(Ok(b)) => b,
     };
     if bytes.is_empty() && !required {
         return Ok(T::default());
     }
-    serde_json::from_slice(&bytes).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not valid: {e}"),
-        )
-    })
+    serde_json::from_slice(&bytes)
+        .map_err(|e| OpsError::BadRequest(format!("the body is not valid: {e}")))
 }
 
 async fn approve(
@@ -246,7 +213,7 @@ async fn reject(
 }
 
 /// A decision's request: `approvals:decide`, then its body (`required`
-/// or not), then the decision it makes.
+/// or not), then the decision it makes; the decider is the caller.
 async fn decision<B: for<'de> Deserialize<'de> + Default>(
     api: &Api,
     caller: &Caller,
@@ -255,29 +222,11 @@ async fn decision<B: for<'de> Deserialize<'de> + Default>(
     required: bool,
     make: impl FnOnce(B) -> Decision,
 ) -> Response {
-    let approvals = match admit(api, caller, SCOPE_APPROVALS_DECIDE) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
-    match body(api, request, required).await {
-        Ok(b) => decide(api, &approvals, caller, id, make(b)).await,
-        Err(r) => r,
+    if let Err(r) = admit(api, caller, SCOPE_APPROVALS_DECIDE) {
+        return *r;
     }
-}
-
-async fn decide(
-    api: &Api,
-    approvals: &Approvals,
-    caller: &Caller,
-    id: &str,
-    decision: Decision,
-) -> Response {
-    let now = now(api);
-    match approvals
-        .decide(id, decision, Decider::of(caller), now)
-        .await
-    {
-        Ok(p) => answer(approvals, vec![p], now),
-        Err(e) => refused(e),
+    match body(api, request, required).await {
+        Ok(b) => answer(api.ops.decide(id, make(b), Decider::of(caller)).await),
+        Err(e) => error(&e),
     }
 }

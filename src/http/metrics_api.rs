@@ -1,6 +1,8 @@
 //! `/metrics`: the Prometheus exposition of [`crate::metrics`], with the
-//! values only a scrape reads (tasks by status, the store's queue and WAL,
-//! running tools, legacy sessions, approvals waiting, routes by phase).
+//! values read at the scrape (tasks by status, the store's queue and WAL,
+//! running tools, legacy sessions, approvals waiting, routes by phase):
+//! the daemon's status as `ops` reports it, the same report `taskgate
+//! status` renders, never counted here.
 //!
 //! Who may read it: behind the same authentication as `/mcp`. Without
 //! `[auth]` the listener is loopback-only and every caller is local; with
@@ -10,7 +12,6 @@
 //! names a task, an owner, a token or an argument.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, header};
@@ -21,48 +22,26 @@ use axum::{Extension, Router};
 use serde_json::Value;
 
 use super::auth::{self, Challenge};
-use super::sessions::BoundedSessions;
 use crate::auth::{Caller, SCOPE_METRICS_READ};
 use crate::metrics::{self, ApprovalsSnapshot, Snapshot};
-use crate::tasks::FallbackReason;
-
-/// How long a scrape waits for each count the store thread makes; past it
-/// the count is left out of that scrape rather than delaying it.
-const STORE_READ_LIMIT: Duration = Duration::from_secs(1);
-
-/// The store's counts are read at most once per this interval, however
-/// often (and however many at once) `/metrics` is asked for: a local
-/// process hammering it cannot keep the store thread busy counting.
-const STORE_COUNTS_EVERY: Duration = Duration::from_secs(1);
-
-/// Counts read on the store thread, and when.
-type StoreCounts = (
-    Option<Vec<(&'static str, u64)>>,
-    Option<u64>,
-    Option<Vec<(&'static str, u64)>>,
-);
+use crate::ops::{Ops, StatusReport, StoreState, View};
 
 #[derive(Clone)]
 struct Scrape {
     gate: auth::Gate,
-    sessions: Arc<BoundedSessions>,
-    wal: std::path::PathBuf,
-    /// The last store counts; the lock also makes concurrent scrapes wait
-    /// for one read instead of each making its own.
-    counts: Arc<tokio::sync::Mutex<Option<(Instant, StoreCounts)>>>,
+    /// The status every scrape renders (its store counts at most a second
+    /// old: see `ops`).
+    ops: Arc<Ops>,
 }
 
 /// The route, behind the same authentication as `/mcp`.
 pub(super) fn routes<S: Clone + Send + Sync + 'static>(
     gate: auth::Gate,
-    sessions: Arc<BoundedSessions>,
+    ops: Arc<Ops>,
 ) -> Router<S> {
-    let wal = gate.svc.store().wal_path().to_path_buf();
     let scrape = Scrape {
         gate: gate.clone(),
-        sessions,
-        wal,
-        counts: Arc::default(),
+        ops,
     };
     Router::new()
         .route("/metrics", get(serve))
@@ -88,7 +67,7 @@ async fn serve(
             );
         }
     }
-    let text = metrics::get().render(snapshot(&s).await);
+    let text = metrics::get().render(snapshot(&s.ops.status(View::Scrape).await));
     // Prometheus asks for OpenMetrics; anything that does not gets the
     // classic text format it can parse.
     let openmetrics = headers
@@ -106,81 +85,34 @@ async fn serve(
     }
 }
 
-async fn snapshot(s: &Scrape) -> Snapshot {
-    let svc = &s.gate.svc;
-    let store = svc.store();
-    let store_disabled = store.disabled_reason().is_some();
-    let (tasks_by_status, tasks_retained, routes_by_phase) = if store_disabled {
-        (None, None, None)
-    } else {
-        store_counts(s).await
-    };
-    let f = svc.fallbacks();
-    let now = store.clock().now_ms();
-    let approvals = svc.approvals().map(|a| match a.gate() {
-        Some(gate) => {
-            let (pending, oldest) = gate.pending_since(now);
-            ApprovalsSnapshot {
-                pending: pending as u64,
-                oldest_pending_secs: oldest.map_or(0.0, |o| (now - o).max(0) as f64 / 1000.0),
-                disabled: false,
-            }
-        }
-        None => ApprovalsSnapshot {
-            disabled: true,
-            ..ApprovalsSnapshot::default()
-        },
-    });
+/// The values a scrape shows, rendered from the ops status.
+fn snapshot(r: &StatusReport) -> Snapshot {
     Snapshot {
-        tasks_by_status,
-        tasks_retained,
-        store_disabled,
-        queue_depth: store.queued() as u64,
-        queue_capacity: store.queue_capacity() as u64,
-        wal_bytes: std::fs::symlink_metadata(&s.wal).map_or(0, |m| m.len()),
-        task_reads: store.task_reads(),
-        polls_held: svc.early_polls().0,
-        polls_answered_from_memory: svc.early_polls().1,
-        tools_running: svc.running_count() as u64,
-        runs_started: svc.runs_started(),
-        fallbacks: FallbackReason::ALL
-            .into_iter()
-            .map(|r| (r.as_str(), f.get(r)))
-            .collect(),
-        legacy_sessions: Some(s.sessions.open().await as u64),
-        approvals,
-        routes_by_phase,
+        tasks_by_status: r.tasks_by_status.clone(),
+        tasks_retained: r.tasks.map(|t| t.retained),
+        store_disabled: matches!(r.store, StoreState::Disabled(_)),
+        queue_depth: r.queue.depth as u64,
+        queue_capacity: r.queue.capacity as u64,
+        wal_bytes: r.wal_bytes,
+        task_reads: r.task_reads,
+        polls_held: r.polls_held,
+        polls_answered_from_memory: r.polls_answered_from_memory,
+        tools_running: r.running as u64,
+        runs_started: r.runs_started,
+        fallbacks: r.fallbacks_by_reason.clone(),
+        legacy_sessions: r.legacy_sessions.map(|n| n as u64),
+        // A disabled journal shows nothing waiting: nothing can be decided.
+        approvals: r.approvals.as_ref().map(|a| ApprovalsSnapshot {
+            pending: if a.enabled() {
+                a.journal.pending as u64
+            } else {
+                0
+            },
+            oldest_pending_secs: a.oldest_pending_secs(),
+            disabled: !a.enabled(),
+        }),
+        routes_by_phase: r.routes.as_ref().map(|c| c.by_phase()),
     }
-}
-
-/// Tasks by status, rows retained and routes by phase, read afresh only
-/// when the last read is older than [`STORE_COUNTS_EVERY`].
-async fn store_counts(s: &Scrape) -> StoreCounts {
-    let mut last = s.counts.lock().await;
-    if let Some((at, counts)) = last.as_ref()
-        && at.elapsed() < STORE_COUNTS_EVERY
-    {
-        return counts.clone();
-    }
-    let store = s.gate.svc.store();
-    let counts = (
-        within_stats(store.status_counts()).await,
-        within_stats(store.stats()).await.map(|s| s.retained),
-        within_stats(store.route_counts())
-            .await
-            .map(|c| c.by_phase()),
-    );
-    *last = Some((Instant::now(), counts.clone()));
-    counts
-}
-
-/// A count from the store thread, or nothing when it does not come within
-/// [`STORE_READ_LIMIT`].
-async fn within_stats<T, E>(count: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
-    tokio::time::timeout(STORE_READ_LIMIT, count)
-        .await
-        .ok()
-        .and_then(Result::ok)
 }
 
 /// Counts every HTTP response by method, path and status

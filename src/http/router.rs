@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
 use crate::config::ServerSettings;
 use crate::mcp::Handler;
+use crate::ops::Ops;
 
 use super::limits::*;
 use super::sessions::*;
@@ -28,7 +29,7 @@ const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// What `/readyz` looks at.
 #[derive(Clone)]
 struct Readiness {
-    pub(super) svc: Arc<TaskService>,
+    pub(super) ops: Arc<Ops>,
     pub(super) limits: Limits,
 }
 /// The application (`/mcp`, `/healthz`, `/readyz`) and what stopping it
@@ -41,16 +42,12 @@ pub struct App {
 }
 
 impl App {
-    /// The application without credentials: every caller is the local one
-    /// (the listener is loopback-only then).
-    pub fn new(svc: Arc<TaskService>, settings: &ServerSettings) -> App {
-        App::with_auth(svc, settings, None)
-    }
-
     /// The application; with `auth`, every `/mcp` request is authenticated
-    /// and scope-checked.
+    /// and scope-checked. `/admin/v1`, `/metrics` and `/readyz` render what
+    /// `ops` answers.
     pub fn with_auth(
         svc: Arc<TaskService>,
+        ops: Arc<Ops>,
         settings: &ServerSettings,
         auth: Option<Arc<Authenticator>>,
     ) -> App {
@@ -75,6 +72,7 @@ impl App {
             settings.max_sessions,
             settings.session_idle,
         ));
+        ops.count_sessions(sessions.clone());
         let mcp = StreamableHttpService::new(
             move || Ok(Handler::for_http(factory_svc.clone())),
             sessions.clone(),
@@ -100,7 +98,7 @@ impl App {
             svc: svc.clone(),
         };
         let readiness = Readiness {
-            svc,
+            ops: ops.clone(),
             limits: limits.clone(),
         };
         // Layers run outermost last-added: the body is read and screened,
@@ -138,7 +136,7 @@ impl App {
             ));
         if auth.is_some() {
             router = router.merge(
-                admin_api::routes(admin_gate, settings.body_read_timeout).layer(
+                admin_api::routes(admin_gate, ops.clone(), settings.body_read_timeout).layer(
                     middleware::from_fn_with_state(admin_origins, origin::check_origin),
                 ),
             );
@@ -159,14 +157,15 @@ impl App {
                 }
             }
         }
-        let router = router
-            .merge(metrics_api::routes(metrics_gate, sessions.clone()).layer(
-                middleware::from_fn_with_state(metrics_origins, origin::check_origin),
-            ))
-            .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .with_state(readiness)
-            .layer(middleware::from_fn(metrics_api::count_requests));
+        let router =
+            router
+                .merge(metrics_api::routes(metrics_gate, ops).layer(
+                    middleware::from_fn_with_state(metrics_origins, origin::check_origin),
+                ))
+                .route("/healthz", get(healthz))
+                .route("/readyz", get(readyz))
+                .with_state(readiness)
+                .layer(middleware::from_fn(metrics_api::count_requests));
         App {
             router,
             limits,
@@ -260,10 +259,10 @@ async fn readyz(State(ready): State<Readiness>) -> (StatusCode, String) {
             format!("not ready: {why}\n"),
         )
     };
-    if ready.svc.is_stopping() {
+    if ready.ops.is_stopping() {
         return not_ready("stopping".into());
     }
-    if let Some(reason) = ready.svc.store().disabled_reason() {
+    if let Some(reason) = ready.ops.store_disabled() {
         return not_ready(format!("task store disabled until restart: {reason}"));
     }
     if let Some(why) = ready.limits.saturated() {

@@ -98,6 +98,13 @@ impl BoundedSessions {
     }
 }
 
+/// What `status` and `/metrics` count of the legacy sessions.
+impl crate::ops::SessionCount for BoundedSessions {
+    fn open(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send + '_>> {
+        Box::pin(BoundedSessions::open(self))
+    }
+}
+
 fn lock_owners<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding this lock cannot leave the map half-updated.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -21,6 +21,24 @@
 //! with a `# part NAME` line, which `sha256sum -c` skips as a comment. A
 //! manifest without such lines was written before parts existed: every
 //! file in it is the task store's.
+//!
+//! Owns the durable parts. `Part`: what every durable part provides (its name
+//! in the manifest, its folder in a snapshot, its live directory, `check`'s
+//! read-only validation, the files an offline backup and an online snapshot
+//! copy, which snapshot paths it may hold, verifying a copy, swapping a staged
+//! copy in, and what it holds on disk for `status`: `Part::footprint`), and the
+//! registration list (`parts!`: one line per part). `task_store.rs`: the task
+//! store (`tasks.db`, a WAL a crash left, `artifacts/`; at the snapshot's
+//! root), and its opening for `serve` (`open_serving`). `approval_journal.rs`:
+//! the approval journal's segment files (and `journal.base`, copied last) in
+//! `approvals.directory` (under `approvals/` in a snapshot), registered after
+//! the task store so a copy's journal holds every decision its tasks projected;
+//! its check is a line (a damaged journal disables approvals, it does not
+//! refuse a start), its verification `Journal::verify`, a snapshot without it
+//! restores to no journal. The file helpers a snapshot needs (private copies
+//! with their sha256, directory syncs) and `BackupError`. A manifest without
+//! part lines is the task store's (written before parts). Knows nothing of the
+//! protocol or the task domain.
 
 pub mod approval_journal;
 pub mod task_store;

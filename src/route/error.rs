@@ -97,15 +97,7 @@ impl RouteError {
             RouteError::UnknownTask => wire::UNKNOWN_TASK,
             RouteError::UpdateUnsupported => wire::UPDATE_UNSUPPORTED_DURABLE,
             RouteError::Forbidden { .. } => wire::FORBIDDEN,
-            RouteError::Store(e) => match e {
-                StoreError::Busy { .. } => wire::STORE_BUSY,
-                StoreError::RouteCapacity { .. } => wire::ROUTE_CAPACITY,
-                StoreError::Capacity(_) => wire::STORE_CAPACITY,
-                StoreError::Disabled { .. }
-                | StoreError::Uncertain { .. }
-                | StoreError::Stopped => wire::STORE_UNAVAILABLE,
-                _ => wire::INTERNAL,
-            },
+            RouteError::Store(e) => store_wire(e),
             RouteError::Internal(_) => wire::INTERNAL,
         }
     }
@@ -137,6 +129,22 @@ impl RouteError {
             }
             _ => None,
         }
+    }
+}
+
+/// The registered code a refusal of the store goes out with, wherever it
+/// surfaces (a task's refusal, a route's, an operator's read): the one
+/// place it is decided. It lives here, the deepest module above the store
+/// that `tasks` and `ops` both reach.
+pub fn store_wire(e: &StoreError) -> WireCode {
+    match e {
+        StoreError::Busy { .. } => wire::STORE_BUSY,
+        StoreError::Capacity(_) => wire::STORE_CAPACITY,
+        StoreError::RouteCapacity { .. } => wire::ROUTE_CAPACITY,
+        StoreError::Disabled { .. } | StoreError::Uncertain { .. } | StoreError::Stopped => {
+            wire::STORE_UNAVAILABLE
+        }
+        _ => wire::INTERNAL,
     }
 }
 

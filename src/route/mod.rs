@@ -15,6 +15,56 @@
 //!
 //! This module knows the store's routes, the upstreams' sessions and the
 //! caller's identity digest; it knows nothing of the protocol library.
+//!
+//! Owns durable routes to upstream tasks. `Router` answers the meta-tools
+//! (`taskgate_describe`, `taskgate_lease`, `taskgate_submit`, listed only while
+//! a capability is routable) and `tasks/get`, `tasks/cancel` and `tasks/update`
+//! for a `tgr-` task ID; `tasks` hands it both and knows nothing more of
+//! routes. `submission.rs`: `taskgate.task-submission/1` read strictly, its
+//! bounds (64 KiB of canonical input and of accepted output, 30 s declared
+//! runtime, 8 MiB declared artifacts, one hour of retention and deadline,
+//! exactly one attempt, cleanup required, `non_idempotent_write` as the
+//! permitted effect), the input digest (SHA-256 of the RFC 8785 form of the
+//! arguments) and the binding (every identity and declaration of the
+//! submission, no argument value; what it was bound to upstream is the route's
+//! source digest, kept beside it); `lease.rs`: what `taskgate_describe` shows
+//! and the leases (the effects must include each capability's own and
+//! `non_idempotent_write`; the expiry an absolute Unix-millisecond time);
+//! `error.rs`: `RouteError` and the `Check` named in `data.check`, each knowing
+//! its wire code. Rules: a submission seen before (the same caller and key) is
+//! answered by its route, the same binding getting the same task and another a
+//! conflict, before anything but its input's size and digest is checked, so
+//! recovery lasts the route's retention; a new one is checked whole before
+//! anything is stored; every step is committed before the step that depends on
+//! it (the route and its binding, then the session it goes out on, then the
+//! upstream's task ID, written once; a cancel's intent before the cancel);
+//! nothing is ever sent twice: an answer that is lost, late, of the wrong kind,
+//! or whose echo of the execution envelope differs in any identity leaves the
+//! route `reconciliation_required`, and only an answer that proves nothing was
+//! sent ends it not dispatched; a route is polled and cancelled only on the
+//! exact upstream session it was dispatched on, and a changed session,
+//! configuration or capability makes it reconciliation-only; the upstream is
+//! polled at most once per poll interval; a `tasks/get` answer is taken only
+//! when its task ID is the bound one and its echo matches whole (a missing echo
+//! only under the upstream's explicit `route_echo = "creation_only"`), anything
+//! else is reconciliation; a cancel attempt is counted in the route before it
+//! is sent and one per route is in flight (`CancelSlot`), two in the route's
+//! life, and an unacknowledged one leaves the route `cancel_requested`,
+//! reported as needing reconciliation; a route in reconciliation whose upstream
+//! task is bound and whose session is current is still polled (never
+//! resubmitted) and reads `working` until a verified terminal answer ends it,
+//! and one whose session or configuration is gone is detached (its session
+//! forgotten) and final; a poll past the deadline commits a cancel first;
+//! callers get the binding in the submit's answer and never the provider's task
+//! ID; dispatch waits at most the smaller of `request_timeout_secs` and 30 s, a
+//! poll or a cancel the smaller of it and 10 s; provider completion is kept
+//! apart from acceptance and verification in a result's
+//! `_meta["dev.taskgate/route"]`; a dispatch runs on its own tracked task, so a
+//! caller who leaves does not cut it between two commits. Knows the store's
+//! routes and leases, the upstreams' routable capabilities and sessions
+//! (through `upstream::Upstreams`), the auth scopes and the caller's owner
+//! digest; speaks no rmcp type (`upstream::durable` does) and must not know the
+//! protocol library or HTTP.
 
 mod error;
 mod lease;
@@ -37,7 +87,7 @@ use crate::tools::{Shown, ToolSpec};
 use crate::upstream::{Answer, Failure, PollFailure, Routable, Upstreams};
 use crate::{testhooks, wire};
 
-pub use error::{Check, RouteError};
+pub use error::{Check, RouteError, store_wire};
 pub use lease::{DEFAULT_LEASE_MS, LEASE_PREFIX, Lease, MAX_LEASE_MS};
 pub use submission::{
     CONSERVATIVE_EFFECT, MAX_ARTIFACT_BYTES, MAX_IO_BYTES, MAX_RETENTION_MS, MAX_RUNTIME_MS,

@@ -33,8 +33,7 @@ async fn ticker(period: Duration) -> tokio::time::Interval {
     ticks
 }
 
-pub(super) async fn status_line(svc: &TaskService, where_: &str) -> String {
-    let store = svc.store();
+pub(super) async fn status_line(svc: &TaskService, store: &Store, where_: &str) -> String {
     // Calls that wanted a task and ran synchronously: said only when any did.
     let fallbacks = match svc.fallbacks() {
         f if f.total() == 0 => String::new(),
@@ -58,6 +57,7 @@ pub(super) async fn status_line(svc: &TaskService, where_: &str) -> String {
 
 pub(super) async fn refresh_status(
     svc: Arc<TaskService>,
+    store: Store,
     board: Arc<StatusBoard>,
     describe: Arc<dyn Fn() -> String + Send + Sync>,
     stop: CancellationToken,
@@ -73,7 +73,7 @@ pub(super) async fn refresh_status(
             _ = stop.cancelled() => return,
         }
         let generation = board.generation();
-        let line = status_line(&svc, &describe()).await;
+        let line = status_line(&svc, &store, &describe()).await;
         board.publish(&line, generation);
     }
 }

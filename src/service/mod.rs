@@ -35,6 +35,61 @@
 //! the HTTP listener closes and in-flight requests get their real answers;
 //! streams and sessions end; the background chores end; then the store's
 //! final TRUNCATE checkpoint; exit 0.
+//!
+//! One process serves one state directory. Startup is synchronous and strictly
+//! ordered; the async runtime exists from the first step only so that SIGTERM
+//! and SIGINT are caught from the start.
+//!
+//! Owns the serving process. `mod.rs`: `run(listener, options, shutdown)`, the
+//! in-process entry point (mini-redis's `server::run`: serves a listener the
+//! caller bound until a shutdown future resolves, then stops in the order
+//! below), and `serve`, the same daemon behind the process edge (a runtime, the
+//! signal handlers before any startup work, the listener bound before the store
+//! opens); both open a `Daemon` (the state directory claimed, the durable parts
+//! opened and recovered, the task service, the admin socket bound), which tests
+//! also open in process to drive its router (`Daemon::start`, `Daemon::app`)
+//! with their own built-in tools and the store's manual clock (`Options`); the
+//! stop order. `control.rs`: where stop and reload requests come from
+//! (SIGTERM/SIGINT/SIGHUP, or the shutdown future). `reload.rs`: configuration
+//! reloads. `chores.rs`: READY/STATUS/WATCHDOG/STOPPING (every STATUS= while
+//! serving goes through one `StatusBoard`: a withheld watchdog ping sends a
+//! `WATCHDOG WITHHELD: …` notice, which refreshed counts never replace until
+//! pings resume, and nothing replaces `stopping`) and the chores on a
+//! `TaskTracker` (STATUS, watchdog, artifact sweep, and giving memory back with
+//! `malloc_trim` once legacy sessions closed: glibc would otherwise keep a
+//! burst's peak for good). `stdio.rs`: serving over stdio. Holds the
+//! `upstream::Upstreams` (connected once serving begins, applied again by each
+//! reload, stopped after every run). Holds no task state.
+//!
+//! The stop order. On SIGTERM or SIGINT (at any moment after step 0):
+//!
+//! - Stop step 1: Admission ends first: every new `tools/call` is refused with
+//!   `TG_SERVER_STOPPING` (polls and cancels are still answered, so clients can
+//!   see their tasks end); then `STOPPING=1`, and `/readyz` says 503.
+//!
+//! - Stop step 2: Every run is stopped (SIGTERM, grace, SIGKILL to its group);
+//!   a background task is recorded `failed` (interrupted), or `cancelled` if
+//!   its cancel had been committed; a synchronous call answers with the
+//!   interruption error. The service waits on its `TaskTracker` for every
+//!   outcome, including calls still between admission and their spawn (each
+//!   holds a tracker token).
+//!
+//! - Stop step 3: The listener closes; in-flight requests finish with their
+//!   real answers (`Drain::idle`), after which the request slots are closed: a
+//!   request on a connection still open is answered `TG_SERVER_STOPPING` at the
+//!   door and never reaches the protocol layer.
+//!
+//! - Stop step 4: SSE streams and legacy sessions end (`Drain::end_streams`);
+//!   connections close.
+//!
+//! - Stop step 5: The upstreams are stopped (their calls were stopped with
+//!   every run in step 2): each supervisor ends, its connection closes and a
+//!   stdio upstream's process group is ended through its shim; a removed
+//!   upstream still retiring is stopped too. Upstreams are stopped after the
+//!   tools' runs and before the store closes.
+//!
+//! - Stop step 6: The chores end; the store's final TRUNCATE checkpoint; exit 0.
+//!   A clean stop leaves `tasks.db` and `tasks.lock`.
 
 mod chores;
 mod control;
@@ -59,8 +114,9 @@ use crate::config::{Config, Overrides, keys};
 use crate::exit::{ExitClass, Refusal};
 use crate::http::tls::Tls;
 use crate::http::{self, LimitedListener};
+use crate::ops::Ops;
 use crate::startup::{self, Claimed, Effective};
-use crate::store::{self, Clock};
+use crate::store::{self, Clock, Store};
 use crate::tasks::{Limits, TaskService};
 use crate::tools::Runner;
 use crate::upstream::{Pins, Upstreams};
@@ -205,6 +261,10 @@ fn configure(options: &Options, transport: Transport) -> Result<Effective, Refus
 pub struct Daemon {
     config: Config,
     svc: Arc<TaskService>,
+    /// The task store the service runs on: the daemon closes it last.
+    store: Store,
+    /// What operators and administrators do, whatever surface they use.
+    ops: Arc<Ops>,
     claimed: Claimed,
     admin: Admin,
     reload: Reload,
@@ -251,13 +311,9 @@ impl Daemon {
         let clock = options.clock.clone().unwrap_or_else(store::system_clock);
         let mut serving = startup::open_serving(&config, clock)?;
         // The lock is held: a socket file a killed daemon left is replaced.
-        let mut admin = Admin::bind(
-            &mut serving.claimed.lock,
-            serving.claimed.dir.path(),
-            &config,
-        );
+        let admin = Admin::bind(&mut serving.claimed.lock, serving.claimed.dir.path());
         let report = &serving.report;
-        admin.recovered(report.recovery_lines());
+        let recovered = report.recovery_lines();
         tracing::info!(
             message_id = crate::events::START,
             state_dir = %serving.claimed.dir.path().display(),
@@ -320,10 +376,20 @@ impl Daemon {
                 config.tasks.default_ttl,
             )));
         }
+        let ops = Ops::new(
+            svc.clone(),
+            serving.store.clone(),
+            upstreams.clone(),
+            serving.claimed.dir.path(),
+            &config,
+        );
+        ops.recovered(recovered);
         Ok(Daemon {
             reload: Reload::new(options, &config),
             config,
             svc,
+            store: serving.store,
+            ops,
             claimed: serving.claimed,
             admin,
             auth: auth.map(Arc::new),
@@ -340,16 +406,33 @@ impl Daemon {
         &self.svc
     }
 
+    /// The task store the daemon serves from: it closes it last.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The HTTP application `serve` puts behind its listener, for driving
     /// in process (a new one at each call: its own sessions and budgets).
     pub fn app(&self) -> http::App {
-        http::App::with_auth(self.svc.clone(), &self.config.server, self.auth.clone())
+        http::App::with_auth(
+            self.svc.clone(),
+            self.ops.clone(),
+            &self.config.server,
+            self.auth.clone(),
+        )
+    }
+
+    /// What operators and administrators do to this daemon.
+    pub fn ops(&self) -> &Arc<Ops> {
+        &self.ops
     }
 
     fn into_process(self, control: Control) -> (Process, Config, Claimed) {
         let (reload_sender, reload_requests) = mpsc::channel(RELOAD_QUEUE);
         let process = Process {
             svc: self.svc,
+            store: self.store,
+            ops: self.ops,
             control,
             reload: self.reload,
             reload_sender,
@@ -405,6 +488,8 @@ async fn bind(config: &Config) -> Result<TcpListener, Refusal> {
 /// A serving process once startup is done.
 struct Process {
     svc: Arc<TaskService>,
+    store: Store,
+    ops: Arc<Ops>,
     /// Stop and reload requests besides the admin socket's.
     control: Control,
     reload: Reload,
@@ -438,13 +523,14 @@ impl Process {
         let stop = &self.chores_stop;
         self.chores.spawn(chores::refresh_status(
             self.svc.clone(),
+            self.store.clone(),
             self.board.clone(),
             describe.clone(),
             stop.clone(),
         ));
         if let Some(period) = sd_notify::watchdog_enabled() {
             self.chores.spawn(chores::watchdog(
-                self.svc.store().clone(),
+                self.store.clone(),
                 self.board.clone(),
                 describe,
                 period,
@@ -468,7 +554,7 @@ impl Process {
             let protected = self.first_protected.take().unwrap_or_default();
             self.upstreams.apply(&configs, &pins, protected).await;
         }
-        let status = chores::status_line(&self.svc, &describe()).await;
+        let status = chores::status_line(&self.svc, &self.store, &describe()).await;
         self.board.ready(&status);
         self.describe = Some(describe.clone());
         self.spawn_chores(describe);
@@ -530,11 +616,9 @@ impl Process {
             "serving MCP over HTTP at http://{local}/mcp"
         );
         self.admin.start(
-            self.svc.clone(),
+            self.ops.clone(),
             local.to_string(),
-            Some(sessions),
             self.reload_sender.clone(),
-            self.upstreams.clone(),
         );
         self.ready(Arc::new(move || {
             format!("serving on {local}; state {state_dir}")
@@ -590,7 +674,7 @@ impl Process {
         // Answered until here, so `status` shows the stop; a snapshot being
         // written finishes first (bounded), then the socket file goes.
         self.admin.stop().await;
-        let closed = self.svc.store().shutdown().await;
+        let closed = self.store.shutdown().await;
         // A snapshot the closing store abandoned removes its copy first.
         self.admin.after_store_closed().await;
         match closed {

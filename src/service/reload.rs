@@ -2,6 +2,45 @@
 //! a time): RELOADING=1, the file read and validated as at startup, the
 //! credentials renewed first, startup-only keys kept, tools and reloadable
 //! keys swapped in for calls admitted afterwards, READY=1.
+//!
+//! `startup::effective` is the only function that turns overrides, the
+//! environment and the file into validated settings and compiled tools;
+//! `serve`, `check`, `check --config-only` and SIGHUP all call it, so what one
+//! accepts the others accept. `config/keys.rs` marks each key `AtStart` or
+//! `Reload`. A reload (SIGHUP, whose handler is installed at step 0, or a
+//! `reload` request on the admin socket, which is what `taskgate reload` and
+//! the unit's `ExecReload=` send; the main loop runs both through
+//! `Process::reload_configuration`, one at a time) sends RELOADING=1 with
+//! MONOTONIC_USEC, re-runs step 1 (which reads and validates the credential
+//! files and the TLS pair too), and then: on an error changes nothing (logged
+//! at error); then renews the credentials before anything else
+//! (`Process::renew_credentials`): the TLS pair is read again and the validated
+//! credential set is swapped into the running `auth::Authenticator` whole, so a
+//! request sees the old set or the new one; a pair that does not load, or a
+//! file that would turn authentication on or off (which changes who every open
+//! session acts as), refuses the whole reload; otherwise it compares effective
+//! values key by key with the configuration the daemon started with
+//! (`Config::changes`), logs one warning per changed startup-only key and keeps
+//! its old value, and swaps the tools and `tasks.poll_interval_ms` into
+//! `TaskService` as one `Arc<Live>` (`TaskService::reload`). A call reads
+//! `Live` at admission and keeps the `Arc<dyn Runner>` it found, so a running
+//! or admitted call never sees a reload; nothing is stopped. Then the upstreams
+//! are applied (`Upstreams::apply`, which waits for no upstream): an added one
+//! starts connecting; a removed one is retired, its calls in flight finishing
+//! first (each within its request timeout) while new calls no longer find it;
+//! one whose connection settings changed (transport, program, URL, credential
+//! file, bounds) is connected again; one whose tool settings or pins alone
+//! changed keeps its connection and has its catalog rebuilt, so a re-pinned
+//! tool is served and a tool whose pin no longer matches is withheld at once.
+//! READY=1 closes the reload, its numbered outcome in STATUS=. Listener, store,
+//! bounds and the state directory are startup-only: they size or own what
+//! already runs. The admin caller is answered after READY=1 with what changed
+//! (reloadable keys against the last applied file, tools added, removed or
+//! redefined, upstreams added, removed, connected again or kept, startup-only
+//! keys kept), or with the refusal (78 for an invalid file), so `systemctl
+//! reload` ends when the new settings apply and fails on a refused file;
+//! requests still queued when stopping begins are answered at once that nothing
+//! was reloaded.
 
 use std::sync::Arc;
 
@@ -9,10 +48,10 @@ use sd_notify::NotifyState;
 
 use super::chores::status_line;
 use super::{Options, Process, lock, notify, set_log_filter};
-use crate::admin::{AdminError, Reloaded};
 use crate::auth::AuthError;
 use crate::config::{Config, keys};
 use crate::exit::Refusal;
+use crate::ops::{OpsError, Reloaded};
 use crate::startup;
 use crate::tools::Registry;
 
@@ -49,7 +88,7 @@ impl Process {
     /// One reload, between RELOADING=1 and READY=1 (systemd's reload
     /// protocol: MONOTONIC_USEC ties the two to this reload). The one code
     /// path for SIGHUP and `taskgate reload`.
-    pub(super) async fn reload_configuration(&mut self) -> Result<Reloaded, AdminError> {
+    pub(super) async fn reload_configuration(&mut self) -> Result<Reloaded, OpsError> {
         match NotifyState::monotonic_usec_now() {
             Ok(now) => notify(&[NotifyState::Reloading, now]),
             Err(_) => notify(&[NotifyState::Reloading]),
@@ -101,13 +140,13 @@ impl Process {
                     "configuration reload refused: {}; still running on the previous configuration",
                     refusal.message
                 );
-                Err(AdminError::new(
-                    refusal.class,
-                    format!(
+                Err(OpsError::ReloadRefused {
+                    class: refusal.class,
+                    message: format!(
                         "reload {number} refused: {}; the daemon goes on with its previous configuration",
                         refusal.message
                     ),
-                ))
+                })
             }
         };
         let summary = match &outcome {
@@ -121,7 +160,7 @@ impl Process {
         *lock(&self.reload.last) = Some(format!("reload {number} {summary}"));
         let describe = self.describe.clone();
         let status = match describe {
-            Some(describe) => status_line(&self.svc, &describe()).await,
+            Some(describe) => status_line(&self.svc, &self.store, &describe()).await,
             None => String::new(),
         };
         self.board.ready(&status);

@@ -20,13 +20,8 @@ impl Process {
             listen = "stdio",
             "serving MCP over stdio"
         );
-        self.admin.start(
-            self.svc.clone(),
-            "stdio".into(),
-            None,
-            self.reload_sender.clone(),
-            self.upstreams.clone(),
-        );
+        self.admin
+            .start(self.ops.clone(), "stdio".into(), self.reload_sender.clone());
         // Ready as soon as stdin is read: the client speaks first.
         self.ready(Arc::new(move || {
             format!("serving on stdio; state {state_dir}")

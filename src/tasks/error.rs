@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 use thiserror::Error;
 
+pub use crate::route::store_wire;
 use crate::store::{ErrorBody, StoreError};
 use crate::tools::{ArgumentError, RunError};
 use crate::wire::{self, WireCode};
@@ -120,15 +121,7 @@ impl TaskError {
             TaskError::RunSlotsBusy { .. } => wire::RUN_SLOTS_BUSY,
             TaskError::Stopping => wire::STOPPING,
             TaskError::ArtifactUnavailable => wire::ARTIFACT_UNAVAILABLE,
-            TaskError::Store(e) | TaskError::StoreUnsettled(e) => match e {
-                StoreError::Busy { .. } => wire::STORE_BUSY,
-                StoreError::Capacity(_) => wire::STORE_CAPACITY,
-                StoreError::RouteCapacity { .. } => wire::ROUTE_CAPACITY,
-                StoreError::Disabled { .. }
-                | StoreError::Uncertain { .. }
-                | StoreError::Stopped => wire::STORE_UNAVAILABLE,
-                _ => wire::INTERNAL,
-            },
+            TaskError::Store(e) | TaskError::StoreUnsettled(e) => store_wire(e),
             TaskError::Run { code, .. } => *code,
             TaskError::Internal(_) => wire::INTERNAL,
             TaskError::Route(e) => e.wire(),

@@ -19,6 +19,66 @@
 //! tool, `TG_RUN_SLOTS_BUSY` otherwise), never queued. Only the benchmark's
 //! no-op, which starts nothing, may still fall back to a synchronous run
 //! without a slot.
+//!
+//! Owns the task domain. Every operation acts as an `auth::Caller`; the owner
+//! its tasks are stored under is `owner_of(caller)`: the local owner, or sha256
+//! over (issuer, tenant, subject), so two credentials of one subject share
+//! tasks and nothing else does, and another owner's task answers exactly like
+//! an unknown one. `scopes_needed(operation)` is the scope table (`tools:call`
+//! plus the tool's effect scope; `tasks:read` for `tasks/get` and
+//! `artifact_read`; `tasks:cancel` for cancel and update; `admin` implies all),
+//! checked at admission before anything else (`TG_FORBIDDEN`). Per-owner
+//! bounds: `tasks.max_running_per_owner` (an in-memory count per owner, whose
+//! entries go with the owner's last run) and `store.max_live_tasks_per_owner`
+//! (counted by the store in the creating transaction); past either,
+//! `TG_OWNER_LIMIT` for that owner only, never a synchronous run instead.
+//! `TaskService`: admission (stopping, scopes, tool, arguments, Tasks required,
+//! operation reference, owner's slot, slot) → commit → start; every run,
+//! background or synchronous, holds one of `tasks.max_running` slots (only a
+//! built-in that starts no process, the bench no-op, may run without one): with
+//! none free a call is refused at once (`TG_TASK_SLOTS_BUSY` for a `required`
+//! tool, `TG_RUN_SLOTS_BUSY` otherwise); when the store cannot take a task
+//! (busy, at capacity, disabled) a `required` tool gets that error
+//! (`TG_STORE_*`) and an `optional` one runs synchronously on the slot it
+//! already holds, each fallback logged with its reason and counted
+//! (`fallbacks()`, shown in STATUS) — except a call that carries an operation
+//! ID, which is never run synchronously on a store failure (it may be the retry
+//! of a committed call whose answer was lost) and gets the store's error marked
+//! retryable (`TaskError::StoreUnsettled`); a call with an operation ID that
+//! meets a busy slot or its owner's running limit is looked up by its reference
+//! first (`Store::find_reference`), so a retry gets its task whatever the
+//! bounds say and only a new call is refused; poll pacing (`polls.rs`, the one
+//! piece of task state held only in memory: a poll before its task's next read
+//! is due is held until then, at most half of
+//! `server.reserved_control_requests` at once, and past that answered with the
+//! record the owner was last told while the task had no result (a finished
+//! task's record is not kept in memory, so an early poll of it past the bound
+//! reads the store); an early poll is never refused, and the store is read
+//! about once per `pollIntervalMs` per task; bounded by the live-task limit;
+//! held polls and those answered from memory are counted since the start,
+//! `TaskService::early_polls`, for `status`); cancel (intent committed first);
+//! the built-in `artifact_read`; request identity digests (`request.rs`);
+//! stopping (`stop_admitting`, then `stop_running` waits for every run's
+//! outcome). `TaskError` names each refusal and its wire code. Speaks
+//! `serde_json::Value`, store records and `TaskError`: **no rmcp types**.
+//! `approval.rs`: calls to a tool with `approval = "required"` pass
+//! authentication, scopes, argument validation and the task-mode check, then
+//! the gate (after which a spent approval goes on through normal admission,
+//! synchronous or background): a held call gets an approval-status task (a
+//! store row with the proposal and the journal sequence it projected, a status
+//! message naming the proposal, which the create and `tasks/get` answers also
+//! carry in `_meta["dev.taskgate/proposal"]`, and `approvals.poll_interval_ms`,
+//! TTL at least an hour past the last moment its proposal can change) when the
+//! request negotiated Tasks, else — and whenever that row cannot be committed —
+//! the `approval_required` result with the proposal ID. The journal is appended
+//! first, the row second; `tasks/get` and `tasks/cancel` of a waiting row read
+//! the proposal (its expiry journaled first when due; a cancel journals
+//! `call_cancellation` and projects whatever the journal then says) and project
+//! it; a row whose proposal the journal does not hold, whose recorded sequence
+//! is past the journal's head, or whose journal is disabled is
+//! `TG_APPROVAL_EVIDENCE_MISSING`, never guessed; terminal rows never ask the
+//! gate. Restart recovery leaves waiting approval rows alone (they are not
+//! interrupted work).
 
 mod approval;
 mod artifact_read;
@@ -54,7 +114,7 @@ pub use approval::{
     AdminRefusal, Approvals, ApprovalsStatus, Decider, Decision, MAX_LISTED_PROPOSALS, Proposal,
 };
 pub use artifact_read::ARTIFACT_READ_TOOL;
-pub use error::TaskError;
+pub use error::{TaskError, store_wire};
 
 /// The `_meta` key under which a client names the operation a call belongs
 /// to, so that a retry after a lost reply returns the same task.
@@ -406,10 +466,6 @@ impl TaskService {
 
     pub fn approvals(&self) -> Option<&Arc<Approvals>> {
         self.approvals.get()
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
     }
 
     fn live(&self) -> Arc<Live> {

@@ -9,6 +9,49 @@
 //! This module knows nothing of tasks, owners, the store or the protocol
 //! library: a run produces the tool result's JSON (the shape of MCP's
 //! `CallToolResult`) or a [`RunError`] that knows its wire code.
+//!
+//! Owns what a call runs. The `Runner` trait (spec, validate, run under a
+//! cancellation token, and `starts_process()`, false only for the bench no-op)
+//! and the `Registry` (duplicate names refused, 78). `command.rs`: `[[tool]]`
+//! compiled once (schema, argv template), refusing (78) a name of the daemon's
+//! own tools (`RESERVED_TOOL_NAMES`: `artifact_read`, which `tasks` serves) and
+//! a `non_idempotent_write` tool that would run as a background task (a restart
+//! would leave its effect unknown); `process.rs`: no shell, allow-listed
+//! environment, arguments on stdin, own process group, output caps, timeout,
+//! SIGTERM → grace → SIGKILL to the group, never started when already
+//! cancelled; `shim.rs`: `taskgate exec-tool` (hidden) kills the tool's group
+//! when the daemon dies, even by SIGKILL. `builtin.rs`: the benchmark's no-op
+//! tool. `RunError` knows its wire code. Knows nothing of tasks, owners or the
+//! store, nor of upstream MCP servers: tools that come and go while the daemon
+//! runs are found through a `ToolSource` the `Registry` asks for a name none of
+//! its own tools has and for its listing at each `tools/list` (`Lookup`:
+//! unknown, found, or refused with the source's `RunError`). `process::Server`
+//! starts a long-running program that talks on its stdin and stdout under the
+//! same shim and confinement (a stdio upstream). The shim (`taskgate exec-tool
+//! --policy JSON`) confines every command tool before `exec` and owns its whole
+//! process tree: `confine.rs` works out, once per tool, the Landlock grants
+//! (read/execute: `/usr /bin /sbin /lib* /etc`, a few devices, the program,
+//! `read_paths`; write: the working directory or the run's 0700 scratch
+//! directory, `write_paths`) and refuses (78) a declared path overlapping the
+//! state directory or the config file, and a confined tool on a kernel without
+//! Landlock unless it says `sandbox = "unconfined"`; `shim.rs` makes itself
+//! non-dumpable first (the daemon's `exec` made it dumpable again; the daemon
+//! itself is made non-dumpable by `confine::protect_daemon` before `serve`), is
+//! a child subreaper running the tool in its own process group with
+//! `PR_SET_PDEATHSIG`, `PR_SET_NO_NEW_PRIVS`, per-process rlimits (set with
+//! `prlimit`, since the unit's filter blocks `setrlimit`) and the ruleset
+//! applied after fork; it counts descendants every 100 ms and, whenever the run
+//! ends (exit, SIGTERM and grace, SIGUSR2, the daemon's death), kills and reaps
+//! every descendant, `setsid` ones included; the limit that ended a tool comes
+//! back on fd 3 as its `[[tool]]` key and becomes `TG_TOOL_LIMIT`.
+//! `confine::Confinement` is what is in force (Landlock ABI or unavailable,
+//! subreaper kill, no_new_privs, each tool's sandbox and limits, as
+//! `Registry::confinement()`): `check` prints its lines, `status` carries it,
+//! and `Registry::log_confinement` logs it with the tools' warnings (option
+//! injection, at warn) at start and after each reload. Limits come from
+//! `[tools]` unless a `[[tool]]` sets its own (resolved in `config`). Rules:
+//! nothing here opens the store; the shim is single-threaded and uses no
+//! runtime; no tool ever gets a path inside the state directory.
 
 pub mod builtin;
 pub mod command;

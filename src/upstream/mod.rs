@@ -11,6 +11,80 @@
 //! This module knows nothing of tasks, owners, the store or the HTTP
 //! listener: it is a [`ToolSource`] the registry asks, and a status it
 //! reports.
+//!
+//! Owns upstream MCP servers as sources of tools. `Upstreams` is the
+//! `tools::ToolSource` the `Registry` asks; `tools` knows nothing of it. It
+//! uses `tools` (the runner, the shim, the confinement), `auth` (an upstream's
+//! credential file is read under the rules of taskgate's own: private, 77
+//! otherwise), `config`, `wire` and `exit`; it is used by `service` (holds the
+//! upstreams, applies them at start and on reload, stops them), `startup`
+//! (reads the pins, checks a stdio upstream's confinement), `admin` (their
+//! status, the `upstreams` request), `main` (`taskgate upstream`) and `route`
+//! (durable routes, through `durable.rs`). `source.rs`: one supervisor per
+//! `[[upstream]]`, which connects as an MCP client (rmcp: the 2026-07-28
+//! `server/discover`, falling back to a 2025-11-25 `initialize`) within
+//! `connect_timeout_secs`, lists the tools page by page (refused whole past
+//! `max_tools`), and publishes a `Snapshot` (state `connecting`, `ready`,
+//! `unavailable` or `stopped`, since when, a random session id per connection,
+//! the protocol version, whether Tasks was advertised, the catalog, the last
+//! error) that calls and `status` read without ever waiting for a connection; a
+//! lost or refused connection is made again after a backoff of 1 s doubling to
+//! 60 s; the tools are listed again on `notifications/tools/list_changed` and
+//! every 5 minutes, with rmcp's response cache off (each listing is the
+//! upstream's now); a reload's new settings and pins and the supervisor's news
+//! are published under one lock, so neither overwrites the other; the paths no
+//! stdio upstream may reach are read at each connection (a reload that protects
+//! more reconnects every stdio upstream). `tool.rs`: each listed tool is a
+//! `Capability` (its digest, its pin state, the effect and task mode the
+//! operator gave in `[[upstream]]`, never the upstream's annotation hints;
+//! withheld when its digest differs from its pin, or its name or input schema
+//! cannot be served) and, when callable, an `UpstreamTool` runner named
+//! `alias.tool`: arguments validated against its schema, then forwarded on the
+//! current connection under `max_concurrent_requests` (past it
+//! `TG_UPSTREAM_BUSY`, nothing sent), `request_timeout_secs` and
+//! `max_response_bytes`; the result's `_meta` dropped; every failure a
+//! `RunError` with its `TG_UPSTREAM_*` code; `starts_process()` is false, so it
+//! holds no running slot. A tool its `[upstream.tools.NAME]` marks `approval =
+//! "required"` carries an `ApprovalRule` whose definition digest binds the
+//! alias, transport, bounds, the tool's (pinned) digest, effect and task, so
+//! `tasks` holds it at the command tools' gate; an `approval_preview` field its
+//! schema lacks withholds it, re-checked at every catalog rebuild, and
+//! `durable.rs` never routes it. A tool marked `task = "optional"|"required"`
+//! runs as a task like any runner: `tasks` commits it before answering and
+//! never runs it again after a restart. `transport.rs`: a stdio upstream starts
+//! through the shim with a command tool's confinement and process limits (its
+//! own table's, else `[tools]`'; `tools::process::Server`), and its stdout
+//! reaches rmcp only as whole lines, each at most `max_response_bytes` and
+//! JSON, a tool list longer than `max_tools` refused before it is parsed;
+//! anything else closes the connection, which is then made again. HTTP goes
+//! through reqwest on the daemon's rustls stack: no redirects, no proxy from
+//! the environment, the system's trust roots or `ca_file`, the bearer
+//! credential read from `bearer_token_file` at each connection, and checked by
+//! a start, `check` and a reload (`config` allows `http://` only to loopback).
+//! `digest.rs`: sha256 over the RFC 8785 canonical JSON of a tool's name,
+//! description, input and output schema and annotations. `pins.rs`:
+//! `upstream-pins.toml` beside the configuration file, read strictly at start
+//! and on reload (78; writable by anyone but its owner, 77), written whole by
+//! `taskgate upstream pin` (never writable by others). `diff.rs`: what changed
+//! since the pin, as JSON-pointer lines. `Upstreams::apply`, at start and on
+//! each reload: new upstreams connect in the background, removed ones retire
+//! once their calls in flight end, a changed connection setting connects again,
+//! changed tool settings or pins keep the connection. `durable.rs`: what
+//! durable routes use of an upstream's own Tasks. `routable()` and
+//! `routable_named()` give the capabilities a route may use now (a pinned, not
+//! withheld tool of a `ready` upstream that negotiated 2026-07-28 and
+//! advertised Tasks), each with its pin digest (the submission's
+//! `providerInterfaceVersion`), the operator's effect, a source digest over the
+//! upstream's configuration and the tool as discovered, and the current
+//! session, or why not; `submit`, `get_task` and `cancel_task` each go out on
+//! the one session the caller names, and on no other (when it is no longer
+//! current nothing is sent), declaring Tasks on that request only and carrying
+//! the execution envelope (`dev.taskgate/taskExecution`) with a submission;
+//! they report what came back (`Answer`, `RemoteTask`) or whether anything was
+//! sent at all (`Failure::NotSent` or `Unknown`, `PollFailure`), and decide
+//! nothing about a route. Knows nothing of tasks, owners, the store or the HTTP
+//! listener: a run gets the arguments and a cancellation token, never the
+//! caller, so a caller's identity and credential cannot reach an upstream.
 
 pub mod diff;
 pub mod digest;

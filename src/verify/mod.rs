@@ -27,6 +27,40 @@
 //! component opened relative to a directory descriptor with `O_NOFOLLOW`,
 //! files are created with `O_EXCL` and mode 0600, and every read and write
 //! is bounded by a named constant.
+//!
+//! Owns the qualification of the durable route. A harmless fixture, not an
+//! execution service: it runs nothing it is given and reaches no network.
+//! `worker.rs` is `taskgate qualification-worker --root DIR` (hidden): one JSON
+//! request on stdin (at most 64 KiB; unknown fields refused) naming a task's
+//! identity (`correlationId`, `logicalTaskId`, `attempt`, `inputDigest`), a
+//! flat `input` (at most 32 members; keys 1 to 64 bytes; strings of at most 1
+//! KiB, numbers, booleans, null) whose RFC 8785 canonical form must hash to
+//! `inputDigest`, and an `output` that must be one plain path component (else
+//! refused as traversal); it writes `result.json` (the identity and the input
+//! with its strings trimmed, canonical) and `manifest.json` (the identity, each
+//! file's size and sha256, `resultDigest`) as new files in that directory under
+//! the root (created unless it is there), at most 8 MiB in all, and prints one
+//! JSON line. The tree is hostile: the root and the directory are opened
+//! `O_DIRECTORY|O_NOFOLLOW`, files created `O_CREAT|O_EXCL|O_NOFOLLOW` mode
+//! 0600 through the directory's descriptor and fsynced with it; a link anywhere
+//! is refused, never followed. A `fault` makes it misbehave on purpose (a
+//! manifest under another `correlationId` with exit 0; an output outside the
+//! root, which its own check refuses; a stall its declared runtime ends). It
+//! keeps the `limits` the caller declares (`runtimeMs`, `artifactBytes`), and
+//! with `--ledger` appends one line per process before any check; `--liar`
+//! (test hooks only) makes it dishonest. `durable.rs` runs the daemon through
+//! `service::run` on upstream connections given in `Options`, so a restart
+//! keeps the provider's session. Refusals are one line with an exit class (64
+//! the request, 77 the tree, 74 I/O). `artifacts.rs` checks a run independently
+//! of the worker and its exit status: the directory reopened without following
+//! links, the manifest read under a bound, the identity field by field, every
+//! listed file's size and sha256, `result.json`'s identity and its normalised
+//! input against the digest the caller computed from the original input,
+//! nothing unlisted; the first discrepancy is a `Finding`. `remove_owned`
+//! removes only the regular files the manifest lists, then the manifest and the
+//! directory (`unlinkat`), and leaves and names anything else. Knows nothing of
+//! tasks, the store, tools or the daemon: the route that starts the worker and
+//! keeps the identity is not here.
 
 pub mod artifacts;
 pub mod durable;

@@ -1,5 +1,38 @@
 //! Helpers shared by the integration tests: real directories, the real
 //! binary, real SQLite files.
+//!
+//! One harness (`tests/common`) starts every daemon process: the real binary on
+//! port 0, with a notify socket the test owns; readiness and the address come
+//! from `READY=1`/`STATUS=`, never from the log. A test that needs the serving
+//! parts in process (a router to drive with `oneshot` on a paused clock, a
+//! test's own built-in tools, the store's manual clock) opens them through the
+//! daemon's own startup, `service::Daemon::start`, or serves a listener with
+//! `service::run`; none wires startup, the task service or the router by hand.
+//! Expiry and retention move the store's manual clock; poll pacing moves
+//! tokio's paused clock. `tests/common` is the support module every test binary
+//! compiles, one concern a file, re-exported by `mod.rs` (which holds the
+//! harness itself: directories, the binary, the daemon, FIFOs): `fixtures.rs`
+//! builds `[[tool]]` tables (`Tool::new(name).script(…).task(…)`, only the keys
+//! a test sets, `effect` `read_only` unless given) and writes the configuration
+//! file around the sections a test writes itself; `http.rs` is the raw HTTP/1.1
+//! client: a request goes out as the bytes the test wrote, on a fresh or a
+//! keep-alive connection, and one reader takes the answer whole (status,
+//! headers, body with its `Content-Length` or chunked framing undone, an event
+//! stream read until its answer where asked) or says what came instead (the
+//! connection closed, or nothing more in time); tests that send a broken or
+//! partial request keep their socket and read the answer with it; `mcp.rs`
+//! holds the protocol versions, the Tasks extension's name and a 2026-07-28
+//! request's `_meta`; `rss.rs` reads a process's resident memory and its peak
+//! from `/proc`; `fuzz/` is the request fuzzer's framework (the seeded random
+//! streams, requests as structure, the mutators, a run over keep-alive
+//! connections with its judging, tally, replay lines and vacuity guard), whose
+//! tests and tables (base requests, known defects, the daemon's configuration)
+//! are `tests/fuzz_requests.rs`; `prereq.rs` the guards for root and Debian
+//! tools; `strace.rs` fault injection into the store thread; `upstream.rs` the
+//! upstream MCP servers tests put behind the daemon (the misbehaving stdlib
+//! server behind a wrapper that gives it its environment and records its pid,
+//! the SDK servers of `scripts/upstream-servers.sh`), their `[[upstream]]`
+//! tables, and waiting for `status --json` to say where an upstream stands.
 #![allow(dead_code)]
 
 pub mod fixtures;
@@ -11,6 +44,7 @@ pub mod route;
 pub mod rss;
 pub mod strace;
 pub mod tls;
+pub mod tokens;
 pub mod upstream;
 
 // Not every test binary uses every helper.

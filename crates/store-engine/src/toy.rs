@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::open::{check_identified, check_read_only};
 use crate::{
     Clock, EngineError, Handle, Hooks, NextExpiry, OpError, OpenError, Options, RecordKind, Report,
-    Step, StoreId, Tx, Unobserved, check_identified, check_read_only, kinds,
+    Step, StoreId, Tx, Unobserved, kinds,
 };
 
 /// Notes one store holds at most.
