@@ -829,7 +829,8 @@ fn public_items(text: &str) -> Vec<String> {
 /// type (a connection, a statement, a transaction, an error of rusqlite),
 /// so no other module can be handed the connection, whatever it imports.
 /// The connection itself is held in an `Rc` by the store thread's
-/// `Engine`, which is therefore not `Send` (asserted in `store::engine`).
+/// `Engine`, which is therefore not `Send` (asserted in the store engine's
+/// `thread.rs`).
 #[test]
 fn the_store_hands_out_no_sqlite_type() {
     let mut files = Vec::new();
