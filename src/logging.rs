@@ -319,12 +319,7 @@ mod tests {
         }
         // Other rmcp modules keep their warnings.
         assert!(cap.would_enable("rmcp::transport::io", &Level::WARN));
-        for target in [
-            "taskgate",
-            "taskgate::service",
-            "taskgate::store::engine",
-            "taskgate_store_engine::thread",
-        ] {
+        for target in ["taskgate", "taskgate::service", "taskgate::store::engine"] {
             assert!(cap.would_enable(target, &Level::WARN), "{target}");
         }
     }
