@@ -10,9 +10,12 @@
 //! | route | [`RouteId`] | `tgr-` and 32 hex digits (also the ID of the public task a route is) |
 //! | lease | [`LeaseId`] | `tgl-` and 32 hex digits |
 //! | proposal | [`ProposalId`] | `tgp-` and 32 hex digits |
-//! | store | [`StoreId`] | 32 hex digits (a database's identity, kept beside it in `tasks.lock`) |
 //! | coordinator | [`CoordinatorId`] | 32 hex digits (one serving process, recorded with each dispatch) |
 //! | artifact | [`ArtifactName`] | its task's ID: `<task-id>.json`, `.<task-id>.tmp` while written |
+//!
+//! A store's own identity (`StoreId`) is not here: the store engine
+//! checks it when it opens a database, and the engine crate depends on
+//! nothing of taskgate's.
 //!
 //! Parsing accepts exactly what minting makes: a malformed ID is refused
 //! with [`IdError`], which callers usually treat as just another unknown
@@ -72,12 +75,6 @@ kinds! {
     Lease, LeaseId, "tgl-", "lease";
     /// An approval proposal's identifier.
     Proposal, ProposalId, "tgp-", "proposal";
-    /// A store's identity, chosen when its database is initialised and kept
-    /// in it for life; the state directory records it beside the database
-    /// (in `tasks.lock`), so an empty or replaced `tasks.db` under existing
-    /// task handles is recognised and refused rather than served as a new,
-    /// empty store.
-    Store, StoreId, "", "store";
     /// One serving process's identity, minted at each start and recorded
     /// with each dispatch it makes.
     Coordinator, CoordinatorId, "", "coordinator";
@@ -297,7 +294,6 @@ mod tests {
             $check::<Route>();
             $check::<Lease>();
             $check::<Proposal>();
-            $check::<Store>();
             $check::<Coordinator>();
         };
     }
@@ -339,7 +335,7 @@ mod tests {
         assert!(RouteId::generate().unwrap().as_str().starts_with("tgr-"));
         assert!(LeaseId::generate().unwrap().as_str().starts_with("tgl-"));
         assert!(ProposalId::generate().unwrap().as_str().starts_with("tgp-"));
-        assert_eq!(StoreId::generate().unwrap().as_str().len(), 32);
+        assert_eq!(CoordinatorId::generate().unwrap().as_str().len(), 32);
         assert_eq!(
             ArtifactName::Whole(task.clone()).file_name(),
             format!("{task}.json")
@@ -390,8 +386,8 @@ mod tests {
         }
         refused::<Lease>("tgl-unknown");
         refused::<Proposal>("tgp-1");
-        refused::<Store>(&format!("tg-{hex}"));
-        refused::<Store>(&hex[1..]);
+        refused::<Coordinator>(&format!("tg-{hex}"));
+        refused::<Coordinator>(&hex[1..]);
         refused::<Coordinator>("unrandom");
         // The text an operator has always read for a malformed route ID.
         assert_eq!(

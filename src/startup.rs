@@ -42,17 +42,17 @@
 //!
 //! - Step 6: store identity against `tasks.lock`, pragmas, schema version,
 //!   `integrity_check`, every kind's shape and records, all read-only
-//!   (`store/open.rs`; 65 (74 on I/O)).
+//!   (the store engine's `open.rs`; 65 (74 on I/O)).
 //!
 //! - Step 7: first write — open for writing: initialise, or run the missing
-//!   migration steps; the store recorded in `tasks.lock` (`store/open.rs`,
+//!   migration steps; the store recorded in `tasks.lock` (the engine's `open.rs`,
 //!   `store/migrate.rs`, `state_dir.rs`; 74).
 //!
 //! - Step 8: artifacts: created if missing, temporaries and results of
 //!   unfinished tasks removed (`artifacts.rs`; 74).
 //!
 //! - Step 9: recovery, every kind's in one transaction: a nonterminal task →
-//!   failed (interrupted) or cancelled (`store/open.rs`, `store/tasks.rs`; 74).
+//!   failed (interrupted) or cancelled (the engine's `open.rs`, `store/tasks.rs`; 74).
 //!
 //! - Step 10: serve: upstreams start connecting in the background (none delays
 //!   READY; until one answers, its tools are absent), READY=1 + STATUS=

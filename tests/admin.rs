@@ -222,6 +222,37 @@ fn a_stale_socket_left_by_a_killed_daemon_is_replaced_at_the_next_start() {
     assert!(d.stop().success());
 }
 
+/// `status` tells what restart recovery ended at this start, every kind's
+/// (a task killed with its daemon, here), and nothing after a clean one.
+#[test]
+fn status_tells_what_recovery_ended_at_this_start() {
+    let root = private_dir();
+    let state = state_dir(root.path());
+    let d = start(root.path(), &state);
+    assert!(status_json(&state).get("recovered").is_none());
+    start_nap(&d, 60);
+    d.kill();
+
+    let d = start(root.path(), &state);
+    let s = status_json(&state);
+    assert_eq!(
+        s["recovered"],
+        json!([
+            "1 tasks running at the last stop ended: 1 failed (interrupted), 0 cancelled (their cancel had been committed); none was re-run"
+        ]),
+        "{s}"
+    );
+    let out = taskgate(&["status", "--state-dir", state.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with("recovered        1 tasks running at the last stop ended")),
+        "{out:?}"
+    );
+    assert!(d.stop().success());
+}
+
 #[test]
 fn the_socket_goes_in_the_runtime_directory_when_systemd_gives_one() {
     let root = private_dir();
@@ -660,9 +691,9 @@ fn the_store_copies_itself_while_creates_go_on() {
         )
         .expect("the copy checks");
         match copy {
-            taskgate::store::CheckReport::Valid { retained, .. } => {
+            taskgate::store::CheckReport::Valid { status, .. } => {
                 assert!(
-                    retained >= 300,
+                    status.tasks.retained >= 300,
                     "every task committed before it is in the copy"
                 )
             }

@@ -854,7 +854,8 @@ fn public_items(text: &str) -> Vec<String> {
 /// type (a connection, a statement, a transaction, an error of rusqlite),
 /// so no other module can be handed the connection, whatever it imports.
 /// The connection itself is held in an `Rc` by the store thread's
-/// `Engine`, which is therefore not `Send` (asserted in `store::engine`).
+/// `Engine`, which is therefore not `Send` (asserted in the store engine's
+/// `thread.rs`).
 #[test]
 fn the_store_hands_out_no_sqlite_type() {
     let mut files = Vec::new();
@@ -1030,6 +1031,9 @@ fn every_test_and_file_the_architecture_doc_names_exists() {
     let mut sources = Vec::new();
     rust_files(&src(), &mut sources);
     rust_files(&root.join("tests"), &mut sources);
+    // The workspace's crates: a guard may live in the crate that holds
+    // the rule.
+    rust_files(&root.join("crates"), &mut sources);
     let all_source: String = sources
         .iter()
         .map(|f| std::fs::read_to_string(f).unwrap())
@@ -1122,6 +1126,170 @@ fn every_test_and_file_the_architecture_doc_names_exists() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// The store engine's crate, which must not know what the store holds.
+fn engine_crate() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/store-engine")
+}
+
+/// Where `word` occurs in `text` as a word of its own (not inside an
+/// identifier: `tasks` in `tasks.db` or `crate::store::tasks`, not in
+/// `subtasks` or `tasks_owner`).
+fn word_at(text: &str, word: &str) -> Option<usize> {
+    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    text.match_indices(word).map(|(at, _)| at).find(|&at| {
+        !ident(text[..at].chars().last()) && !ident(text[at + word.len()..].chars().next())
+    })
+}
+
+#[test]
+fn the_word_scan_sees_words_not_parts_of_names() {
+    assert_eq!(word_at("use crate::store::tasks;", "tasks"), Some(18));
+    assert_eq!(word_at("tasks.db", "tasks"), Some(0));
+    assert_eq!(word_at("let subtasks = tasks_owner;", "tasks"), None);
+    assert_eq!(word_at("Vec<TaskId>", "TaskId"), Some(4));
+    assert_eq!(word_at("TaskIds", "TaskId"), None);
+}
+
+/// The engine knows no schema, twice over: the compiler holds it (its
+/// crate depends on no taskgate crate, so it cannot name a kind; the kinds
+/// are a registry it is generic over), and so does this scan, which reads
+/// every file of the crate for the kinds' names. Only `store/` reaches it.
+#[test]
+fn the_store_engine_knows_no_kind_of_record() {
+    let manifest = std::fs::read_to_string(engine_crate().join("Cargo.toml")).unwrap();
+    let dependencies = manifest
+        .split("\n[")
+        .filter(|section| section.contains("dependencies]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for line in dependencies.lines().skip(1) {
+        let name = line.split(['=', ' ', '.']).next().unwrap_or("");
+        assert!(
+            !name.starts_with("taskgate") && !line.contains("path ="),
+            "crates/store-engine/Cargo.toml depends on a crate of this workspace: {line}"
+        );
+    }
+    let mut files = Vec::new();
+    rust_files(&engine_crate().join("src"), &mut files);
+    assert!(
+        files.len() >= 5,
+        "read only {} files of the engine",
+        files.len()
+    );
+    files.push(engine_crate().join("Cargo.toml"));
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for word in ["tasks", "routes", "leases", "TaskId"] {
+            if let Some(at) = word_at(&text, word) {
+                let line = text[..at].lines().count().max(1);
+                panic!(
+                    "{}:{line} names {word}: the store engine must not know the kinds of record",
+                    file.display()
+                );
+            }
+        }
+    }
+    for (file, text) in sources() {
+        if module_of(&file) != "store" {
+            assert!(
+                !text.contains("taskgate_store_engine"),
+                "{} names the store engine; only src/store/ may",
+                shown(&file)
+            );
+        }
+    }
+}
+
+/// What a file of `src/store/` reaches through `super::` (outside its unit
+/// tests): the sibling file a path starts with, or `mod` for anything
+/// `store/mod.rs` itself holds or re-exports.
+fn store_imports(text: &str, siblings: &BTreeSet<String>) -> BTreeSet<String> {
+    let code = &text[..tests_start(text).unwrap_or(text.len())];
+    let first = |path: &str| -> String {
+        let name: String = path
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if siblings.contains(&name) {
+            name
+        } else {
+            "mod".to_string()
+        }
+    };
+    let mut found = BTreeSet::new();
+    for (at, _) in code.match_indices("super::") {
+        let rest = &code[at + "super::".len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => found.extend(top_level_members(group).into_iter().map(first)),
+            None => {
+                found.insert(first(rest));
+            }
+        }
+    }
+    found
+}
+
+/// No two files of `src/store/` import each other, directly or round a
+/// circle: `mod.rs` only declares and re-exports (it reaches every file),
+/// and every other file imports from the file that defines what it needs.
+#[test]
+fn the_store_s_files_import_each_other_in_no_circle() {
+    let dir = src().join("store");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let stem = |f: &Path| f.file_stem().unwrap().to_string_lossy().into_owned();
+    let siblings: BTreeSet<String> = files.iter().map(|f| stem(f)).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let name = stem(file);
+        let reached = if name == "mod" {
+            siblings.iter().filter(|s| *s != "mod").cloned().collect()
+        } else {
+            store_imports(&std::fs::read_to_string(file).unwrap(), &siblings)
+        };
+        edges.insert(name, reached);
+    }
+    // Depth first from every file; a file met again on the current path
+    // closes a circle.
+    fn visit(
+        at: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) {
+        if let Some(from) = path.iter().position(|p| p == at) {
+            panic!(
+                "src/store/ imports round a circle: {} -> {at}",
+                path[from..].join(" -> ")
+            );
+        }
+        if done.contains(at) {
+            return;
+        }
+        path.push(at.to_string());
+        for next in edges.get(at).into_iter().flatten() {
+            visit(next, edges, path, done);
+        }
+        path.pop();
+        done.insert(at.to_string());
+    }
+    let mut done = BTreeSet::new();
+    for file in edges.keys() {
+        visit(file, &edges, &mut Vec::new(), &mut done);
+    }
+    assert!(
+        edges.len() >= 8,
+        "read only {} files of src/store/",
+        edges.len()
+    );
+    let siblings_of = |f: &str| store_imports(f, &siblings);
+    assert_eq!(
+        siblings_of("use super::handle::{Store, X};\nuse super::{digest::Digest, Item};\n"),
+        ["digest", "handle", "mod"].map(str::to_string).into()
+    );
+}
+
 /// Arrows between the crates of `crates/`, each for a reason the map's
 /// Crates section gives: none so far. A crate there depends on no taskgate
 /// crate unless listed here, and never on the `taskgate` package.
@@ -1130,7 +1298,21 @@ const CRATE_ARROWS: &[(&str, &str)] = &[];
 /// Module rules inside a crate of `crates/`: for each crate with modules
 /// of its own, which of its modules each may name (`crate::x`). A crate
 /// of one file has none to keep apart.
-const CRATE_MODULES: &[(&str, ModuleRules)] = &[];
+const CRATE_MODULES: &[(&str, ModuleRules)] = &[(
+    "store-engine",
+    &[
+        ("clock", &[]),
+        ("migrate", &[]),
+        // `rusqlite`: the re-export the `kinds!` macro names its types by.
+        ("kind", &["migrate", "rusqlite"]),
+        ("open", &["kind", "migrate"]),
+        // The handle and the store thread share the queue's types.
+        ("handle", &["kind", "open", "thread"]),
+        ("thread", &["handle", "kind", "open"]),
+        // The engine's own tests: a kind of record of their own.
+        ("toy", &["kinds", "open"]),
+    ],
+)];
 
 /// One crate's allow-list: each module with the modules it may name.
 type ModuleRules = &'static [(&'static str, &'static [&'static str])];

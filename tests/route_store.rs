@@ -24,9 +24,9 @@ mod common;
 
 use common::*;
 use taskgate::store::{
-    Advanced, CapacityKind, Clock, Decider, Digest, MAX_ROUTES, MAX_ROUTES_PER_OWNER, ManualClock,
-    NewRoute, Outcome, Prepared, RouteChange, RouteId, RoutePhase, RouteRecord, Store, StoreError,
-    StoreOptions, TaskStatus,
+    Advanced, CapacityKind, CheckReport, Clock, Decider, Digest, MAX_ROUTES, MAX_ROUTES_PER_OWNER,
+    ManualClock, NewRoute, Outcome, Prepared, Report, RouteChange, RouteId, RoutePhase,
+    RouteRecord, RouteRecovery, Store, StoreError, StoreOptions, TaskStatus, check_read_only,
 };
 
 const EPOCH_MS: i64 = 1_767_225_600_000;
@@ -61,6 +61,35 @@ fn route(owner: Digest, key: &str, retention_ms: i64) -> NewRoute {
         expires_ms: EPOCH_MS + retention_ms,
         poll_interval_ms: 1000,
     }
+}
+
+/// Moves a prepared route to dispatching on session s1.
+async fn dispatch(store: &Store, id: &RouteId) {
+    store
+        .advance_route(
+            id,
+            &[RoutePhase::Prepared],
+            RouteChange::Dispatching {
+                coordinator: "c1".into(),
+                session: "s1".into(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// The caller's cancel of a route not yet routed.
+async fn cancel(store: &Store, id: &RouteId) {
+    store
+        .advance_route(
+            id,
+            &[RoutePhase::Prepared, RoutePhase::Dispatching],
+            RouteChange::CancelRequested {
+                reason: "requested by the caller".into(),
+            },
+        )
+        .await
+        .unwrap();
 }
 
 async fn prepared(store: &Store, new: NewRoute) -> RouteRecord {
@@ -298,41 +327,12 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
             // Cancelled before it was sent, and while it was being sent.
             let cp = prepared(&store, route(caller(1), "cp", 600_000)).await;
             let cd = prepared(&store, route(caller(1), "cd", 600_000)).await;
-            store
-                .advance_route(
-                    &cd.id,
-                    &[RoutePhase::Prepared],
-                    RouteChange::Dispatching {
-                        coordinator: "c1".into(),
-                        session: "s1".into(),
-                    },
-                )
-                .await
-                .unwrap();
+            dispatch(&store, &cd.id).await;
             for id in [&cp.id, &cd.id] {
-                store
-                    .advance_route(
-                        id,
-                        &[RoutePhase::Prepared, RoutePhase::Dispatching],
-                        RouteChange::CancelRequested {
-                            reason: "requested by the caller".into(),
-                        },
-                    )
-                    .await
-                    .unwrap();
+                cancel(&store, id).await;
             }
             for id in [&d.id, &r.id, &t.id] {
-                store
-                    .advance_route(
-                        id,
-                        &[RoutePhase::Prepared],
-                        RouteChange::Dispatching {
-                            coordinator: "c1".into(),
-                            session: "s1".into(),
-                        },
-                    )
-                    .await
-                    .unwrap();
+                dispatch(&store, id).await;
             }
             store
                 .advance_route(
@@ -412,6 +412,60 @@ fn recovery_ends_what_was_not_sent_and_reconciles_what_may_have_been() {
             (3, 2, 1)
         );
     });
+}
+
+/// `check` and the opening report tell the routes' recovery as they tell
+/// the tasks': what a restart ends, counted before it runs, and nothing
+/// once it has.
+#[test]
+fn check_and_opening_report_what_route_recovery_ends() {
+    let root = private_dir();
+    let dir = root.path().to_path_buf();
+    {
+        let (store, _) = open(&dir);
+        runtime().block_on(async {
+            prepared(&store, route(caller(1), "p", 600_000)).await;
+            let d = prepared(&store, route(caller(1), "d", 600_000)).await;
+            let c = prepared(&store, route(caller(1), "c", 600_000)).await;
+            dispatch(&store, &d.id).await;
+            cancel(&store, &c.id).await;
+            store.shutdown().await.unwrap();
+        });
+    }
+    let pending = RouteRecovery {
+        not_sent: 1,
+        in_flight: 1,
+        cancelled_unsent: 1,
+    };
+    let db = dir.join("tasks.db");
+    let max_pages = taskgate::config::StoreSettings::default().max_db_pages;
+    // Recovery counts every route, expired by the wall clock or not.
+    let CheckReport::Valid { recovery, .. } = check_read_only(&db, max_pages).unwrap() else {
+        panic!("not a valid database")
+    };
+    assert_eq!(recovery.routes, pending);
+    let lines = recovery.lines();
+    for said in [
+        "note: 1 routes were prepared but not sent at the last stop; serve ends them failed",
+        "note: 1 routes were being sent at the last stop; serve marks them as needing reconciliation",
+        "note: 1 routes were cancelled before they were sent; serve ends them cancelled",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(said)),
+            "{said}: {lines:#?}"
+        );
+    }
+    let (clock, _hand) = Clock::manual(EPOCH_MS);
+    let mut o = StoreOptions::new(&db);
+    o.clock = clock;
+    let (store, report) = Store::open(o).unwrap();
+    assert_eq!(report.recovery.routes, pending);
+    assert_eq!(report.recovered, 0, "no task was running");
+    runtime().block_on(store.shutdown()).unwrap();
+    let CheckReport::Valid { recovery, .. } = check_read_only(&db, max_pages).unwrap() else {
+        panic!("not a valid database")
+    };
+    assert_eq!(recovery.routes, RouteRecovery::default());
 }
 
 /// A third live task is refused under a limit of two.

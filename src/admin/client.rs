@@ -508,6 +508,9 @@ pub fn render(s: &Status) -> Vec<String> {
             ));
         }
     }
+    for line in &s.recovered {
+        lines.push(format!("recovered        {line}"));
+    }
     if let Some(r) = &s.routes {
         lines.push(format!(
             "routes           {} unexpired: {} prepared, {} dispatching, {} routed, {} cancel requested, {} need reconciliation, {} terminal",

@@ -348,6 +348,11 @@ pub struct Status {
     /// older than this field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<crate::upstream::UpstreamStatus>,
+    /// What restart recovery ended at this start, every kind of record's,
+    /// one line each (empty when nothing was in flight, and from a daemon
+    /// older than this field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovered: Vec<String>,
     /// Unexpired durable routes by phase; absent when none are held or
     /// the store could not count them.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -507,6 +507,7 @@ pub fn render_status(r: &StatusReport) -> Status {
         confinement: Some(r.confinement.clone()),
         parts: r.parts.clone(),
         upstreams: r.upstreams.clone(),
+        recovered: r.recovered.clone(),
         // Shown only when some are held.
         routes: r.routes.clone().filter(|c| c.total() > 0),
         approvals: r.approvals.as_ref().map(|a| a.journal.clone()),

@@ -101,6 +101,8 @@ pub struct Ops {
     sessions: OnceLock<Arc<dyn SessionCount>>,
     snapshot_running: AtomicBool,
     counts: status::CountsCache,
+    /// What restart recovery ended at this start, every kind's.
+    recovered: OnceLock<Vec<String>>,
 }
 
 impl Ops {
@@ -121,7 +123,13 @@ impl Ops {
             sessions: OnceLock::new(),
             snapshot_running: AtomicBool::new(false),
             counts: status::CountsCache::default(),
+            recovered: OnceLock::new(),
         })
+    }
+
+    /// What restart recovery ended at this start (the first call counts).
+    pub fn recovered(&self, lines: Vec<String>) {
+        let _ = self.recovered.set(lines);
     }
 
     /// The daemon serves from now on (the first call counts).

@@ -148,6 +148,9 @@ pub struct StatusReport {
     /// Each durable part's files ([`View::Operator`] only).
     pub parts: Vec<PartStatus>,
     pub upstreams: Vec<crate::upstream::UpstreamStatus>,
+    /// What restart recovery ended at this start, every kind of record's,
+    /// one line each (empty when nothing was in flight).
+    pub recovered: Vec<String>,
     /// Unexpired durable routes by phase; `None` when not counted.
     pub routes: Option<RouteCounts>,
     /// The approval gate, when this daemon holds calls for approval.
@@ -302,6 +305,7 @@ impl Ops {
             confinement: svc.tools().confinement(),
             parts,
             upstreams: self.upstreams.status(false),
+            recovered: self.recovered.get().cloned().unwrap_or_default(),
             routes: counts.routes,
             approvals,
         }

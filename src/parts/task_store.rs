@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::exit::Refusal;
 use crate::state_dir::{self, LifetimeLock, StateDir};
 use crate::store::{
-    self, CheckReport, Clock, OpenReport, SCHEMA_VERSION, Store, StoreId, StoreOptions,
+    self, CheckReport, Clock, OpenReport, Report, SCHEMA_VERSION, Store, StoreId, StoreOptions,
 };
 
 /// The task store part.
@@ -29,7 +29,7 @@ pub struct TaskStore;
 /// record counts as none: it can only come from a hand-edited lock file,
 /// and the database is still validated.
 pub fn recorded_store(lock: &LifetimeLock) -> Option<StoreId> {
-    lock.recorded_store().and_then(|s| StoreId::parse(&s).ok())
+    lock.recorded_store().and_then(|s| StoreId::parse(&s))
 }
 
 /// The task store, opened for serving.
@@ -91,17 +91,19 @@ fn inspect_artifacts(
 pub fn describe(report: &CheckReport) -> String {
     match report {
         CheckReport::Valid {
-            version,
-            retained,
-            unexpired,
-            ..
-        } => format!("schema {version}, integrity ok, {retained} tasks ({unexpired} unexpired)"),
+            version, status, ..
+        } => format!(
+            "schema {version}, integrity ok, {} tasks ({} unexpired)",
+            status.tasks.retained, status.tasks.unexpired
+        ),
         CheckReport::Pristine => "an empty database".into(),
         CheckReport::Missing => "no database".into(),
     }
 }
 
-/// What `check` prints about a checked database in the directory `d`.
+/// What `check` prints about a checked database in the directory `d`: its
+/// schema and tasks, then what every kind's restart recovery would end and
+/// what every kind holds, each kind's own lines in registration order.
 fn check_lines(d: &str, report: &CheckReport, journal: &Path) -> Vec<String> {
     match report {
         CheckReport::Missing => vec![format!(
@@ -112,32 +114,22 @@ fn check_lines(d: &str, report: &CheckReport, journal: &Path) -> Vec<String> {
         )],
         CheckReport::Valid {
             version,
-            retained,
-            unexpired,
-            nonterminal,
-            cancel_requested,
-            awaiting_approval,
-            approval_seq,
+            recovery,
+            status,
         } => {
             let mut lines = vec![format!(
-                "ok: {d}: schema {version}, integrity ok, {retained} tasks retained ({unexpired} unexpired)"
+                "ok: {d}: schema {version}, integrity ok, {} tasks retained ({} unexpired)",
+                status.tasks.retained, status.tasks.unexpired
             )];
             if *version < SCHEMA_VERSION {
                 lines.push(format!(
                     "note: serve will migrate schema {version} to {SCHEMA_VERSION}"
                 ));
             }
-            if *nonterminal > 0 {
-                lines.push(format!(
-                    "note: {nonterminal} tasks were running at the last stop; serve ends them and never re-runs them: {} failed (interrupted), {cancel_requested} cancelled (their cancel had been acknowledged)",
-                    nonterminal - cancel_requested
-                ));
-            }
-            if *awaiting_approval > 0 {
-                lines.push(format!(
-                    "note: {awaiting_approval} approval tasks wait on the approval journal (they recorded it up to record {approval_seq})"
-                ));
-                lines.extend(stale_journal(journal, *approval_seq));
+            lines.extend(recovery.lines());
+            lines.extend(status.lines());
+            if recovery.tasks.awaiting_approval > 0 {
+                lines.extend(stale_journal(journal, recovery.tasks.approval_seq));
             }
             lines
         }

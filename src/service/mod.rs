@@ -116,7 +116,7 @@ use crate::http::tls::Tls;
 use crate::http::{self, LimitedListener};
 use crate::ops::Ops;
 use crate::startup::{self, Claimed, Effective};
-use crate::store::{Clock, Store};
+use crate::store::{self, Clock, Store};
 use crate::tasks::{Limits, TaskService};
 use crate::tools::Runner;
 use crate::upstream::{Pins, Upstreams};
@@ -308,11 +308,12 @@ impl Daemon {
             ),
         };
         let tools = tools.with_source(upstreams.clone());
-        let clock = options.clock.clone().unwrap_or_else(Clock::system);
+        let clock = options.clock.clone().unwrap_or_else(store::system_clock);
         let mut serving = startup::open_serving(&config, clock)?;
         // The lock is held: a socket file a killed daemon left is replaced.
         let admin = Admin::bind(&mut serving.claimed.lock, serving.claimed.dir.path());
         let report = &serving.report;
+        let recovered = report.recovery_lines();
         tracing::info!(
             message_id = crate::events::START,
             state_dir = %serving.claimed.dir.path().display(),
@@ -382,6 +383,7 @@ impl Daemon {
             serving.claimed.dir.path(),
             &config,
         );
+        ops.recovered(recovered);
         Ok(Daemon {
             reload: Reload::new(options, &config),
             config,

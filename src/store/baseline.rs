@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use super::OpenError;
-use super::open;
+use taskgate_store_engine::{OpenError, apply_production_pragmas};
 
 /// Bytes of payload per row: about a task row (ID, digests, timestamps).
 const ROW_BYTES: usize = 192;
@@ -55,7 +54,11 @@ pub fn measure(dir: &Path, singles: usize, batches: usize) -> Result<Baseline, O
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| sql(&path, e))?;
-    open::apply_production_pragmas(&conn, &path)?;
+    apply_production_pragmas(
+        &conn,
+        &path,
+        crate::config::keys::STORE_MAX_DB_PAGES.int().default,
+    )?;
     conn.execute_batch("CREATE TABLE t (id TEXT PRIMARY KEY, payload BLOB NOT NULL) STRICT")
         .map_err(|e| sql(&path, e))?;
     let payload = vec![0x5au8; ROW_BYTES];

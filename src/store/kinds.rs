@@ -1,279 +1,162 @@
-//! The kinds of record the store holds, and what each must provide.
+//! The kinds of record taskgate's store holds, registered with the engine
+//! in one line each, and what opening and checking that store report.
 //!
-//! A kind of record is one module of `store/` that owns its tables' DDL
-//! (as steps of [`super::migrate`]), its SQL, its record types, its
-//! operations (built as [`super::engine::ReadOp`]s and
-//! [`super::engine::WriteOp`]s from methods on `Store`), its expiry sweep and
-//! its restart recovery. The engine and the opening code reach every kind
-//! only through [`RecordKind`], by walking [`Kinds`]; a new kind is
-//! registered by one line in the `kinds!` list below.
+//! A kind of record is one module of `store/` that owns its tables' DDL (as
+//! steps of [`super::migrate`]), its SQL, its record types, its operations
+//! on [`Store`], its expiry sweep and its restart recovery, implementing
+//! the engine's `RecordKind`. The engine reaches every kind only through
+//! the registry below.
 
-use rusqlite::Connection;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
-use super::StoreOptions;
+use taskgate_store_engine::{self as engine, Report};
 
-/// What the engine and the opening code ask of every kind of record. Each
-/// method runs on the store thread.
-pub(super) trait RecordKind {
-    /// What one record is called in messages ("task").
-    fn name(&self) -> &'static str;
+use super::error::StoreError;
+use super::handle::{IDENTITY_RECORDED_IN, Registry, Store, StoreOptions, system_clock};
+use super::migrate;
+use super::routes::Routes;
+use super::tasks::{TaskId, Tasks};
+use taskgate_store_engine::{OpenError, StoreId};
 
-    /// The schema version whose migration step created the kind's tables:
-    /// a database older than that is validated without it.
-    fn since(&self) -> i64;
-
-    /// Fails unless the kind's tables have the columns this build reads at
-    /// schema `version` (a database is validated before it is migrated).
-    fn verify_shape(&self, conn: &Connection, version: i64) -> rusqlite::Result<()>;
-
-    /// Decodes every record strictly: the first that does not decode is
-    /// named with the reason (the database is then refused). Returns how
-    /// many records there are.
-    fn decode_all(&self, conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>>;
-
-    /// Schema objects that need no version of their own (an index older
-    /// builds of the same version neither read nor mind), created if
-    /// missing at every start, in one transaction with the other kinds'.
-    fn ensure(&self, conn: &Connection) -> rusqlite::Result<()>;
-
-    /// Restart recovery, inside the recovery transaction: whatever was in
-    /// flight when the last process stopped ends, and nothing is run again.
-    fn recover(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()>;
-
-    /// Reads what the kind keeps counted on the store thread, once
-    /// recovery has committed.
-    fn load(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()>;
-
-    /// Deletes up to `limit` expired records, oldest expiry first, inside
-    /// the caller's transaction (the sweep timer's own, or a savepoint in a
-    /// batch); what it changes in the kind's counters counts once that
-    /// commits. A kind whose [`NextExpiry`] says nothing is due yet runs no
-    /// statement.
-    fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64>;
-
-    /// A sweep of this or another kind failed, and the caller undoes every
-    /// kind's deletions: what this kind's sweep learned is forgotten and
-    /// the rows it deleted count again (the rest of the transaction, a
-    /// batch's writes, may still commit).
-    fn sweep_undone(&mut self);
-
-    /// The transaction the kind's pending counter changes belong to
-    /// committed: they count from now on.
-    fn committed(&mut self);
-
-    /// That transaction was rolled back: its pending changes are forgotten.
-    fn rolled_back(&mut self);
+taskgate_store_engine::kinds! {
+    /// Every kind of record's state on the store thread.
+    pub struct Registered;
+    recovery Recovery; status Status;
+    options StoreOptions; refusal StoreError; steps migrate::STEPS;
+    tasks: Tasks,
+    routes: Routes,
 }
 
-/// Declares the registered kinds: one `field: Type` line each, `Type`
-/// being the kind's store-thread state, made by `Type::new(&StoreOptions)`.
-macro_rules! kinds {
-    ($($field:ident: $kind:ty,)+) => {
-        /// Every kind of record's state on the store thread.
-        pub(super) struct Kinds {
-            $(pub(super) $field: $kind,)+
-        }
-
-        impl Kinds {
-            pub(super) fn new(options: &StoreOptions) -> Kinds {
-                Kinds { $($field: <$kind>::new(options),)+ }
-            }
-
-            /// Every kind, in registration order.
-            pub(super) fn all(&self) -> Vec<&dyn RecordKind> {
-                vec![$(&self.$field as &dyn RecordKind,)+]
-            }
-
-            /// The kinds a database at schema `version` holds.
-            pub(super) fn at(&self, version: i64) -> Vec<&dyn RecordKind> {
-                let mut kinds = self.all();
-                kinds.retain(|kind| kind.since() <= version);
-                kinds
-            }
-
-            fn all_mut(&mut self) -> Vec<&mut dyn RecordKind> {
-                vec![$(&mut self.$field as &mut dyn RecordKind,)+]
-            }
-        }
-    };
-}
-
-kinds! {
-    tasks: super::tasks::Tasks,
-    routes: super::routes::Routes,
-}
-
-impl Kinds {
-    /// Every kind's bounded sweep; the total deleted.
-    pub(super) fn sweep(
-        &mut self,
-        conn: &Connection,
-        now: i64,
-        limit: u32,
-    ) -> rusqlite::Result<u64> {
-        let mut deleted = 0;
-        for kind in self.all_mut() {
-            let n = match kind.sweep(conn, now, limit) {
-                Ok(n) => n,
-                Err(e) => {
-                    self.all_mut()
-                        .into_iter()
-                        .for_each(|kind| kind.sweep_undone());
-                    return Err(e);
-                }
-            };
-            if n > 0 {
-                tracing::debug!(deleted = n, "{n} expired {}s swept", kind.name());
-            }
-            deleted += n;
-        }
-        Ok(deleted)
-    }
-
-    pub(super) fn recover(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()> {
-        self.all_mut()
-            .into_iter()
-            .try_for_each(|kind| kind.recover(conn, now))
-    }
-
-    pub(super) fn load(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()> {
-        self.all_mut()
-            .into_iter()
-            .try_for_each(|kind| kind.load(conn, now))
-    }
-
-    pub(super) fn committed(&mut self) {
-        self.all_mut().into_iter().for_each(|kind| kind.committed());
-    }
-
-    pub(super) fn rolled_back(&mut self) {
-        self.all_mut()
-            .into_iter()
-            .for_each(|kind| kind.rolled_back());
+impl Registry for Registered {
+    fn for_options(options: &StoreOptions) -> Registered {
+        Registered::new(options)
     }
 }
 
-/// A lower bound on the earliest expiry among one table's rows, kept on
-/// the store thread so that a sweep with nothing due runs no statement
-/// (the sweep that rides in every batch holding a creation would
-/// otherwise probe every table each time).
-///
-/// It stays a lower bound because expiries only change in two ways: a
-/// row is inserted with its expiry (noted at once with [`added`], even if
-/// that insert is later rolled back: a bound too low costs one empty
-/// sweep), and a retained row's expiry is only ever raised. A sweep
-/// reads the earliest expiry left ([`swept`]), which counts only once its
-/// transaction commits; a rollback, or a sweep that failed, keeps the old
-/// bound.
-///
-/// [`added`]: NextExpiry::added
-/// [`swept`]: NextExpiry::swept
-pub(super) struct NextExpiry {
-    /// No row expires before this (Unix ms); `i64::MIN` until known.
-    due: i64,
-    /// What the sweep of the transaction in progress found.
-    swept: Option<i64>,
+/// What `taskgate check` found, without writing anything: every kind's
+/// pending recovery and counts.
+pub type CheckReport = engine::CheckReport<Recovery, Status>;
+
+/// What opening for service did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// A pristine file was initialised.
+    pub initialized: bool,
+    pub migrated_from: Option<i64>,
+    /// Tasks that were working when the last process stopped, all ended by
+    /// restart recovery (none is run again).
+    pub recovered: u64,
+    /// Of those, the ones whose cancel had been committed: they ended
+    /// cancelled; the others failed as interrupted.
+    pub cancelled: u64,
+    /// The IDs of the recovered tasks.
+    pub recovered_ids: Vec<TaskId>,
+    pub retained: u64,
+    pub unexpired: u64,
+    /// What every kind's recovery ended.
+    pub recovery: Recovery,
 }
 
-impl NextExpiry {
-    /// Nothing known yet: every sweep runs until the first [`load`].
-    ///
-    /// [`load`]: NextExpiry::load
-    pub(super) fn unknown() -> NextExpiry {
-        NextExpiry {
-            due: i64::MIN,
-            swept: None,
+impl OpenReport {
+    fn from(report: engine::OpenReport<Recovery, Status>) -> OpenReport {
+        let tasks = &report.recovery.tasks;
+        OpenReport {
+            initialized: report.initialized,
+            migrated_from: report.migrated_from,
+            recovered: tasks.unfinished.len() as u64,
+            cancelled: tasks.cancel_requested,
+            recovered_ids: tasks.unfinished.clone(),
+            retained: report.status.tasks.retained,
+            unexpired: report.status.tasks.unexpired,
+            recovery: report.recovery,
         }
     }
 
-    /// Whether a row may have expired at `now`.
-    pub(super) fn is_due(&self, now: i64) -> bool {
-        now >= self.due
-    }
-
-    /// The earliest expiry of `table` (`i64::MAX` when empty), read at
-    /// startup once recovery has committed.
-    pub(super) fn load(&mut self, conn: &Connection, table: &str) -> rusqlite::Result<()> {
-        self.due = earliest(conn, table)?;
-        self.swept = None;
-        Ok(())
-    }
-
-    /// A row expiring at `expires_ms` was inserted.
-    pub(super) fn added(&mut self, expires_ms: i64) {
-        self.due = self.due.min(expires_ms);
-        if let Some(s) = &mut self.swept {
-            *s = (*s).min(expires_ms);
-        }
-    }
-
-    /// `table` was swept in the transaction in progress: the earliest
-    /// expiry left counts once it commits.
-    pub(super) fn swept(&mut self, conn: &Connection, table: &str) -> rusqlite::Result<()> {
-        self.swept = Some(earliest(conn, table)?);
-        Ok(())
-    }
-
-    pub(super) fn committed(&mut self) {
-        if let Some(s) = self.swept.take() {
-            self.due = s;
-        }
-    }
-
-    pub(super) fn rolled_back(&mut self) {
-        self.swept = None;
+    /// Lines for the operator about what recovery ended, every kind's in
+    /// registration order (none when nothing was in flight).
+    pub fn recovery_lines(&self) -> Vec<String> {
+        self.recovery.ended()
     }
 }
 
-/// The earliest `expires_ms` of `table` (from its expiry index), or
-/// `i64::MAX` when it has no row.
-fn earliest(conn: &Connection, table: &str) -> rusqlite::Result<i64> {
-    conn.prepare_cached(&format!("SELECT min(expires_ms) FROM {table}"))?
-        .query_row([], |r| r.get::<_, Option<i64>>(0))
-        .map(|m| m.unwrap_or(i64::MAX))
+impl Store<Registered> {
+    /// Opens the store: starts the store thread, which validates, migrates
+    /// and recovers the database, and returns once it is ready to serve.
+    pub fn open(options: StoreOptions) -> Result<(Store<Registered>, OpenReport), OpenError> {
+        Store::begin_open(options)?.recover()
+    }
+
+    /// Opens the store up to restart recovery: validated (a refused
+    /// database is left exactly as it was), initialised or migrated, with
+    /// the tasks recovery is about to end known, so that what was derived
+    /// from them can go first (see [`Opening::unfinished`]).
+    pub fn begin_open(options: StoreOptions) -> Result<Opening, OpenError> {
+        let kinds = Registered::for_options(&options);
+        Ok(Opening(engine::Handle::begin_open(
+            options.engine(),
+            kinds,
+        )?))
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A store between validation and restart recovery; see
+/// [`Store::begin_open`]. Dropping it closes the database unrecovered.
+pub struct Opening(engine::Opening<Registered>);
 
-    #[test]
-    fn the_expiry_bound_rises_only_with_a_committed_sweep_and_never_past_an_added_row() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE t (expires_ms INTEGER NOT NULL);
-             INSERT INTO t VALUES (100), (200);",
-        )
-        .unwrap();
-        let mut e = NextExpiry::unknown();
-        assert!(e.is_due(i64::MIN), "unknown: every sweep runs");
-        e.load(&conn, "t").unwrap();
-        assert!(!e.is_due(99));
-        assert!(e.is_due(100));
-
-        // A sweep whose transaction is rolled back (or whose savepoint
-        // failed) teaches nothing: its deletion is undone.
-        conn.execute("DELETE FROM t WHERE expires_ms <= 100", [])
-            .unwrap();
-        e.swept(&conn, "t").unwrap();
-        assert!(e.is_due(100), "not counted before the commit");
-        e.rolled_back();
-        assert!(e.is_due(100));
-
-        // Committed, the bound rises to what is left, but never past a row
-        // added in the same transaction after the sweep looked.
-        e.swept(&conn, "t").unwrap();
-        e.added(150);
-        e.committed();
-        assert!(!e.is_due(149));
-        assert!(e.is_due(150));
-
-        // An empty table: nothing is due until a row is added.
-        conn.execute("DELETE FROM t", []).unwrap();
-        e.swept(&conn, "t").unwrap();
-        e.committed();
-        assert!(!e.is_due(i64::MAX - 1));
-        e.added(300);
-        assert!(e.is_due(300));
+impl Opening {
+    /// The tasks that were working when the last process stopped: recovery
+    /// ends every one of them (cancelled or failed), so nothing derived from
+    /// a run that never committed (a spilled result) may outlive this.
+    pub fn unfinished(&self) -> &[TaskId] {
+        &self.0.recovery().tasks.unfinished
     }
+
+    /// The identity of the opened store (chosen now if the database had
+    /// none): the state directory records it beside the database.
+    pub fn identity(&self) -> &StoreId {
+        self.0.identity()
+    }
+
+    /// Runs restart recovery and returns the serving store.
+    pub fn recover(self) -> Result<(Store<Registered>, OpenReport), OpenError> {
+        let (engine, report) = self.0.recover()?;
+        Ok((
+            Store {
+                engine,
+                task_reads: Arc::new(AtomicU64::new(0)),
+            },
+            OpenReport::from(report),
+        ))
+    }
+}
+
+/// Runs every validation of opening without writing: for `taskgate check`
+/// and for verifying backups. No file is created or changed.
+pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
+    engine::check_read_only(
+        db_path,
+        max_db_pages,
+        &system_clock(),
+        &Registered::new(&StoreOptions::new(db_path)),
+    )
+}
+
+/// [`check_read_only`] that also returns the database's identity, and
+/// refuses, as `serve` would, a database that is not the store `recorded`
+/// names (what the state directory recorded beside it).
+pub fn check_identified(
+    db_path: &Path,
+    max_db_pages: u64,
+    recorded: Option<&StoreId>,
+) -> Result<(CheckReport, Option<StoreId>), OpenError> {
+    engine::check_identified(
+        db_path,
+        max_db_pages,
+        &system_clock(),
+        &Registered::new(&StoreOptions::new(db_path)),
+        recorded,
+        IDENTITY_RECORDED_IN,
+    )
 }

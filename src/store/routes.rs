@@ -16,11 +16,15 @@ use std::sync::LazyLock;
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
 use serde_json::Value;
+use taskgate_store_engine::{Holds, NextExpiry, RecordKind, Report, Tx};
 
-use super::engine::{OpError, Tx};
-use super::kinds::{NextExpiry, RecordKind};
-use super::tasks::{Outcome, TaskStatus};
-use super::{Digest, Store, StoreError, StoreOptions};
+use super::digest::Digest;
+use super::error::StoreError;
+use super::handle::{Registry, Store, StoreOptions};
+use super::outcome::{ErrorBody, Outcome, TaskStatus};
+use super::table::Table;
+
+type OpError = taskgate_store_engine::OpError<StoreError>;
 
 /// Route records held in all, expired ones included until swept.
 pub const MAX_ROUTES: u64 = 4096;
@@ -364,7 +368,7 @@ CREATE INDEX leases_owner_expires ON leases (owner, expires_ms);",
 /// at most [`MAX_ROUTES`] rows is cheap where it is needed).
 /// The routes kind's state on the store thread: when the next route and
 /// the next lease can expire, so that sweeps with nothing due are skipped.
-pub(super) struct Routes {
+pub struct Routes {
     routes: NextExpiry,
     leases: NextExpiry,
 }
@@ -378,7 +382,84 @@ impl Routes {
     }
 }
 
+/// What restart recovery ends of the routes kind (or, for `check`,
+/// would): counted over every route, expired ones too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteRecovery {
+    /// Prepared and never sent: they end failed (not dispatched).
+    pub not_sent: u64,
+    /// Being sent when the process stopped: whether the upstream created a
+    /// task is unknown, so they need reconciliation (never resent).
+    pub in_flight: u64,
+    /// Cancelled before they were sent: they end cancelled.
+    pub cancelled_unsent: u64,
+}
+
+impl RouteRecovery {
+    /// Each count with what `check` says of it before recovery and what
+    /// `status` says once recovery ran.
+    fn told(&self) -> [(u64, &'static str, &'static str); 3] {
+        [
+            (
+                self.not_sent,
+                "routes were prepared but not sent at the last stop; serve ends them failed (not dispatched: nothing reached the upstream)",
+                "routes prepared but not sent at the last stop ended failed (not dispatched)",
+            ),
+            (
+                self.in_flight,
+                "routes were being sent at the last stop; serve marks them as needing reconciliation (whether the upstream created a task is unknown; they are never sent again)",
+                "routes in flight at the last stop need reconciliation (never sent again)",
+            ),
+            (
+                self.cancelled_unsent,
+                "routes were cancelled before they were sent; serve ends them cancelled",
+                "routes cancelled before they were sent ended cancelled",
+            ),
+        ]
+    }
+}
+
+impl Report for RouteRecovery {
+    fn lines(&self) -> Vec<String> {
+        self.told()
+            .into_iter()
+            .filter(|(n, ..)| *n > 0)
+            .map(|(n, pending, _)| format!("note: {n} {pending}"))
+            .collect()
+    }
+
+    fn ended(&self) -> Vec<String> {
+        self.told()
+            .into_iter()
+            .filter(|(n, ..)| *n > 0)
+            .map(|(n, _, ended)| format!("{n} {ended}"))
+            .collect()
+    }
+}
+
+impl Report for RouteCounts {
+    fn lines(&self) -> Vec<String> {
+        if self.total() == 0 {
+            return Vec::new();
+        }
+        let phases: Vec<String> = self
+            .by_phase()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(phase, n)| format!("{n} {phase}"))
+            .collect();
+        vec![format!(
+            "note: {} unexpired routes ({})",
+            self.total(),
+            phases.join(", ")
+        )]
+    }
+}
+
 impl RecordKind for Routes {
+    type Recovery = RouteRecovery;
+    type Status = RouteCounts;
+
     fn name(&self) -> &'static str {
         "route"
     }
@@ -389,24 +470,39 @@ impl RecordKind for Routes {
 
     fn verify_shape(&self, conn: &Connection, _version: i64) -> rusqlite::Result<()> {
         conn.prepare(&format!("SELECT {COLUMNS} FROM routes LIMIT 0"))?;
-        conn.prepare("SELECT id, owner, body, expires_ms FROM leases LIMIT 0")
+        conn.prepare(&format!("SELECT {LEASE_COLUMNS} FROM leases LIMIT 0"))
             .map(|_| ())
     }
 
     fn decode_all(&self, conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>> {
-        let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM routes"))?;
-        let mut rows = stmt.query([])?;
-        let mut n = 0u64;
-        while let Some(row) = rows.next()? {
-            if let Err(e) = decode_row(row) {
-                let id = row
-                    .get::<_, String>(0)
-                    .unwrap_or_else(|_| "<unreadable id>".into());
-                return Ok(Err((id, e.to_string())));
-            }
-            n += 1;
-        }
-        Ok(Ok(n))
+        ROUTES.decode_all(conn, decode_row)
+    }
+
+    fn pending_recovery(
+        &self,
+        conn: &Connection,
+        _version: i64,
+    ) -> rusqlite::Result<RouteRecovery> {
+        conn.query_row(
+            "SELECT
+                coalesce(sum(phase = 'prepared'), 0),
+                coalesce(sum(phase = 'dispatching'
+                    OR (phase = 'cancel_requested' AND upstream_task_id IS NULL AND session IS NOT NULL)), 0),
+                coalesce(sum(phase = 'cancel_requested' AND upstream_task_id IS NULL AND session IS NULL), 0)
+             FROM routes",
+            [],
+            |r| {
+                Ok(RouteRecovery {
+                    not_sent: r.get::<_, i64>(0)?.max(0) as u64,
+                    in_flight: r.get::<_, i64>(1)?.max(0) as u64,
+                    cancelled_unsent: r.get::<_, i64>(2)?.max(0) as u64,
+                })
+            },
+        )
+    }
+
+    fn status(&self, conn: &Connection, _version: i64, now: i64) -> rusqlite::Result<RouteCounts> {
+        counts(conn, now)
     }
 
     fn ensure(&self, _conn: &Connection) -> rusqlite::Result<()> {
@@ -425,11 +521,11 @@ impl RecordKind for Routes {
     fn sweep(&mut self, conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
         let mut deleted = 0;
         if self.routes.is_due(now) {
-            deleted += delete_expired_routes(conn, now, limit)?;
+            deleted += ROUTES.delete_expired(conn, now, limit)?;
             self.routes.swept(conn, "routes")?;
         }
         if self.leases.is_due(now) {
-            deleted += delete_expired_leases(conn, now, limit)?;
+            deleted += LEASES.delete_expired(conn, now, limit)?;
             self.leases.swept(conn, "leases")?;
         }
         Ok(deleted)
@@ -457,6 +553,13 @@ const COLUMNS: &str = "id, owner, binding, binding_digest, request_digest, upstr
 
 const NONTERMINAL: &str =
     "('prepared','dispatching','routed','cancel_requested','reconciliation_required')";
+
+const LEASE_COLUMNS: &str = "id, owner, body, expires_ms";
+
+/// The statements the routes and leases tables share with every kind's.
+static ROUTES: LazyLock<Table> = LazyLock::new(|| Table::new("routes", COLUMNS, COLUMNS));
+static LEASES: LazyLock<Table> =
+    LazyLock::new(|| Table::new("leases", LEASE_COLUMNS, LEASE_COLUMNS));
 
 fn conversion(col: usize, t: Type, msg: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, t, msg.into())
@@ -593,12 +696,7 @@ fn find_owned(
     owner: &Digest,
     now: i64,
 ) -> rusqlite::Result<Option<RouteRecord>> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {COLUMNS} FROM routes WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
-    });
-    conn.prepare_cached(&SQL)?
-        .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
-        .optional()
+    ROUTES.find_owned(conn, id.as_str(), owner, now, decode_row)
 }
 
 fn find_unexpired(
@@ -606,20 +704,7 @@ fn find_unexpired(
     id: &RouteId,
     now: i64,
 ) -> rusqlite::Result<Option<RouteRecord>> {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {COLUMNS} FROM routes WHERE id = ?1 AND expires_ms > ?2"));
-    conn.prepare_cached(&SQL)?
-        .query_row(params![id.as_str(), now], decode_row)
-        .optional()
-}
-
-fn delete_expired_routes(conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
-    conn.prepare_cached(
-        "DELETE FROM routes WHERE rowid IN
-           (SELECT rowid FROM routes WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
-    )?
-    .execute(params![now, limit])
-    .map(|n| n as u64)
+    ROUTES.find_unexpired(conn, id.as_str(), now, decode_row)
 }
 
 fn count(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<u64> {
@@ -635,7 +720,7 @@ fn count(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Re
 /// cancel_requested routes keep their upstream session: it is no longer
 /// current, which the router sees at the next poll.
 fn recover(conn: &Connection, now: i64) -> rusqlite::Result<()> {
-    let not_sent = Outcome::Error(super::tasks::ErrorBody {
+    let not_sent = Outcome::Error(ErrorBody {
         code: crate::wire::ROUTE_NOT_DISPATCHED.code,
         message: "taskgate stopped before the submission was sent; nothing reached the upstream"
             .into(),
@@ -697,7 +782,7 @@ fn insert(
 
 /// A submission: the caller's route for the same key (same binding), or a
 /// conflict, or a new prepared route within the bounds.
-fn prepare(tx: &mut Tx<'_>, new: &NewRoute) -> Result<Prepared, OpError> {
+fn prepare<K: Holds<Routes>>(tx: &mut Tx<'_, K>, new: &NewRoute) -> Result<Prepared, OpError> {
     let (c, now) = (tx.conn, tx.now);
     let binding_digest = Digest::of(&new.binding);
     let existing = c
@@ -721,7 +806,7 @@ fn prepare(tx: &mut Tx<'_>, new: &NewRoute) -> Result<Prepared, OpError> {
         c.prepare_cached("DELETE FROM routes WHERE id = ?1")?
             .execute(params![record.id.as_str()])?;
     }
-    delete_expired_routes(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
+    ROUTES.delete_expired(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
     if count(c, "SELECT count(*) FROM routes", [])? >= MAX_ROUTES {
         return Err(OpError::Refused(StoreError::RouteCapacity {
             limit: MAX_ROUTES,
@@ -742,7 +827,7 @@ fn prepare(tx: &mut Tx<'_>, new: &NewRoute) -> Result<Prepared, OpError> {
     let id = RouteId::generate()
         .map_err(|e| OpError::Refused(StoreError::Internal(format!("random source: {e}"))))?;
     insert(c, &id, new, &binding_digest, now)?;
-    tx.kinds.routes.routes.added(new.expires_ms);
+    tx.kinds.kind_mut().routes.added(new.expires_ms);
     let record = find_unexpired(c, &id, now)?.ok_or_else(|| {
         OpError::Refused(StoreError::Internal(
             "a route vanished as it was written".into(),
@@ -752,8 +837,8 @@ fn prepare(tx: &mut Tx<'_>, new: &NewRoute) -> Result<Prepared, OpError> {
 }
 
 /// Applies `change` when the route is in one of `from`.
-fn advance(
-    tx: &mut Tx<'_>,
+fn advance<K>(
+    tx: &mut Tx<'_, K>,
     id: &RouteId,
     from: &[RoutePhase],
     change: &RouteChange,
@@ -856,18 +941,9 @@ fn advance(
     Ok(Advanced::Changed(after))
 }
 
-fn delete_expired_leases(conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
-    conn.prepare_cached(
-        "DELETE FROM leases WHERE rowid IN
-           (SELECT rowid FROM leases WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
-    )?
-    .execute(params![now, limit])
-    .map(|n| n as u64)
-}
-
-fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
+fn create_lease<K: Holds<Routes>>(tx: &mut Tx<'_, K>, lease: &LeaseRecord) -> Result<(), OpError> {
     let (c, now) = (tx.conn, tx.now);
-    delete_expired_leases(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
+    LEASES.delete_expired(c, now, ROUTE_SWEEP_ON_SUBMIT)?;
     if count(c, "SELECT count(*) FROM leases", [])? >= MAX_LEASES {
         return Err(OpError::Refused(StoreError::RouteCapacity {
             limit: MAX_LEASES,
@@ -892,7 +968,7 @@ fn create_lease(tx: &mut Tx<'_>, lease: &LeaseRecord) -> Result<(), OpError> {
             &lease.body,
             lease.expires_ms
         ])?;
-    tx.kinds.routes.leases.added(lease.expires_ms);
+    tx.kinds.kind_mut().leases.added(lease.expires_ms);
     Ok(())
 }
 
@@ -914,7 +990,7 @@ fn counts(conn: &Connection, now: i64) -> rusqlite::Result<RouteCounts> {
 
 // ----------------------------------------------------- the operations --
 
-impl Store {
+impl<K: Registry + Holds<Routes>> Store<K> {
     /// Commits a prepared route, or returns the caller's existing route for
     /// the same key and binding (`Conflict` for another binding).
     pub async fn prepare_route(&self, new: NewRoute) -> Result<Prepared, StoreError> {
@@ -1033,23 +1109,19 @@ impl Store {
     ) -> Result<Option<LeaseRecord>, StoreError> {
         let (id, owner) = (id.to_string(), *owner);
         self.read_op("reading a lease", move |cx| {
-            Ok(cx
-                .conn
-                .prepare_cached(
-                    "SELECT id, owner, body, expires_ms FROM leases WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3",
-                )?
-                .query_row(params![id, &owner.0[..], cx.now], |row| {
-                    Ok(LeaseRecord {
-                        id: row.get(0)?,
-                        owner: digest_at(row, 1)?,
-                        body: row.get(2)?,
-                        expires_ms: row.get(3)?,
-                    })
-                })
-                .optional()?)
+            Ok(LEASES.find_owned(cx.conn, &id, &owner, cx.now, decode_lease)?)
         })
         .await
     }
+}
+
+fn decode_lease(row: &Row<'_>) -> rusqlite::Result<LeaseRecord> {
+    Ok(LeaseRecord {
+        id: row.get(0)?,
+        owner: digest_at(row, 1)?,
+        body: row.get(2)?,
+        expires_ms: row.get(3)?,
+    })
 }
 
 #[cfg(test)]

@@ -9,94 +9,31 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::types::Type;
 use rusqlite::{Connection, OptionalExtension, Row, named_params, params};
-use serde::{Deserialize, Serialize};
+use taskgate_store_engine::{Holds, NextExpiry, RecordKind, Report, Tx};
 
-use super::engine::{OpError, Tx};
-use super::kinds::{NextExpiry, RecordKind};
-use super::{
-    CapacityKind, Digest, MAX_PAYLOAD_BYTES, Store, StoreError, StoreOptions, StoreStats,
-    TERMINAL_RETENTION_MS,
-};
+use super::digest::Digest;
+use super::error::{CapacityKind, StoreError};
+use super::handle::{Registry, Store, StoreOptions};
+use super::outcome::{Outcome, TaskStatus};
+use super::table::Table;
 use crate::testhooks;
 
+type OpError = taskgate_store_engine::OpError<StoreError>;
+
+/// Largest encoded terminal payload a record may hold (16 KiB); larger
+/// results are spilled to artifacts.
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
+/// A terminal task stays readable at least this long after it finished.
+pub const TERMINAL_RETENTION_MS: i64 = 3_600_000;
+
+/// Counts reported in systemd's STATUS= line and by `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    pub retained: u64,
+    pub unexpired: u64,
+}
+
 pub use crate::ids::TaskId;
-
-/// The five task states of the MCP Tasks extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Working,
-    InputRequired,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl TaskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Working => "working",
-            TaskStatus::InputRequired => "input_required",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TaskStatus> {
-        Some(match s {
-            "working" => TaskStatus::Working,
-            "input_required" => TaskStatus::InputRequired,
-            "completed" => TaskStatus::Completed,
-            "failed" => TaskStatus::Failed,
-            "cancelled" => TaskStatus::Cancelled,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled
-        )
-    }
-}
-
-/// A JSON-RPC error as kept in a failed task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ErrorBody {
-    pub code: i64,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
-}
-
-/// The terminal payload of a task: the tool's result, or a JSON-RPC error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum Outcome {
-    Result(serde_json::Value),
-    Error(ErrorBody),
-}
-
-impl Outcome {
-    /// The payload every task interrupted by a restart carries.
-    pub fn interrupted() -> Outcome {
-        let w = crate::wire::TASK_INTERRUPTED;
-        Outcome::Error(ErrorBody {
-            code: w.code,
-            message: "task interrupted: the daemon stopped while it ran; it was not run again"
-                .into(),
-            data: Some(w.data()),
-        })
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        // Serialising a Value-based enum cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
 
 /// A task as stored, without the digests it is looked up by.
 #[derive(Debug, Clone, PartialEq)]
@@ -213,7 +150,7 @@ const OWNER_INDEX_DDL: &str =
 
 /// The tasks kind's state on the store thread: the limits creation
 /// enforces and the row count that spares counting on every creation.
-pub(super) struct Tasks {
+pub struct Tasks {
     max_live: u64,
     max_live_per_owner: u64,
     /// Rows in the table as of the last commit.
@@ -246,7 +183,67 @@ impl Tasks {
     }
 }
 
+/// What restart recovery ends of the tasks kind (or, for `check`, would).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskRecovery {
+    /// Tasks that were working when the last process stopped: each ends
+    /// failed (interrupted) or cancelled, none is run again.
+    pub unfinished: Vec<TaskId>,
+    /// Of those, the ones whose cancel was committed: they end cancelled.
+    pub cancel_requested: u64,
+    /// Approval tasks still waiting on the approval journal (recovery
+    /// leaves them to it).
+    pub awaiting_approval: u64,
+    /// The highest journal sequence one of them recorded.
+    pub approval_seq: u64,
+}
+
+impl Report for TaskRecovery {
+    fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let nonterminal = self.unfinished.len() as u64;
+        if nonterminal > 0 {
+            lines.push(format!(
+                "note: {nonterminal} tasks were running at the last stop; serve ends them and never re-runs them: {} failed (interrupted), {} cancelled (their cancel had been acknowledged)",
+                nonterminal - self.cancel_requested,
+                self.cancel_requested
+            ));
+        }
+        if self.awaiting_approval > 0 {
+            lines.push(format!(
+                "note: {} approval tasks wait on the approval journal (they recorded it up to record {})",
+                self.awaiting_approval, self.approval_seq
+            ));
+        }
+        lines
+    }
+
+    fn ended(&self) -> Vec<String> {
+        let ended = self.unfinished.len() as u64;
+        if ended == 0 {
+            return Vec::new();
+        }
+        vec![format!(
+            "{ended} tasks running at the last stop ended: {} failed (interrupted), {} cancelled (their cancel had been committed); none was re-run",
+            ended - self.cancel_requested,
+            self.cancel_requested
+        )]
+    }
+}
+
+/// The tasks a store holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskCounts {
+    pub retained: u64,
+    pub unexpired: u64,
+}
+
+impl Report for TaskCounts {}
+
 impl RecordKind for Tasks {
+    type Recovery = TaskRecovery;
+    type Status = TaskCounts;
+
     fn name(&self) -> &'static str {
         "task"
     }
@@ -268,15 +265,34 @@ impl RecordKind for Tasks {
     }
 
     fn decode_all(&self, conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>> {
-        decode_all(conn)
+        TABLE.decode_all(conn, decode_row)
     }
 
     fn ensure(&self, conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch(OWNER_INDEX_DDL)
     }
 
+    fn pending_recovery(&self, conn: &Connection, version: i64) -> rusqlite::Result<TaskRecovery> {
+        let unfinished = unfinished(conn, version)?;
+        let waiting = count_nonterminal(conn, version)?;
+        Ok(TaskRecovery {
+            cancel_requested: unfinished.iter().filter(|u| u.cancel_requested).count() as u64,
+            unfinished: unfinished.into_iter().map(|u| u.id).collect(),
+            awaiting_approval: waiting.awaiting_approval,
+            approval_seq: waiting.approval_seq,
+        })
+    }
+
     fn recover(&mut self, conn: &Connection, now: i64) -> rusqlite::Result<()> {
         end_unfinished(conn, now)
+    }
+
+    fn status(&self, conn: &Connection, _version: i64, now: i64) -> rusqlite::Result<TaskCounts> {
+        let (retained, unexpired) = counts(conn, now)?;
+        Ok(TaskCounts {
+            retained,
+            unexpired,
+        })
     }
 
     fn load(&mut self, conn: &Connection, _now: i64) -> rusqlite::Result<()> {
@@ -290,7 +306,7 @@ impl RecordKind for Tasks {
         if !self.expiry.is_due(now) {
             return Ok(0);
         }
-        let n = delete_expired(conn, now, limit)?;
+        let n = TABLE.delete_expired(conn, now, limit)?;
         self.pending -= n as i64;
         self.swept += n;
         self.expiry.swept(conn, "tasks")?;
@@ -326,6 +342,9 @@ const COLUMNS: &str = "id, status, status_message, created_ms, updated_ms, expir
 const SERVED: &str = "id, status, status_message, created_ms, updated_ms, expires_ms, poll_interval_ms, payload, cancel_requested, proposal, proposal_seq";
 
 const NONTERMINAL: &str = "('working','input_required')";
+
+/// The statements the tasks table shares with every kind's.
+static TABLE: LazyLock<Table> = LazyLock::new(|| Table::new("tasks", SERVED, COLUMNS));
 
 fn conversion(col: usize, t: Type, msg: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, t, msg.into())
@@ -448,12 +467,7 @@ fn find_owned(
     owner: &Digest,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {SERVED} FROM tasks WHERE id = ?1 AND owner = ?2 AND expires_ms > ?3")
-    });
-    conn.prepare_cached(&SQL)?
-        .query_row(params![id.as_str(), &owner.0[..], now], decode_row)
-        .optional()
+    TABLE.find_owned(conn, id.as_str(), owner, now, decode_row)
 }
 
 /// An unexpired task by ID alone (the executor's own view).
@@ -462,11 +476,7 @@ fn find_unexpired(
     id: &TaskId,
     now: i64,
 ) -> rusqlite::Result<Option<TaskRecord>> {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {SERVED} FROM tasks WHERE id = ?1 AND expires_ms > ?2"));
-    conn.prepare_cached(&SQL)?
-        .query_row(params![id.as_str(), now], decode_row)
-        .optional()
+    TABLE.find_unexpired(conn, id.as_str(), now, decode_row)
 }
 
 /// The owner's unexpired task waiting on `proposal`.
@@ -575,16 +585,6 @@ fn request_cancel(
     find_owned(conn, id, owner, now)
 }
 
-/// Deletes up to `limit` expired rows, oldest expiry first.
-fn delete_expired(conn: &Connection, now: i64, limit: u32) -> rusqlite::Result<u64> {
-    conn.prepare_cached(
-        "DELETE FROM tasks WHERE rowid IN
-           (SELECT rowid FROM tasks WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
-    )?
-    .execute(params![now, limit])
-    .map(|n| n as u64)
-}
-
 fn count_all(conn: &Connection) -> rusqlite::Result<u64> {
     conn.query_row("SELECT count(*) FROM tasks", [], |r| r.get::<_, i64>(0))
         .map(|n| n as u64)
@@ -605,7 +605,7 @@ fn count_live_of(conn: &Connection, owner: &Digest, now: i64) -> rusqlite::Resul
 
 /// The tasks that were not finished at the last stop, as `check` tells them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Nonterminal {
+struct Nonterminal {
     /// Tasks restart recovery ends (approval tasks are not among them).
     pub ended: u64,
     /// Of those, the ones whose cancel was committed.
@@ -618,7 +618,7 @@ pub(super) struct Nonterminal {
 }
 
 /// The unfinished tasks of a database at schema `version`.
-pub(super) fn count_nonterminal(conn: &Connection, version: i64) -> rusqlite::Result<Nonterminal> {
+fn count_nonterminal(conn: &Connection, version: i64) -> rusqlite::Result<Nonterminal> {
     let generic = if version >= 2 {
         "AND proposal IS NULL"
     } else {
@@ -660,14 +660,21 @@ pub(super) fn count_nonterminal(conn: &Connection, version: i64) -> rusqlite::Re
 }
 
 /// A task that was working when the last process stopped.
-pub(super) struct Unfinished {
-    pub id: TaskId,
-    pub cancel_requested: bool,
+struct Unfinished {
+    id: TaskId,
+    cancel_requested: bool,
 }
 
-pub(super) fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Unfinished>> {
+/// The tasks restart recovery ends in a database at `version` (approval
+/// tasks are not among them).
+fn unfinished(conn: &Connection, version: i64) -> rusqlite::Result<Vec<Unfinished>> {
+    let generic = if version >= 2 {
+        "AND proposal IS NULL"
+    } else {
+        ""
+    };
     let mut stmt = conn.prepare(&format!(
-        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} AND proposal IS NULL ORDER BY id"
+        "SELECT id, cancel_requested FROM tasks WHERE status IN {NONTERMINAL} {generic} ORDER BY id"
     ))?;
     let rows = stmt.query_map([], |row| {
         let text: String = row.get(0)?;
@@ -703,27 +710,10 @@ fn end_unfinished(conn: &Connection, now: i64) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Decodes every row; the first failure names the task.
-fn decode_all(conn: &Connection) -> rusqlite::Result<Result<u64, (String, String)>> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM tasks"))?;
-    let mut rows = stmt.query([])?;
-    let mut n = 0u64;
-    while let Some(row) = rows.next()? {
-        if let Err(e) = decode_row(row) {
-            let id = row
-                .get::<_, String>(0)
-                .unwrap_or_else(|_| "<unreadable id>".into());
-            return Ok(Err((id, e.to_string())));
-        }
-        n += 1;
-    }
-    Ok(Ok(n))
-}
-
 // --------------------------------------------------- reports at opening --
 
 /// `(retained, unexpired)` tasks.
-pub(super) fn counts(conn: &Connection, now: i64) -> rusqlite::Result<(u64, u64)> {
+fn counts(conn: &Connection, now: i64) -> rusqlite::Result<(u64, u64)> {
     let retained = count_all(conn)?;
     let expired = count_expired(conn, now)?;
     Ok((retained, retained.saturating_sub(expired)))
@@ -733,7 +723,7 @@ pub(super) fn counts(conn: &Connection, now: i64) -> rusqlite::Result<(u64, u64)
 
 /// A creation inside the batch's transaction: the owner's existing task
 /// for the same reference, or a new one within the live-task limits.
-fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
+fn create<K: Holds<Tasks>>(tx: &mut Tx<'_, K>, new: &NewTask) -> Result<Created, OpError> {
     let (c, now) = (tx.conn, tx.now);
     let mut delta = 0;
     if let Some(p) = &new.proposal
@@ -758,7 +748,7 @@ fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
         delete(c, &found.record.id)?;
         delta -= 1;
     }
-    let tasks = &mut tx.kinds.tasks;
+    let tasks = tx.kinds.kind_mut();
     let limit = tasks.max_live;
     let rows = (tasks.rows_now() as i64 + delta).max(0) as u64;
     if rows >= limit {
@@ -784,7 +774,7 @@ fn create(tx: &mut Tx<'_>, new: &NewTask) -> Result<Created, OpError> {
     Ok(Created::New(record))
 }
 
-impl Store {
+impl<K: Registry + Holds<Tasks>> Store<K> {
     /// Creates a task, or returns the owner's existing task for the same
     /// creation reference.
     pub async fn create(&self, new: NewTask) -> Result<Created, StoreError> {
@@ -801,7 +791,7 @@ impl Store {
     /// another owner's IDs alike.
     pub async fn get(&self, id: &TaskId, owner: &Digest) -> Result<Option<TaskRecord>, StoreError> {
         let (id, owner) = (id.clone(), *owner);
-        self.shared.task_reads.fetch_add(1, Ordering::Relaxed);
+        self.task_reads.fetch_add(1, Ordering::Relaxed);
         self.read_op("reading a task", move |cx| {
             Ok(find_owned(cx.conn, &id, &owner, cx.now)?)
         })
@@ -838,7 +828,7 @@ impl Store {
 
     /// How many task reads ([`Store::get`]) were asked of the store so far.
     pub fn task_reads(&self) -> u64 {
-        self.shared.task_reads.load(Ordering::Relaxed)
+        self.task_reads.load(Ordering::Relaxed)
     }
 
     /// Moves a nonterminal task to a terminal status, once: if it is already
@@ -853,7 +843,8 @@ impl Store {
     }
 
     /// [`Store::finish`] for the outcome of a background run, which no
-    /// client waits on: its commit may wait up to [`super::OUTCOME_LINGER`]
+    /// client waits on: its commit may wait up to
+    /// [`super::handle::OUTCOME_LINGER`]
     /// for a write a client does wait on (the next creation, usually), so
     /// that both share one commit.
     pub async fn finish_run(
@@ -901,7 +892,7 @@ impl Store {
             });
         }
         let id = id.clone();
-        let body = move |tx: &mut Tx<'_>| {
+        let body = move |tx: &mut Tx<'_, K>| {
             Ok(finish(
                 tx.conn,
                 &id,
@@ -949,7 +940,8 @@ impl Store {
     /// older than the store.
     pub async fn approval_seq_needed(&self) -> Result<u64, StoreError> {
         self.read_op("reading approval tasks", move |cx| {
-            Ok(count_nonterminal(cx.conn, super::SCHEMA_VERSION)?.approval_seq)
+            // A serving store is at the latest schema version.
+            Ok(count_nonterminal(cx.conn, i64::MAX)?.approval_seq)
         })
         .await
     }
@@ -987,7 +979,7 @@ impl Store {
     /// Tasks retained and unexpired.
     pub async fn stats(&self) -> Result<StoreStats, StoreError> {
         self.read_op("counting tasks", move |cx| {
-            let retained = cx.kinds.tasks.rows;
+            let retained = Holds::<Tasks>::kind(cx.kinds).rows;
             let expired = count_expired(cx.conn, cx.now)?;
             Ok(StoreStats {
                 retained,
@@ -995,17 +987,5 @@ impl Store {
             })
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn outcome_round_trips() {
-        let o = Outcome::interrupted();
-        let back: Outcome = serde_json::from_slice(&o.encode()).unwrap();
-        assert_eq!(o, back);
     }
 }

@@ -1,6 +1,6 @@
 //! The store thread: the only owner of the SQLite connection. It knows no
 //! schema: what it runs are operations a record kind built ([`ReadOp`],
-//! [`WriteOp`]) and the kinds' own sweep and counters ([`super::kinds`]).
+//! [`WriteOp`]) and the kinds' own sweep and counters ([`crate::Kinds`]).
 //!
 //! It takes commands from the bounded queue in batches. Reads are answered
 //! at once. Writes of one batch share one transaction (group commit), each
@@ -22,11 +22,12 @@ use rusqlite::backup::{Backup, StepResult};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::kinds::Kinds;
-use super::open::{self, OpenReport};
-use super::{
-    CapacityKind, CheckpointReport, MAX_BATCH, OpenError, Reply, SNAPSHOT_STEP_PAGES, SWEEP_BATCH,
-    SWEEP_INTERVAL, Shared, SnapshotReport, StoreError, StoreId, StoreOptions, TaskId,
+use crate::handle::{Reply, Shared};
+use crate::kind::Kinds;
+use crate::open::{self, OpenReport};
+use crate::{
+    CheckpointReport, EngineError, FullKind, MAX_BATCH, OpenError, Options, SNAPSHOT_STEP_PAGES,
+    SWEEP_BATCH, SWEEP_INTERVAL, SnapshotReport, StoreId,
 };
 
 /// Pages of headroom below `max_page_count` within which SQLITE_FULL is
@@ -35,14 +36,14 @@ use super::{
 const PAGE_CAP_MARGIN: u64 = 2048;
 
 /// Why an operation failed on the store thread.
-pub(super) enum OpError {
-    /// A refusal decided by taskgate (capacity, conflict). Inside a batch
-    /// the write's savepoint is rolled back and the batch goes on.
-    Refused(StoreError),
+pub enum OpError<R> {
+    /// A refusal a kind decided (a bound, a conflict). Inside a batch the
+    /// write's savepoint is rolled back and the batch goes on.
+    Refused(R),
     Sql(rusqlite::Error),
 }
 
-impl From<rusqlite::Error> for OpError {
+impl<R> From<rusqlite::Error> for OpError<R> {
     fn from(e: rusqlite::Error) -> Self {
         OpError::Sql(e)
     }
@@ -50,32 +51,34 @@ impl From<rusqlite::Error> for OpError {
 
 /// What a read gets: the connection outside any transaction, the store's
 /// "now", and the kinds' counters.
-pub(super) struct ReadCx<'a> {
-    pub(super) conn: &'a Connection,
-    pub(super) now: i64,
-    pub(super) kinds: &'a Kinds,
+pub struct ReadCx<'a, K> {
+    pub conn: &'a Connection,
+    pub now: i64,
+    pub kinds: &'a K,
 }
 
 /// What a write gets: the connection inside the batch's transaction (its
 /// own savepoint open), the batch's "now", and the kinds' counters, whose
 /// changes count once the transaction commits.
-pub(super) struct Tx<'a> {
-    pub(super) conn: &'a Connection,
-    pub(super) now: i64,
-    pub(super) kinds: &'a mut Kinds,
+pub struct Tx<'a, K> {
+    pub conn: &'a Connection,
+    pub now: i64,
+    pub kinds: &'a mut K,
 }
 
+type Error<K> = EngineError<<K as Kinds>::Refusal>;
+
 /// A read a record kind asks of the store thread; it answers its caller.
-pub(super) trait ReadOp: Send {
-    fn run(self: Box<Self>, cx: &ReadCx<'_>, engine: &Engine);
+pub(crate) trait ReadOp<K: Kinds>: Send {
+    fn run(self: Box<Self>, cx: &ReadCx<'_, K>, engine: &Engine<K>);
     /// The store is disabled: the reader hears so, nothing is read.
-    fn refuse(self: Box<Self>, e: StoreError);
+    fn refuse(self: Box<Self>, e: Error<K>);
 }
 
 /// A write a record kind asks of the store thread: applied inside the
 /// batch's transaction, answered only once that transaction's fate is
 /// known.
-pub(super) trait WriteOp: Send {
+pub(crate) trait WriteOp<K: Kinds>: Send {
     /// Whether the batch should first sweep a bounded number of expired
     /// records (a write that adds records makes room for them).
     fn makes_room(&self) -> bool;
@@ -84,57 +87,59 @@ pub(super) trait WriteOp: Send {
     fn lingers(&self) -> bool;
     /// What the write does, for messages and the disabled reason.
     fn during(&self) -> &'static str;
-    fn apply(&mut self, tx: &mut Tx<'_>) -> Result<(), OpError>;
+    fn apply(&mut self, tx: &mut Tx<'_, K>) -> Result<(), OpError<K::Refusal>>;
     /// COMMIT returned: the writer hears what `apply` produced.
     fn committed(self: Box<Self>);
-    fn failed(self: Box<Self>, e: StoreError);
+    fn failed(self: Box<Self>, e: Error<K>);
 }
 
 /// A read from a closure: its SQL error is mapped by the engine (a fatal one
 /// latches the service disabled).
-pub(super) struct Read<T, F> {
-    pub(super) during: &'static str,
-    pub(super) body: F,
-    pub(super) reply: Reply<T>,
+pub(crate) struct Read<T, F, R> {
+    pub(crate) during: &'static str,
+    pub(crate) body: F,
+    pub(crate) reply: Reply<T, R>,
 }
 
-impl<T, F> ReadOp for Read<T, F>
+impl<K, T, F> ReadOp<K> for Read<T, F, K::Refusal>
 where
+    K: Kinds,
     T: Send,
-    F: FnOnce(&ReadCx<'_>) -> Result<T, OpError> + Send,
+    F: FnOnce(&ReadCx<'_, K>) -> Result<T, OpError<K::Refusal>> + Send,
 {
-    fn run(self: Box<Self>, cx: &ReadCx<'_>, engine: &Engine) {
+    fn run(self: Box<Self>, cx: &ReadCx<'_, K>, engine: &Engine<K>) {
         let Read {
             during,
             body,
             reply,
         } = *self;
         let result = body(cx).map_err(|e| match e {
-            OpError::Refused(e) => e,
+            OpError::Refused(e) => EngineError::Refused(e),
             OpError::Sql(e) => engine.fail(e, during),
         });
         let _ = reply.send(result);
     }
 
-    fn refuse(self: Box<Self>, e: StoreError) {
+    fn refuse(self: Box<Self>, e: Error<K>) {
         let _ = self.reply.send(Err(e));
     }
 }
 
 /// A write from a closure, holding its answer until COMMIT.
-pub(super) struct Write<T, F> {
-    pub(super) during: &'static str,
-    pub(super) makes_room: bool,
-    pub(super) lingers: bool,
-    pub(super) body: F,
-    pub(super) reply: Reply<T>,
-    pub(super) done: Option<T>,
+pub(crate) struct Write<T, F, R> {
+    pub(crate) during: &'static str,
+    pub(crate) makes_room: bool,
+    pub(crate) lingers: bool,
+    pub(crate) body: F,
+    pub(crate) reply: Reply<T, R>,
+    pub(crate) done: Option<T>,
 }
 
-impl<T, F> WriteOp for Write<T, F>
+impl<K, T, F> WriteOp<K> for Write<T, F, K::Refusal>
 where
+    K: Kinds,
     T: Send,
-    F: FnMut(&mut Tx<'_>) -> Result<T, OpError> + Send,
+    F: FnMut(&mut Tx<'_, K>) -> Result<T, OpError<K::Refusal>> + Send,
 {
     fn makes_room(&self) -> bool {
         self.makes_room
@@ -148,7 +153,7 @@ where
         self.during
     }
 
-    fn apply(&mut self, tx: &mut Tx<'_>) -> Result<(), OpError> {
+    fn apply(&mut self, tx: &mut Tx<'_, K>) -> Result<(), OpError<K::Refusal>> {
         self.done = Some((self.body)(tx)?);
         Ok(())
     }
@@ -156,39 +161,39 @@ where
     fn committed(self: Box<Self>) {
         let answer = self
             .done
-            .ok_or_else(|| StoreError::Internal("write produced no answer".into()));
+            .ok_or_else(|| EngineError::Internal("write produced no answer".into()));
         let _ = self.reply.send(answer);
     }
 
-    fn failed(self: Box<Self>, e: StoreError) {
+    fn failed(self: Box<Self>, e: Error<K>) {
         let _ = self.reply.send(Err(e));
     }
 }
 
 /// What the store thread is asked to do.
-pub(super) enum Command {
-    Read(Box<dyn ReadOp>),
-    Write(Box<dyn WriteOp>),
+pub(crate) enum Command<K: Kinds> {
+    Read(Box<dyn ReadOp<K>>),
+    Write(Box<dyn WriteOp<K>>),
     Ping {
-        reply: Reply<()>,
+        reply: Reply<(), K::Refusal>,
     },
     Sweep {
-        reply: Reply<u64>,
+        reply: Reply<u64, K::Refusal>,
     },
     Checkpoint {
-        reply: Reply<CheckpointReport>,
+        reply: Reply<CheckpointReport, K::Refusal>,
     },
     /// Copy the database to a new file at `dest` (which must exist, empty).
     Snapshot {
         dest: PathBuf,
-        reply: Reply<SnapshotReport>,
+        reply: Reply<SnapshotReport, K::Refusal>,
     },
     Shutdown {
-        reply: Reply<()>,
+        reply: Reply<(), K::Refusal>,
     },
 }
 
-impl Command {
+impl<K: Kinds> Command<K> {
     /// A write nobody waits on to answer a client: its batch may wait for
     /// company ([`Engine::linger`]).
     fn lingers(&self) -> bool {
@@ -199,13 +204,13 @@ impl Command {
 /// A command with the caller's tracing span: the store thread enters it
 /// while it executes the command, so what it logs joins the request that
 /// asked for it.
-pub(super) struct Envelope {
-    pub(super) span: tracing::Span,
-    pub(super) cmd: Command,
+pub(crate) struct Envelope<K: Kinds> {
+    pub(crate) span: tracing::Span,
+    pub(crate) cmd: Command<K>,
 }
 
-impl Envelope {
-    pub(super) fn new(cmd: Command) -> Envelope {
+impl<K: Kinds> Envelope<K> {
+    pub(crate) fn new(cmd: Command<K>) -> Envelope<K> {
         Envelope {
             span: tracing::Span::current(),
             cmd,
@@ -214,21 +219,21 @@ impl Envelope {
 }
 
 /// What the store thread tells the opener, in order.
-pub(super) enum Stage {
-    /// Validated and migrated; these tasks are about to be ended by
-    /// recovery. The thread waits for the opener's go-ahead.
-    Prepared(Vec<TaskId>, StoreId),
-    Recovered(OpenReport),
+pub(crate) enum Stage<K: Kinds> {
+    /// Validated and migrated; this is what recovery is about to end. The
+    /// thread waits for the opener's go-ahead.
+    Prepared(K::Recovery, StoreId),
+    Recovered(OpenReport<K::Recovery, K::Status>),
 }
 
-pub(super) fn run(
-    options: StoreOptions,
-    rx: Receiver<Envelope>,
+pub(crate) fn run<K: Kinds>(
+    options: Options,
+    mut kinds: K,
+    rx: Receiver<Envelope<K>>,
     shared: Arc<Shared>,
-    ready: mpsc::Sender<Result<Stage, OpenError>>,
+    ready: mpsc::Sender<Result<Stage<K>, OpenError>>,
     go: Receiver<()>,
 ) {
-    let mut kinds = Kinds::new(&options);
     let prepared = match open::prepare(&options, &kinds) {
         Ok(p) => p,
         Err(e) => {
@@ -237,7 +242,7 @@ pub(super) fn run(
         }
     };
     let _ = ready.send(Ok(Stage::Prepared(
-        prepared.unfinished.clone(),
+        prepared.recovery.clone(),
         prepared.identity.clone(),
     )));
     if go.recv().is_err() {
@@ -258,7 +263,7 @@ pub(super) fn run(
         conn: Some(Rc::new(prepared.conn)),
         kinds,
         next_sweep: now + SWEEP_INTERVAL,
-        next_checkpoint: now + options.settings.checkpoint_interval,
+        next_checkpoint: now + options.checkpoint_interval,
         options,
         shared,
     };
@@ -319,34 +324,42 @@ fn severity(e: &rusqlite::Error) -> Severity {
 }
 
 /// An online snapshot asked for by a command.
-struct SnapshotJob {
+struct SnapshotJob<R> {
     span: tracing::Span,
     dest: PathBuf,
-    reply: Reply<SnapshotReport>,
+    reply: Reply<SnapshotReport, R>,
 }
 
 /// What one batch left for the loop to do after it.
-#[derive(Default)]
-struct AfterBatch {
-    shutdown: Option<Reply<()>>,
-    snapshot: Option<SnapshotJob>,
+struct AfterBatch<R> {
+    shutdown: Option<Reply<(), R>>,
+    snapshot: Option<SnapshotJob<R>>,
+}
+
+impl<R> Default for AfterBatch<R> {
+    fn default() -> Self {
+        AfterBatch {
+            shutdown: None,
+            snapshot: None,
+        }
+    }
 }
 
 /// The store thread's state. It is made on the store thread and is not
 /// `Send` (the connection is behind an `Rc`), so the compiler keeps the
 /// connection on that thread: invariant 1 ([`ENGINE_STAYS_ON_ITS_THREAD`]).
-pub(super) struct Engine {
+pub(crate) struct Engine<K: Kinds> {
     /// `None` only after close. Shared (on this thread only) so that a
     /// snapshot's backup can borrow it while the engine goes on serving
     /// commands between the snapshot's steps.
     conn: Option<Rc<Connection>>,
     /// The record kinds' state on this thread (counters that spare a
     /// query), changed only as transactions commit.
-    kinds: Kinds,
+    kinds: K,
     /// Timer deadlines on the clock's monotonic scale.
     next_sweep: Duration,
     next_checkpoint: Duration,
-    options: StoreOptions,
+    options: Options,
     shared: Arc<Shared>,
 }
 
@@ -360,10 +373,33 @@ const ENGINE_STAYS_ON_ITS_THREAD: fn() = || {
     }
     impl<T: ?Sized> AmbiguousIfSend<()> for T {}
     impl<T: ?Sized + Send> AmbiguousIfSend<u8> for T {}
-    let _ = <Engine as AmbiguousIfSend<_>>::some_item;
+    let _ = <Engine<NoKinds> as AmbiguousIfSend<_>>::some_item;
 };
 
-impl Engine {
+/// A registry of no kind, to name an engine in the check above.
+#[allow(dead_code)]
+struct NoKinds;
+
+impl Kinds for NoKinds {
+    type Refusal = String;
+    type Recovery = ();
+    type Status = ();
+    const STEPS: &'static [crate::Step] = &[];
+    fn all(&self) -> Vec<&dyn crate::AnyKind> {
+        Vec::new()
+    }
+    fn all_mut(&mut self) -> Vec<&mut dyn crate::AnyKind> {
+        Vec::new()
+    }
+    fn pending_recovery(&self, _: &Connection, _: i64) -> rusqlite::Result<()> {
+        Ok(())
+    }
+    fn status(&self, _: &Connection, _: i64, _: i64) -> rusqlite::Result<()> {
+        Ok(())
+    }
+}
+
+impl<K: Kinds> Engine<K> {
     /// Runs one statement from the statement cache: the transaction and
     /// savepoint statements run several times per batch.
     fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -378,7 +414,7 @@ impl Engine {
         open_connection(&self.conn)
     }
 
-    fn serve(&mut self, rx: Receiver<Envelope>) {
+    fn serve(&mut self, rx: Receiver<Envelope<K>>) {
         loop {
             self.wait_while_stalled();
             let deadline = self.next_sweep.min(self.next_checkpoint);
@@ -412,7 +448,7 @@ impl Engine {
                 }
             }
             if let Some(job) = after.snapshot {
-                let _ = job.reply.send(Err(StoreError::Stopped));
+                let _ = job.reply.send(Err(EngineError::Stopped));
             }
             if let Some(reply) = after.shutdown {
                 self.close(Some(reply));
@@ -423,20 +459,20 @@ impl Engine {
 
     /// `cmd`, just received, starts `batch`, which takes what else is
     /// waiting in the queue, up to [`MAX_BATCH`], without blocking.
-    fn start(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>, cmd: Envelope) {
+    fn start(&self, rx: &Receiver<Envelope<K>>, batch: &mut Vec<Envelope<K>>, cmd: Envelope<K>) {
         self.took(batch, cmd);
         self.fill(rx, batch);
     }
 
     /// A command left the queue for `batch`.
-    fn took(&self, batch: &mut Vec<Envelope>, cmd: Envelope) {
+    fn took(&self, batch: &mut Vec<Envelope<K>>, cmd: Envelope<K>) {
         batch.push(cmd);
         self.shared.queued.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Adds what is waiting in the queue to `batch`, up to [`MAX_BATCH`],
     /// without blocking.
-    fn fill(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>) {
+    fn fill(&self, rx: &Receiver<Envelope<K>>, batch: &mut Vec<Envelope<K>>) {
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(cmd) => self.took(batch, cmd),
@@ -445,16 +481,16 @@ impl Engine {
         }
     }
 
-    /// A batch of nothing but run outcomes (writes nobody waits on to
-    /// answer a client) waits up to `outcome_linger` ([`super::OUTCOME_LINGER`]) for a command that
-    /// someone does wait on, and takes it into the same commit: a client
-    /// creating tasks one after another otherwise waits for the previous
-    /// task's outcome to be synced before its creation can be, two commits
-    /// per task instead of one. The wait ends as soon as such a command
-    /// arrives, so it never delays one; an outcome is committed at most
-    /// that much later (until then the task reads as still working, which
-    /// is what is on disk).
-    fn linger(&self, rx: &Receiver<Envelope>, batch: &mut Vec<Envelope>) {
+    /// A batch of nothing but lingering writes (writes nobody waits on to
+    /// answer a client) waits up to `outcome_linger`
+    /// ([`crate::OUTCOME_LINGER`]) for a command that someone does wait on,
+    /// and takes it into the same commit: a client writing one record after
+    /// another otherwise waits for the previous lingering write to be
+    /// synced before its own can be, two commits instead of one. The wait
+    /// ends as soon as such a command arrives, so it never delays one; a
+    /// lingering write is committed at most that much later (until then it
+    /// is not on disk, and reads do not see it).
+    fn linger(&self, rx: &Receiver<Envelope<K>>, batch: &mut Vec<Envelope<K>>) {
         if !batch.iter().all(|e| e.cmd.lingers()) {
             return;
         }
@@ -482,9 +518,9 @@ impl Engine {
     /// snapshot is then abandoned), or `Err` when every handle is gone.
     fn snapshot(
         &mut self,
-        rx: &Receiver<Envelope>,
-        job: SnapshotJob,
-    ) -> Result<Option<Reply<()>>, Disconnected> {
+        rx: &Receiver<Envelope<K>>,
+        job: SnapshotJob<K::Refusal>,
+    ) -> Result<Option<Reply<(), K::Refusal>>, Disconnected> {
         let SnapshotJob { span, dest, reply } = job;
         if let Some(e) = self.disabled() {
             let _ = reply.send(Err(e));
@@ -494,7 +530,7 @@ impl Engine {
             // Never latches the store: the error may be the destination's
             // (a full backup disk); a fault of the live database shows on
             // the next command that touches it.
-            StoreError::Internal(format!("snapshot {during}: {e}"))
+            EngineError::Internal(format!("snapshot {during}: {e}"))
         };
         let mut dst = match span.in_scope(|| open_snapshot_destination(&dest)) {
             Ok(c) => c,
@@ -508,7 +544,7 @@ impl Engine {
         let src = match &self.conn {
             Some(c) => Rc::clone(c),
             None => {
-                let _ = reply.send(Err(StoreError::Stopped));
+                let _ = reply.send(Err(EngineError::Stopped));
                 return Ok(None);
             }
         };
@@ -542,7 +578,7 @@ impl Engine {
                 Ok(cmd) => self.start(rx, &mut batch, cmd),
                 Err(TryRecvError::Empty) => {}
                 Err(TryRecvError::Disconnected) => {
-                    break Err(StoreError::Stopped);
+                    break Err(EngineError::Stopped);
                 }
             }
             let had_commands = !batch.is_empty();
@@ -553,18 +589,18 @@ impl Engine {
             self.run_timers(woke);
             self.shared.progress.fetch_add(1, Ordering::Relaxed);
             if let Some(job) = after.snapshot {
-                let _ = job.reply.send(Err(StoreError::Internal(
+                let _ = job.reply.send(Err(EngineError::Internal(
                     "a snapshot is already being written".into(),
                 )));
             }
             if after.shutdown.is_some() {
                 shutdown = after.shutdown;
-                break Err(StoreError::Stopped);
+                break Err(EngineError::Stopped);
             }
         };
         report.pages = backup.progress().pagecount.max(0) as u64;
         drop(backup);
-        let disconnected = matches!(outcome, Err(StoreError::Stopped)) && shutdown.is_none();
+        let disconnected = matches!(outcome, Err(EngineError::Stopped)) && shutdown.is_none();
         let outcome = outcome.and_then(|()| {
             dst.close()
                 .map_err(|(_, e)| failed(e, "closing the destination"))
@@ -586,37 +622,37 @@ impl Engine {
     }
 
     fn wait_while_stalled(&self) {
-        if let Some(file) = &self.options.stall_file {
+        if let Some(file) = &self.options.hooks.stall_file {
             while file.exists() {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
     }
 
-    fn disabled(&self) -> Option<StoreError> {
+    fn disabled(&self) -> Option<Error<K>> {
         self.shared
             .disabled_reason()
-            .map(|reason| StoreError::Disabled { reason })
+            .map(|reason| EngineError::Disabled { reason })
     }
 
     /// Latches the service disabled and returns the error for the caller
     /// whose operation met it.
-    fn latch(&self, e: &rusqlite::Error, during: &str, uncertain: bool) -> StoreError {
+    fn latch(&self, e: &rusqlite::Error, during: &str, uncertain: bool) -> Error<K> {
         let reason = format!("{during}: {e}");
         self.shared.latch(reason.clone());
         if uncertain {
-            StoreError::Uncertain { detail: reason }
+            EngineError::Uncertain { detail: reason }
         } else {
-            StoreError::Disabled { reason }
+            EngineError::Disabled { reason }
         }
     }
 
     /// Maps an SQLite error met outside a write transaction.
-    pub(super) fn fail(&self, e: rusqlite::Error, during: &str) -> StoreError {
+    pub(crate) fn fail(&self, e: rusqlite::Error, during: &str) -> Error<K> {
         match severity(&e) {
-            Severity::Full => StoreError::Capacity(self.full_kind()),
+            Severity::Full => EngineError::Full(self.full_kind()),
             Severity::Fatal => self.latch(&e, during, false),
-            Severity::Other => StoreError::Internal(format!("{during}: {e}")),
+            Severity::Other => EngineError::Internal(format!("{during}: {e}")),
         }
     }
 
@@ -624,13 +660,13 @@ impl Engine {
     /// page cap is cleanup sure to keep working, so tell them apart: it is
     /// the page cap only when the database is near `max_page_count` and the
     /// filesystem still has room for the largest batch.
-    fn full_kind(&self) -> CapacityKind {
+    fn full_kind(&self) -> FullKind {
         let pages = self
             .conn()
             .query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0))
             .unwrap_or(0)
             .max(0) as u64;
-        let near_cap = pages + PAGE_CAP_MARGIN >= self.options.settings.max_db_pages;
+        let near_cap = pages + PAGE_CAP_MARGIN >= self.options.max_db_pages;
         let room = self
             .options
             .db_path
@@ -639,15 +675,15 @@ impl Engine {
             .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
             .unwrap_or(0);
         if near_cap && room >= PAGE_CAP_MARGIN * open::PAGE_SIZE as u64 {
-            CapacityKind::PageCap {
-                pages: self.options.settings.max_db_pages,
+            FullKind::PageCap {
+                pages: self.options.max_db_pages,
             }
         } else {
-            CapacityKind::DiskFull
+            FullKind::DiskFull
         }
     }
 
-    fn process(&mut self, batch: Vec<Envelope>) -> AfterBatch {
+    fn process(&mut self, batch: Vec<Envelope<K>>) -> AfterBatch<K::Refusal> {
         // The store's event at trace level: how many commands each batch
         // held (never what they carry), to watch group commit at work.
         tracing::trace!(commands = batch.len(), "store batch");
@@ -675,7 +711,7 @@ impl Engine {
                 }
                 Command::Snapshot { dest, reply } => {
                     if after.snapshot.is_some() {
-                        let _ = reply.send(Err(StoreError::Internal(
+                        let _ = reply.send(Err(EngineError::Internal(
                             "a snapshot is already being written".into(),
                         )));
                     } else {
@@ -708,7 +744,7 @@ impl Engine {
     }
 
     /// One group commit: every write of the batch in one transaction.
-    fn commit(&mut self, writes: Vec<(tracing::Span, Box<dyn WriteOp>)>) {
+    fn commit(&mut self, writes: Vec<(tracing::Span, Box<dyn WriteOp<K>>)>) {
         if let Some(e) = self.disabled() {
             writes.into_iter().for_each(|(_, w)| w.failed(e.clone()));
             return;
@@ -719,7 +755,7 @@ impl Engine {
             writes.into_iter().for_each(|(_, w)| w.failed(err.clone()));
             return;
         }
-        let mut done: Vec<Box<dyn WriteOp>> = Vec::with_capacity(writes.len());
+        let mut done: Vec<Box<dyn WriteOp<K>>> = Vec::with_capacity(writes.len());
 
         if writes.iter().any(|(_, w)| w.makes_room()) && !self.sweep_held() {
             // A write that adds records clears some expired ones on the
@@ -746,7 +782,7 @@ impl Engine {
                 Err(OpError::Sql(e)) => Err(e),
             });
             match (outcome, refusal) {
-                (_, Some(e)) => write.failed(e),
+                (_, Some(e)) => write.failed(EngineError::Refused(e)),
                 (Ok(()), None) => done.push(write),
                 (Err(e), None) => {
                     if let Some(err) = self.abort_if_lost(&e, write.during()) {
@@ -758,8 +794,8 @@ impl Engine {
                         return;
                     }
                     let err = match severity(&e) {
-                        Severity::Full => StoreError::Capacity(self.full_kind()),
-                        _ => StoreError::Internal(format!("{}: {e}", write.during())),
+                        Severity::Full => EngineError::Full(self.full_kind()),
+                        _ => EngineError::Internal(format!("{}: {e}", write.during())),
                     };
                     write.failed(err);
                 }
@@ -768,7 +804,9 @@ impl Engine {
 
         match Self::exec(self.conn(), "COMMIT") {
             Ok(()) => {
-                crate::metrics::get().commit(batch, started.elapsed().as_secs_f64());
+                self.options
+                    .observer
+                    .committed(batch, started.elapsed().as_secs_f64());
                 self.kinds.committed();
                 done.into_iter().for_each(|w| w.committed());
             }
@@ -778,8 +816,8 @@ impl Engine {
                     // COMMIT itself failed with an I/O error: it may or may
                     // not be on disk. Never retried, never a success.
                     Severity::Fatal => self.latch(&e, "committing", true),
-                    Severity::Full => StoreError::Capacity(self.full_kind()),
-                    Severity::Other => StoreError::Internal(format!("committing: {e}")),
+                    Severity::Full => EngineError::Full(self.full_kind()),
+                    Severity::Other => EngineError::Internal(format!("committing: {e}")),
                 };
                 if !self.conn().is_autocommit()
                     && let Err(rb) = self.conn().execute_batch("ROLLBACK")
@@ -796,7 +834,7 @@ impl Engine {
     /// is fatal, or SQLite rolled the whole transaction back, returns the
     /// error every member of the batch gets (and the kinds forget what the
     /// batch changed). `None` means only the failed savepoint is lost.
-    fn abort_if_lost(&mut self, e: &rusqlite::Error, during: &str) -> Option<StoreError> {
+    fn abort_if_lost(&mut self, e: &rusqlite::Error, during: &str) -> Option<Error<K>> {
         let lost = match severity(e) {
             Severity::Fatal => {
                 let err = self.latch(e, during, false);
@@ -806,8 +844,8 @@ impl Engine {
                 Some(err)
             }
             _ if self.conn().is_autocommit() => Some(match severity(e) {
-                Severity::Full => StoreError::Capacity(self.full_kind()),
-                _ => StoreError::Internal(format!("{during}: {e}")),
+                Severity::Full => EngineError::Full(self.full_kind()),
+                _ => EngineError::Internal(format!("{during}: {e}")),
             }),
             _ => None,
         };
@@ -820,7 +858,7 @@ impl Engine {
     /// Runs `body` under a savepoint, rolling back to it on error.
     fn in_savepoint<T>(
         &mut self,
-        body: impl FnOnce(&mut Tx<'_>) -> rusqlite::Result<T>,
+        body: impl FnOnce(&mut Tx<'_, K>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         let now = self.now_ms();
         let Engine { conn, kinds, .. } = self;
@@ -852,6 +890,7 @@ impl Engine {
     /// Test hook: expired records are kept while the hold file exists.
     fn sweep_held(&self) -> bool {
         self.options
+            .hooks
             .hold_sweep_file
             .as_ref()
             .is_some_and(|f| f.exists())
@@ -861,7 +900,7 @@ impl Engine {
     /// kind's deletion in one transaction: when one kind's fails, the
     /// others' are undone with it, so what each kind counts stays what the
     /// file holds.
-    fn sweep(&mut self, now: i64) -> Result<u64, StoreError> {
+    fn sweep(&mut self, now: i64) -> Result<u64, Error<K>> {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
@@ -894,7 +933,7 @@ impl Engine {
         }
     }
 
-    fn checkpoint(&self) -> Result<CheckpointReport, StoreError> {
+    fn checkpoint(&self) -> Result<CheckpointReport, Error<K>> {
         if let Some(e) = self.disabled() {
             return Err(e);
         }
@@ -909,7 +948,9 @@ impl Engine {
                 })
             })
             .map_err(|e| self.fail(e, "checkpointing"))?;
-        crate::metrics::get().checkpoint(started.elapsed().as_secs_f64());
+        self.options
+            .observer
+            .checkpointed(started.elapsed().as_secs_f64());
         if !report.busy {
             self.shared
                 .last_checkpoint_ms
@@ -941,7 +982,7 @@ impl Engine {
             }
         }
         if now >= self.next_checkpoint {
-            self.next_checkpoint = now + self.options.settings.checkpoint_interval;
+            self.next_checkpoint = now + self.options.checkpoint_interval;
             if self.disabled().is_none()
                 && let Err(e) = self.checkpoint()
             {
@@ -953,7 +994,7 @@ impl Engine {
     /// Clean close: a TRUNCATE checkpoint, then closing with
     /// checkpoint-on-close back on so the -wal and -shm files go away. A
     /// disabled store is closed without touching the file again.
-    fn close(&mut self, reply: Option<Reply<()>>) {
+    fn close(&mut self, reply: Option<Reply<(), K::Refusal>>) {
         let mut result = Ok(());
         if self.disabled().is_none() {
             match self.checkpoint() {

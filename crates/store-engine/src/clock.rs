@@ -15,7 +15,7 @@ pub struct Clock(Source);
 enum Source {
     /// Wall time for records; a monotonic clock for timers, so that a wall
     /// clock step neither bursts nor stalls the sweep. `skew_ms` is 0 but
-    /// under a test hook (`testhooks::CLOCK_SKEW_MS_ENV`).
+    /// when an application's test moves its wall clock ([`Clock::skewed`]).
     System { started: Instant, skew_ms: i64 },
     /// Milliseconds since the Unix epoch, moved only by [`ManualClock`].
     Manual(Arc<AtomicI64>),
@@ -24,9 +24,16 @@ enum Source {
 impl Clock {
     /// The operating system's clocks.
     pub fn system() -> Clock {
+        Clock::skewed(0)
+    }
+
+    /// The operating system's clocks, the wall clock read `skew_ms` later
+    /// than it is (for tests of a real process that must start later
+    /// without waiting).
+    pub fn skewed(skew_ms: i64) -> Clock {
         Clock(Source::System {
             started: Instant::now(),
-            skew_ms: crate::testhooks::clock_skew_ms(),
+            skew_ms,
         })
     }
 
@@ -50,7 +57,7 @@ impl Clock {
     }
 
     /// Time that only moves forward, for scheduling the store's timers.
-    pub(crate) fn monotonic(&self) -> Duration {
+    pub fn monotonic(&self) -> Duration {
         match &self.0 {
             Source::System { started, .. } => started.elapsed(),
             Source::Manual(now) => Duration::from_millis(now.load(Ordering::SeqCst).max(0) as u64),

@@ -1,5 +1,5 @@
 //! Opening the database: pragmas and their read-back, schema versions and
-//! migrations ([`super::migrate`]), the integrity check, every record
+//! migrations ([`crate::migrate`]), the integrity check, every record
 //! kind's shape and strict decoding, the store's identity, and restart
 //! recovery (each kind's own).
 //!
@@ -18,13 +18,14 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
-use super::kinds::Kinds;
-use super::migrate::{self, SCHEMA_VERSION};
-use super::{Clock, OpenError, StoreId, StoreOptions, TaskId, tasks};
+use crate::kind::Kinds;
+use crate::migrate::{self, schema_version};
+use crate::{Clock, OpenError, Options, StoreId};
 
-pub(crate) const PAGE_SIZE: i64 = 4096;
-pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 256;
-pub(crate) const JOURNAL_SIZE_LIMIT_BYTES: i64 = 1024 * 1024;
+/// The page size of every database the engine writes.
+pub const PAGE_SIZE: i64 = 4096;
+pub const WAL_AUTOCHECKPOINT_PAGES: i64 = 256;
+pub const JOURNAL_SIZE_LIMIT_BYTES: i64 = 1024 * 1024;
 
 /// The store's identity (see [`StoreId`]): one row, written when the
 /// database is initialised, or by the first start of this version on a
@@ -39,25 +40,19 @@ CREATE TABLE IF NOT EXISTS store_identity (
 
 /// What opening for service did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenReport {
+pub struct OpenReport<R, S> {
     /// A pristine file was initialised.
     pub initialized: bool,
     pub migrated_from: Option<i64>,
-    /// Tasks that were working when the last process stopped, all ended by
-    /// restart recovery (none is run again).
-    pub recovered: u64,
-    /// Of those, the ones whose cancel had been committed: they ended
-    /// cancelled; the others failed as interrupted.
-    pub cancelled: u64,
-    /// The IDs of the recovered tasks.
-    pub recovered_ids: Vec<TaskId>,
-    pub retained: u64,
-    pub unexpired: u64,
+    /// What restart recovery ended, every kind's ([`crate::Kinds::Recovery`]).
+    pub recovery: R,
+    /// Every kind's counts once recovery committed.
+    pub status: S,
 }
 
-/// What `taskgate check` found, without writing anything.
+/// What a read-only check found, without writing anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CheckReport {
+pub enum CheckReport<R, S> {
     /// No database file yet: serve will create it.
     Missing,
     /// An empty file (an interrupted first start): serve will initialise it.
@@ -65,19 +60,10 @@ pub enum CheckReport {
     /// A valid database; serve would migrate it when `version` is older.
     Valid {
         version: i64,
-        retained: u64,
-        unexpired: u64,
-        /// Tasks serve's restart recovery would end (fail as interrupted,
-        /// or cancel when their cancel was committed).
-        nonterminal: u64,
-        /// Of those, the ones whose cancel was committed: they end
-        /// cancelled.
-        cancel_requested: u64,
-        /// Approval tasks still waiting on the approval journal (recovery
-        /// leaves them to it).
-        awaiting_approval: u64,
-        /// The highest journal sequence one of them recorded.
-        approval_seq: u64,
+        /// What restart recovery would end, every kind's.
+        recovery: R,
+        /// Every kind's counts.
+        status: S,
     },
 }
 
@@ -279,15 +265,14 @@ fn header_journal_mode(path: &Path) -> String {
     }
 }
 
-/// The production pragmas on a fresh database of the benchmark's baseline.
-pub(crate) fn apply_production_pragmas(conn: &Connection, path: &Path) -> Result<(), OpenError> {
-    apply_pragmas(
-        conn,
-        path,
-        true,
-        crate::config::keys::STORE_MAX_DB_PAGES.int().default,
-        false,
-    )
+/// The production pragmas on a fresh database (a disk baseline measured
+/// as the engine would write), with a cap of `max_pages`.
+pub fn apply_production_pragmas(
+    conn: &Connection,
+    path: &Path,
+    max_pages: u64,
+) -> Result<(), OpenError> {
+    apply_pragmas(conn, path, true, max_pages, false)
 }
 
 /// `(user_version, number of schema objects)`.
@@ -322,9 +307,9 @@ fn integrity_check(conn: &Connection, path: &Path, version: i64) -> Result<(), O
 
 /// Checks that every kind's tables have the columns this version must
 /// have.
-fn verify_shape(
+fn verify_shape<K: Kinds>(
     conn: &Connection,
-    kinds: &Kinds,
+    kinds: &K,
     path: &Path,
     version: i64,
 ) -> Result<(), OpenError> {
@@ -335,9 +320,9 @@ fn verify_shape(
 }
 
 /// Decodes every record of every kind.
-fn decode_all(
+fn decode_all<K: Kinds>(
     conn: &Connection,
-    kinds: &Kinds,
+    kinds: &K,
     path: &Path,
     version: i64,
 ) -> Result<(), OpenError> {
@@ -425,7 +410,7 @@ fn read_identity(
         None => Ok(None),
         Some(s) => StoreId::parse(&s)
             .map(Some)
-            .map_err(|_| OpenError::SchemaMismatch {
+            .ok_or_else(|| OpenError::SchemaMismatch {
                 path: path.to_path_buf(),
                 version,
                 detail: format!("store_identity holds a malformed id {s:?}"),
@@ -438,42 +423,48 @@ fn read_identity(
 /// identity where one was recorded. Nothing recorded (a directory never
 /// served by this version, or a pristine first provisioning) refuses
 /// nothing.
-fn verify_identity(
+fn verify_identity<R, S>(
     path: &Path,
-    report: &CheckReport,
+    report: &CheckReport<R, S>,
     found: Option<&StoreId>,
     recorded: Option<&StoreId>,
+    recorded_in: &str,
 ) -> Result<(), OpenError> {
     let Some(expected) = recorded else {
         return Ok(());
     };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
     let found = match (found, report) {
         (Some(id), _) if id == expected => return Ok(()),
-        (Some(id), _) => format!("tasks.db is another store ({id})"),
-        (None, CheckReport::Missing) => "tasks.db is missing".to_string(),
-        (None, CheckReport::Pristine) => "tasks.db is empty".to_string(),
-        (None, CheckReport::Valid { .. }) => "tasks.db has no store identity".to_string(),
+        (Some(id), _) => format!("{name} is another store ({id})"),
+        (None, CheckReport::Missing) => format!("{name} is missing"),
+        (None, CheckReport::Pristine) => format!("{name} is empty"),
+        (None, CheckReport::Valid { .. }) => format!("{name} has no store identity"),
     };
     Err(OpenError::Replaced {
         path: path.to_path_buf(),
         expected: expected.clone(),
         found,
+        recorded_in: recorded_in.to_string(),
     })
 }
 
 /// A pristine file: every migration step and the identity in one
 /// transaction.
-fn initialize(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+fn initialize<K: Kinds>(conn: &Connection, path: &Path) -> Result<(), OpenError> {
     let id = new_identity(path)?;
     in_transaction(conn, path, "initialising the schema", 0, |c| {
-        migrate::all_after(c, 0)?;
+        migrate::all_after(c, K::STEPS, 0)?;
         insert_identity(c, &id)
     })
 }
 
 /// An older database: each missing step in a transaction of its own.
-fn migrate(conn: &Connection, path: &Path, from: i64) -> Result<(), OpenError> {
-    for step in migrate::pending(from) {
+fn migrate<K: Kinds>(conn: &Connection, path: &Path, from: i64) -> Result<(), OpenError> {
+    for step in migrate::pending(K::STEPS, from) {
         in_transaction(conn, path, step.what, step.version - 1, |c| {
             migrate::apply(c, step)
         })?;
@@ -481,22 +472,19 @@ fn migrate(conn: &Connection, path: &Path, from: i64) -> Result<(), OpenError> {
     Ok(())
 }
 
-fn counts(conn: &Connection, path: &Path, version: i64, now: i64) -> Result<(u64, u64), OpenError> {
-    tasks::counts(conn, now).map_err(|e| refusal(path, "counting tasks", version, e))
-}
-
 /// Refuses versions this build cannot serve.
-fn check_version(path: &Path, version: i64, objects: i64) -> Result<(), OpenError> {
+fn check_version<K: Kinds>(path: &Path, version: i64, objects: i64) -> Result<(), OpenError> {
+    let supported = schema_version(K::STEPS);
     if version == 0 && objects > 0 {
         return Err(OpenError::Unversioned {
             path: path.to_path_buf(),
         });
     }
-    if !(0..=SCHEMA_VERSION).contains(&version) {
+    if !(0..=supported).contains(&version) {
         return Err(OpenError::FutureVersion {
             path: path.to_path_buf(),
             found: version,
-            supported: SCHEMA_VERSION,
+            supported,
         });
     }
     Ok(())
@@ -540,15 +528,13 @@ fn file_len(path: &Path) -> Option<u64> {
 }
 
 /// A database validated, initialised or migrated, and not yet recovered.
-pub(super) struct Prepared {
-    pub(super) conn: Connection,
-    pub(super) initialized: bool,
-    pub(super) migrated_from: Option<i64>,
-    /// Tasks that were working when the last process stopped.
-    pub(super) unfinished: Vec<TaskId>,
-    /// Of those, the ones whose cancel had been committed.
-    pub(super) cancel_requested: u64,
-    pub(super) identity: StoreId,
+pub(crate) struct Prepared<K: Kinds> {
+    pub(crate) conn: Connection,
+    pub(crate) initialized: bool,
+    pub(crate) migrated_from: Option<i64>,
+    /// What restart recovery is about to end, every kind's.
+    pub(crate) recovery: K::Recovery,
+    pub(crate) identity: StoreId,
 }
 
 /// Opening for service, first half: validates without writing, then
@@ -556,15 +542,16 @@ pub(super) struct Prepared {
 /// it was: every validation runs through the read-only path `taskgate check`
 /// uses before the file is opened for writing (which creates the -wal and
 /// -shm files).
-pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared, OpenError> {
+pub(crate) fn prepare<K: Kinds>(options: &Options, kinds: &K) -> Result<Prepared<K>, OpenError> {
     let path = options.db_path.as_path();
     let len = file_len(path);
-    let (report, found) = check_read_only_at(path, options.settings.max_db_pages, &options.clock)?;
+    let (report, found) = check_read_only_at(path, options.max_db_pages, &options.clock, kinds)?;
     verify_identity(
         path,
         &report,
         found.as_ref(),
         options.expected_identity.as_ref(),
+        &options.identity_recorded_in,
     )?;
     let validated = matches!(report, CheckReport::Valid { .. });
     if len.is_none() {
@@ -572,22 +559,17 @@ pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared,
     }
     let empty_file = len.unwrap_or(0) == 0;
     let conn = open_connection(path, Access::Serve)?;
-    apply_pragmas(
-        &conn,
-        path,
-        empty_file,
-        options.settings.max_db_pages,
-        false,
-    )?;
+    apply_pragmas(&conn, path, empty_file, options.max_db_pages, false)?;
     let (version, objects) = classify(&conn, path)?;
-    check_version(path, version, objects)?;
+    check_version::<K>(path, version, objects)?;
+    let latest = schema_version(K::STEPS);
 
     let mut initialized = false;
     let mut migrated_from = None;
     if version == 0 {
         // Pristine: no schema objects at all. Left by an interrupted first
         // start; we hold the lifetime lock, so finishing it is safe.
-        initialize(&conn, path)?;
+        initialize::<K>(&conn, path)?;
         initialized = true;
     } else {
         if !validated {
@@ -597,13 +579,13 @@ pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared,
             verify_shape(&conn, kinds, path, version)?;
             decode_all(&conn, kinds, path, version)?;
         }
-        if version < SCHEMA_VERSION {
-            migrate(&conn, path, version)?;
+        if version < latest {
+            migrate::<K>(&conn, path, version)?;
             migrated_from = Some(version);
         }
     }
-    verify_shape(&conn, kinds, path, SCHEMA_VERSION)?;
-    let recorded = read_identity(&conn, path, SCHEMA_VERSION)?;
+    verify_shape(&conn, kinds, path, latest)?;
+    let recorded = read_identity(&conn, path, latest)?;
     // A store made before identities existed gets one now; it is recorded
     // beside the database once opening succeeds.
     let identity = match &recorded {
@@ -614,7 +596,7 @@ pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared,
         &conn,
         path,
         "creating unversioned schema objects",
-        SCHEMA_VERSION,
+        latest,
         |c| {
             if recorded.is_none() {
                 insert_identity(c, &identity)?;
@@ -622,50 +604,44 @@ pub(super) fn prepare(options: &StoreOptions, kinds: &Kinds) -> Result<Prepared,
             kinds.all().into_iter().try_for_each(|kind| kind.ensure(c))
         },
     )?;
-    let unfinished = tasks::unfinished(&conn)
-        .map_err(|e| refusal(path, "listing unfinished tasks", SCHEMA_VERSION, e))?;
+    let recovery = kinds
+        .pending_recovery(&conn, latest)
+        .map_err(|e| refusal(path, "listing unfinished work", latest, e))?;
     Ok(Prepared {
         conn,
         initialized,
         migrated_from,
-        cancel_requested: unfinished.iter().filter(|u| u.cancel_requested).count() as u64,
-        unfinished: unfinished.into_iter().map(|u| u.id).collect(),
+        recovery,
         identity,
     })
 }
 
 /// Opening for service, second half: restart recovery, every kind's in one
-/// transaction. For tasks: every task that was working ends, none is run
-/// again; one whose cancel had been committed ends cancelled (what its
-/// client asked for, and the process was being stopped anyway), every
-/// other one fails as interrupted. Then the kinds load their counters.
-pub(super) fn recover(
-    prepared: &Prepared,
-    options: &StoreOptions,
-    kinds: &mut Kinds,
-) -> Result<OpenReport, OpenError> {
+/// transaction (each kind decides what ends and how; nothing is run
+/// again). Then the kinds load their counters and report their counts.
+pub(crate) fn recover<K: Kinds>(
+    prepared: &Prepared<K>,
+    options: &Options,
+    kinds: &mut K,
+) -> Result<OpenReport<K::Recovery, K::Status>, OpenError> {
     let path = options.db_path.as_path();
     let conn = &prepared.conn;
     let now = options.clock.now_ms();
-    in_transaction(
-        conn,
-        path,
-        "recovering interrupted work",
-        SCHEMA_VERSION,
-        |c| kinds.recover(c, now),
-    )?;
+    let latest = schema_version(K::STEPS);
+    in_transaction(conn, path, "recovering interrupted work", latest, |c| {
+        kinds.recover(c, now)
+    })?;
     kinds
         .load(conn, now)
-        .map_err(|e| refusal(path, "counting records", SCHEMA_VERSION, e))?;
-    let (retained, unexpired) = counts(conn, path, SCHEMA_VERSION, now)?;
+        .map_err(|e| refusal(path, "counting records", latest, e))?;
+    let status = kinds
+        .status(conn, latest, now)
+        .map_err(|e| refusal(path, "counting records", latest, e))?;
     Ok(OpenReport {
         initialized: prepared.initialized,
         migrated_from: prepared.migrated_from,
-        recovered: prepared.unfinished.len() as u64,
-        cancelled: prepared.cancel_requested,
-        recovered_ids: prepared.unfinished.clone(),
-        retained,
-        unexpired,
+        recovery: prepared.recovery.clone(),
+        status,
     })
 }
 
@@ -686,33 +662,46 @@ fn uri_path(path: &Path) -> String {
     out
 }
 
-/// Runs every validation of opening without writing: for `taskgate check`
+/// The counts and pending recovery of every kind, for the application's
+/// read-only check.
+pub type Checked<K> = CheckReport<<K as Kinds>::Recovery, <K as Kinds>::Status>;
+
+/// Runs every validation of opening without writing: for a read-only check
 /// and for verifying backups. No file is created or changed: without WAL
 /// frames the database is opened immutable; with frames (a crash left
 /// them) SQLite needs a -shm index, and any -shm or -wal it creates for
 /// that is removed afterwards.
-pub fn check_read_only(db_path: &Path, max_db_pages: u64) -> Result<CheckReport, OpenError> {
-    check_read_only_at(db_path, max_db_pages, &Clock::system()).map(|(report, _)| report)
-}
-
-/// [`check_read_only`] that also returns the database's identity, and
-/// refuses, as `serve` would, a database that is not the store `recorded`
-/// names (what the state directory recorded beside it).
-pub fn check_identified(
-    db_path: &Path,
-    max_db_pages: u64,
-    recorded: Option<&StoreId>,
-) -> Result<(CheckReport, Option<StoreId>), OpenError> {
-    let (report, found) = check_read_only_at(db_path, max_db_pages, &Clock::system())?;
-    verify_identity(db_path, &report, found.as_ref(), recorded)?;
-    Ok((report, found))
-}
-
-fn check_read_only_at(
+pub fn check_read_only<K: Kinds>(
     db_path: &Path,
     max_db_pages: u64,
     clock: &Clock,
-) -> Result<(CheckReport, Option<StoreId>), OpenError> {
+    kinds: &K,
+) -> Result<Checked<K>, OpenError> {
+    check_read_only_at(db_path, max_db_pages, clock, kinds).map(|(report, _)| report)
+}
+
+/// [`check_read_only`] that also returns the database's identity, and
+/// refuses, as opening would, a database that is not the store `recorded`
+/// names (what the application recorded beside it, in `recorded_in`).
+pub fn check_identified<K: Kinds>(
+    db_path: &Path,
+    max_db_pages: u64,
+    clock: &Clock,
+    kinds: &K,
+    recorded: Option<&StoreId>,
+    recorded_in: &str,
+) -> Result<(Checked<K>, Option<StoreId>), OpenError> {
+    let (report, found) = check_read_only_at(db_path, max_db_pages, clock, kinds)?;
+    verify_identity(db_path, &report, found.as_ref(), recorded, recorded_in)?;
+    Ok((report, found))
+}
+
+fn check_read_only_at<K: Kinds>(
+    db_path: &Path,
+    max_db_pages: u64,
+    clock: &Clock,
+    kinds: &K,
+) -> Result<(Checked<K>, Option<StoreId>), OpenError> {
     match file_len(db_path) {
         None => return Ok((CheckReport::Missing, None)),
         Some(0) => return Ok((CheckReport::Pristine, None)),
@@ -735,10 +724,10 @@ fn check_read_only_at(
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         Connection::open_with_flags(&uri, flags)
             .map_err(|e| refusal(db_path, "opening", 0, e))
-            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true, clock))
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, true, clock, kinds))
     } else {
         open_connection(db_path, Access::ReadOnly)
-            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false, clock))
+            .and_then(|conn| validate_read_only(&conn, db_path, max_db_pages, false, clock, kinds))
     };
     if wal_existed.is_none() && file_len(&wal) == Some(0) {
         let _ = std::fs::remove_file(&wal);
@@ -749,36 +738,35 @@ fn check_read_only_at(
     result
 }
 
-fn validate_read_only(
+fn validate_read_only<K: Kinds>(
     conn: &Connection,
     db_path: &Path,
     max_db_pages: u64,
     immutable: bool,
     clock: &Clock,
-) -> Result<(CheckReport, Option<StoreId>), OpenError> {
+    kinds: &K,
+) -> Result<(Checked<K>, Option<StoreId>), OpenError> {
     apply_pragmas(conn, db_path, false, max_db_pages, immutable)?;
     let (version, objects) = classify(conn, db_path)?;
-    check_version(db_path, version, objects)?;
+    check_version::<K>(db_path, version, objects)?;
     if version == 0 {
         return Ok((CheckReport::Pristine, None));
     }
     integrity_check(conn, db_path, version)?;
-    let kinds = Kinds::new(&StoreOptions::new(db_path));
-    verify_shape(conn, &kinds, db_path, version)?;
-    decode_all(conn, &kinds, db_path, version)?;
-    let unfinished = tasks::count_nonterminal(conn, version)
-        .map_err(|e| refusal(db_path, "counting tasks", version, e))?;
-    let (retained, unexpired) = counts(conn, db_path, version, clock.now_ms())?;
+    verify_shape(conn, kinds, db_path, version)?;
+    decode_all(conn, kinds, db_path, version)?;
+    let recovery = kinds
+        .pending_recovery(conn, version)
+        .map_err(|e| refusal(db_path, "counting records", version, e))?;
+    let status = kinds
+        .status(conn, version, clock.now_ms())
+        .map_err(|e| refusal(db_path, "counting records", version, e))?;
     let identity = read_identity(conn, db_path, version)?;
     Ok((
         CheckReport::Valid {
             version,
-            retained,
-            unexpired,
-            nonterminal: unfinished.ended,
-            cancel_requested: unfinished.cancel_requested,
-            awaiting_approval: unfinished.awaiting_approval,
-            approval_seq: unfinished.approval_seq,
+            recovery,
+            status,
         },
         identity,
     ))
@@ -791,8 +779,8 @@ mod tests {
     #[test]
     fn uri_paths_escape_bytes_not_characters() {
         assert_eq!(
-            uri_path(Path::new("/tmp/ü/a b?#%/tasks.db")),
-            "/tmp/%C3%BC/a%20b%3F%23%25/tasks.db"
+            uri_path(Path::new("/tmp/ü/a b?#%/store.db")),
+            "/tmp/%C3%BC/a%20b%3F%23%25/store.db"
         );
     }
 }
