@@ -384,6 +384,13 @@ fn modules_named(file: &Path, text: &str) -> BTreeSet<String> {
     } else {
         "crate"
     };
+    named_from_root(text, root, module_path(file).len())
+}
+
+/// What `modules_named` finds, for a file `depth` modules below its
+/// crate's root whose root is written `root` (`crate`, or `taskgate` in the
+/// binary).
+fn named_from_root(text: &str, root: &str, depth: usize) -> BTreeSet<String> {
     let mut prefixes = vec![format!("{root}::")];
     for alias in crate_aliases(text, root) {
         prefixes.push(format!("{alias}::"));
@@ -392,15 +399,14 @@ fn modules_named(file: &Path, text: &str) -> BTreeSet<String> {
     for prefix in &prefixes {
         found.extend(imports(text, prefix));
     }
-    let base = module_path(file).len();
     let inline = inline_modules(text);
     for (at, _) in text.match_indices("super::") {
         let before = text[..at].chars().next_back();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
             continue;
         }
-        let depth = base + inline.iter().filter(|(a, b)| *a < at && at < *b).count();
-        found.extend(climbed_to_the_root(&text[at..], depth));
+        let d = depth + inline.iter().filter(|(a, b)| *a < at && at < *b).count();
+        found.extend(climbed_to_the_root(&text[at..], d));
     }
     found
 }
@@ -1482,25 +1488,7 @@ fn modules_inside_each_crate_import_only_what_their_entry_allows() {
                     if r.ends_with("mod.rs") { n - 1 } else { n }
                 })
                 .unwrap_or(1);
-            let mut named = BTreeSet::new();
-            let mut prefixes = vec!["crate::".to_string()];
-            prefixes.extend(
-                crate_aliases(&text, "crate")
-                    .into_iter()
-                    .map(|a| format!("{a}::")),
-            );
-            for prefix in &prefixes {
-                named.extend(imports(&text, prefix));
-            }
-            let inline = inline_modules(&text);
-            for (at, _) in text.match_indices("super::") {
-                let before = text[..at].chars().next_back();
-                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
-                    continue;
-                }
-                let d = depth + inline.iter().filter(|(a, b)| *a < at && at < *b).count();
-                named.extend(climbed_to_the_root(&text[at..], d));
-            }
+            let named = named_from_root(&text, "crate", depth);
             for used in named {
                 if used != module && !ok.contains(&used.as_str()) {
                     problems.push(format!(
