@@ -532,6 +532,14 @@ fn scan_bytes(bytes: &[u8], previous: [u8; HASH_BYTES]) -> Result<Scanned, (u64,
 }
 
 /// A journal's chain as read from its files, before anything is repaired.
+/// Where an opened journal's appends go on.
+enum Tail {
+    /// At the end of the last segment, opened for writing.
+    Append(File),
+    /// In a new segment of this number, chained to what was read.
+    NewSegment(u32),
+}
+
 struct Chain {
     identity: Option<String>,
     /// Segments below the base, left by a removal a crash interrupted.
@@ -805,51 +813,46 @@ impl Journal {
         };
         let records = chain.base_seq + chain.read;
         let path = dir.join(segment_name(chain.last));
-        if chain.tail_valid == 0 {
+        // Where appends go on: the end of the last segment, or a new
+        // segment chained to what was read.
+        let tail = if chain.tail_valid == 0 {
             // The last segment's own first record was cut short: write it
             // again.
             std::fs::remove_file(&path).map_err(io(&path, "removing an empty segment"))?;
-            let journal = Journal::start_segment(
+            Tail::NewSegment(chain.last)
+        } else {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(io(&path, "opening the last segment"))?;
+            if chain.torn {
+                file.set_len(chain.tail_valid)
+                    .and_then(|_| file.sync_all())
+                    .map_err(io(&path, "truncating an unfinished final frame"))?;
+            }
+            if chain.tail_format != FORMAT {
+                // Written by an earlier version: appends go on in a segment
+                // of the current format, chained to it.
+                Tail::NewSegment(chain.last + 1)
+            } else {
+                file.seek(SeekFrom::End(0))
+                    .map_err(io(&path, "seeking the end of the last segment"))?;
+                Tail::Append(file)
+            }
+        };
+        let journal = match tail {
+            Tail::NewSegment(n) => Journal::start_segment(
                 dir,
                 identity,
                 max_segment_bytes,
-                chain.last,
+                n,
                 chain.head,
                 records,
                 chain.kept,
                 faults,
-            )?;
-            return Ok((journal, chain.entries, opened));
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path, "opening the last segment"))?;
-        if chain.torn {
-            file.set_len(chain.tail_valid)
-                .and_then(|_| file.sync_all())
-                .map_err(io(&path, "truncating an unfinished final frame"))?;
-        }
-        if chain.tail_format != FORMAT {
-            // Written by an earlier version: appends go on in a segment of
-            // the current format, chained to it.
-            let journal = Journal::start_segment(
-                dir,
-                identity,
-                max_segment_bytes,
-                chain.last + 1,
-                chain.head,
-                records,
-                chain.kept,
-                faults,
-            )?;
-            return Ok((journal, chain.entries, opened));
-        }
-        file.seek(SeekFrom::End(0))
-            .map_err(io(&path, "seeking the end of the last segment"))?;
-        Ok((
-            Journal {
+            )?,
+            Tail::Append(file) => Journal {
                 dir: dir.to_path_buf(),
                 identity,
                 max_segment_bytes,
@@ -861,9 +864,8 @@ impl Journal {
                 kept: chain.kept,
                 faults,
             },
-            chain.entries,
-            opened,
-        ))
+        };
+        Ok((journal, chain.entries, opened))
     }
 
     /// Creates segment `n`, chained to `previous`, and syncs it and the
