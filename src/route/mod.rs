@@ -63,7 +63,7 @@
 //! caller who leaves does not cut it between two commits. Knows the store's
 //! routes and leases, the upstreams' routable capabilities and sessions
 //! (through `upstream::Upstreams`), the auth scopes and the caller's owner
-//! digest; speaks no rmcp type (`upstream::durable` does) and must not know the
+//! digest; speaks no type of the MCP SDK (`upstream::durable` does) and must not know the
 //! protocol library or HTTP.
 
 mod error;

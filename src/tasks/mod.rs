@@ -60,7 +60,7 @@
 //! the built-in `artifact_read`; request identity digests (`request.rs`);
 //! stopping (`stop_admitting`, then `stop_running` waits for every run's
 //! outcome). `TaskError` names each refusal and its wire code. Speaks
-//! `serde_json::Value`, store records and `TaskError`: **no rmcp types**.
+//! `serde_json::Value`, store records and `TaskError`: **no type of the MCP SDK**.
 //! `approval.rs`: calls to a tool with `approval = "required"` pass
 //! authentication, scopes, argument validation and the task-mode check, then
 //! the gate (after which a spent approval goes on through normal admission,
